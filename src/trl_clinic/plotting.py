@@ -1,0 +1,59 @@
+"""One look for every lesson's figures, so a workshop can put them side by side.
+
+Bad runs are always red, fixed runs green, references grey; axes carry units; the title states the
+finding, not the variable names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+BAD, FIXED, REFERENCE, OTHER = "#d62728", "#2ca02c", "#7f7f7f", "#1f77b4"
+STYLE = {"bad": BAD, "fixed": FIXED, "reference": REFERENCE, "other": OTHER}
+
+
+def figure(ncols: int = 1, title: str = "", width: float = 5.0, height: float = 3.6):
+    """A row of ``ncols`` axes with the clinic's style; returns (fig, list of axes)."""
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+    if title:
+        fig.suptitle(title, fontsize=12, fontweight="bold")
+    for ax in axes[0]:
+        ax.grid(alpha=0.3)
+        ax.spines[["top", "right"]].set_visible(False)
+    return fig, list(axes[0])
+
+
+def line(ax, x: Sequence[float], y: Sequence[float], kind: str, label: str, **kwargs) -> None:
+    """Plot one run; ``kind`` is "bad", "fixed", "reference" or "other" and picks the colour."""
+    if kind not in STYLE:
+        raise ValueError(f"unknown kind {kind!r}: choose one of {', '.join(STYLE)}")
+    style = {"marker": "o", "markersize": 3, "linestyle": "--" if kind == "reference" else "-"}
+    ax.plot(x, y, color=STYLE[kind], label=label, **{**style, **kwargs})
+
+
+def bars(ax, labels: Sequence[str], values: Sequence[float], kinds: Sequence[str], fmt: str = "{:.3g}") -> None:
+    """Bar chart with each bar coloured by its kind and labelled with its value."""
+    drawn = ax.bar(list(labels), list(values), color=[STYLE[k] for k in kinds])
+    ax.bar_label(drawn, labels=[fmt.format(v) for v in values], fontsize=8)
+
+
+def label(ax, xlabel: str, ylabel: str, title: str = "", log_y: bool = False) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    if log_y:
+        ax.set_yscale("log")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
+def save(fig, output_dir: str | Path, name: str) -> Path:
+    """Save as PNG under ``output_dir`` and return the path; the figure still shows in the notebook."""
+    path = Path(output_dir) / f"{name}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path

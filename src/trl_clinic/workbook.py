@@ -1,0 +1,101 @@
+"""Running the lessons with papermill and summarising how each one ended.
+
+One output folder per run: ``OUT/<lesson>/`` holds the executed notebook, its figures and its
+``metrics.json``; ``OUT/summary.json`` and ``OUT/summary.md`` say what each lesson found.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import papermill
+
+from trl_clinic.results import METRICS_FILE, failed_checks, load_metrics
+
+SUMMARY_JSON, SUMMARY_MD = "summary.json", "summary.md"
+
+
+@dataclass
+class LessonResult:
+    lesson: str
+    status: str  # "passed", "failed checks", "error"
+    seconds: float
+    notebook: str
+    symptom_reproduced: bool | None = None
+    fix_verified: bool | None = None
+    failed: list[str] | None = None
+    error: str | None = None
+
+
+def find_lessons(notebooks_dir: str | Path) -> dict[str, Path]:
+    """Lesson notebooks by name (file stem), in order; ``NN_*.ipynb`` only."""
+    folder = Path(notebooks_dir)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no notebooks folder at {folder.resolve()}: run from the repository root or pass --notebooks")
+    return {path.stem: path for path in sorted(folder.glob("[0-9][0-9]_*.ipynb"))}
+
+
+def select(lessons: dict[str, Path], wanted: list[str]) -> dict[str, Path]:
+    """Pick lessons by number ("02") or full name; an unknown one is an error that lists the known."""
+    if not wanted:
+        return lessons
+    chosen = {}
+    for item in wanted:
+        matches = [name for name in lessons if name == item or name.split("_", 1)[0] == item]
+        if not matches:
+            raise ValueError(f"unknown lesson {item!r}; known: {', '.join(lessons)}")
+        chosen.update({name: lessons[name] for name in matches})
+    return chosen
+
+
+def notebook_parameters(path: Path) -> dict[str, dict]:
+    """The notebook's papermill parameters with their defaults, as papermill reads them."""
+    return papermill.inspect_notebook(str(path))
+
+
+def check_parameters(path: Path, parameters: dict[str, object]) -> None:
+    known = notebook_parameters(path)
+    unknown = sorted(set(parameters) - set(known))
+    if unknown:
+        raise ValueError(f"{path.stem} has no parameter {', '.join(unknown)}; it takes {', '.join(known)}")
+
+
+def run_lesson(path: Path, out: Path, parameters: dict[str, object], progress_bar: bool = True) -> LessonResult:
+    """Execute one notebook; a failure is recorded, never raised, so the other lessons still run."""
+    lesson_dir = out / path.stem
+    lesson_dir.mkdir(parents=True, exist_ok=True)
+    executed = lesson_dir / path.name
+    start = time.perf_counter()
+    error = None
+    try:
+        papermill.execute_notebook(str(path), str(executed), parameters={**parameters, "output_dir": str(lesson_dir)},
+                                   progress_bar=progress_bar, cwd=str(path.parent))
+    except papermill.PapermillExecutionError as exc:
+        error = f"{exc.ename}: {exc.evalue}"
+    seconds = time.perf_counter() - start
+    result = LessonResult(lesson=path.stem, status="error", seconds=round(seconds, 1),
+                          notebook=str(executed.relative_to(out)), error=error)
+    if (lesson_dir / METRICS_FILE).exists():
+        metrics = load_metrics(lesson_dir)
+        result.symptom_reproduced = metrics["symptom_reproduced"]
+        result.fix_verified = metrics["fix_verified"]
+        result.failed = failed_checks(metrics)
+        if error is None:
+            result.status = "passed" if not result.failed else "failed checks"
+    elif error is None:
+        result.error = f"the notebook finished without writing {METRICS_FILE}"
+    return result
+
+
+def write_summary(out: Path, results: list[LessonResult], parameters: dict[str, object]) -> None:
+    (out / SUMMARY_JSON).write_text(json.dumps(
+        {"parameters": parameters, "lessons": [asdict(result) for result in results]}, indent=2))
+    lines = ["| lesson | status | symptom reproduced | fix verified | seconds |", "|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r.lesson} | {r.status} | {r.symptom_reproduced} | {r.fix_verified} | {r.seconds} |")
+        if r.error:
+            lines.append(f"| | {r.error.splitlines()[0][:200]} | | | |")
+    (out / SUMMARY_MD).write_text("\n".join(lines) + "\n")

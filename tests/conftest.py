@@ -1,0 +1,14 @@
+import os
+
+import pytest
+
+# The lessons must never reach the hub; make the unit tests as strict as CI.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory):
+    os.environ["TRL_CLINIC_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    from trl_clinic.tokenizer import build_tokenizer
+
+    return build_tokenizer()

@@ -1,0 +1,45 @@
+import re
+
+from trl_clinic import data
+
+
+def names_in(text):
+    return [word for word in re.findall(r"[a-z]+", text) if word in data.NAMES]
+
+
+def test_same_seed_same_samples():
+    assert data.instruction_pairs(20, seed=3).to_list() == data.instruction_pairs(20, seed=3).to_list()
+    assert data.instruction_pairs(20, seed=3).to_list() != data.instruction_pairs(20, seed=4).to_list()
+
+
+def test_world_is_fixed_across_seeds():
+    assert data.fixed_world() == data.fixed_world()
+    world = data.fixed_world()
+    for row in data.instruction_pairs(50, seed=5):
+        if len(row["completion"].split()) == 1:
+            (name,) = names_in(row["prompt"])
+            assert row["completion"].strip(" .") in world.facts[name].values()
+
+
+def test_instruction_completion_lengths_vary_strongly(tokenizer):
+    counts = [len(tokenizer(row["completion"])["input_ids"]) for row in data.instruction_pairs(200, seed=0)]
+    assert min(counts) <= 3 and max(counts) >= 100
+
+
+def test_mrc_answer_is_in_the_passage():
+    for row in data.mrc_samples(30, seed=1):
+        passage = row["prompt"].split(" question: ")[0]
+        assert row["completion"].strip(" .") in passage
+
+
+def test_mrc_passages_vary_in_length():
+    lengths = [len(row["prompt"]) for row in data.mrc_samples(50, seed=2)]
+    assert max(lengths) > 4 * min(lengths)
+
+
+def test_preference_pairs_answer_the_question_or_not():
+    world = data.fixed_world()
+    for row in data.preference_pairs(30, seed=0):
+        assert row["chosen"] != row["rejected"]
+        (name,) = names_in(row["prompt"])
+        assert row["chosen"].strip() in {world.sentence(name, a) for a in data.ATTRIBUTES}

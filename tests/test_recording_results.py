@@ -1,0 +1,77 @@
+import json
+import math
+
+import pytest
+from trl import SFTConfig, SFTTrainer
+
+from trl_clinic import data, plotting
+from trl_clinic.gradients import GradientCapture, cosine, relative_error
+from trl_clinic.models import make_causal_lm
+from trl_clinic.parameters import start_run
+from trl_clinic.recording import StepRecorder
+from trl_clinic.results import failed_checks, load_metrics, save_metrics
+
+
+@pytest.fixture
+def run(tmp_path):
+    return start_run("cpu", 0, tmp_path / "out")
+
+
+def tiny_trainer(run, tokenizer, **config):
+    args = SFTConfig(**run.trainer_kwargs("t"), per_device_train_batch_size=2, max_steps=3, **config)
+    return SFTTrainer(model=make_causal_lm(tokenizer), args=args, processing_class=tokenizer,
+                      train_dataset=data.instruction_pairs(16, seed=0))
+
+
+def test_recorder_keeps_raw_and_logged_loss(run, tokenizer):
+    trainer = tiny_trainer(run, tokenizer, gradient_accumulation_steps=2)
+    recorder = StepRecorder().watch(trainer)
+    trainer.train()
+    steps, losses = recorder.series("loss")
+    assert steps == [1, 2, 3]
+    raw = recorder.series("raw_loss")[1]
+    assert raw == pytest.approx(losses, rel=1e-5)  # finite losses: the filter changes nothing
+    assert recorder.last("grad_norm") > 0
+    with pytest.raises(KeyError, match="never logged"):
+        recorder.last("reward")
+    recorder.history[0]["raw_loss"] = math.nan
+    recorder.save(run.output_dir / "h.json")
+    assert json.loads((run.output_dir / "h.json").read_text())[0]["raw_loss"] == "nan"
+
+
+def test_gradient_capture_stops_after_one_step(run, tokenizer):
+    trainer = tiny_trainer(run, tokenizer, max_grad_norm=0)
+    capture = GradientCapture()
+    trainer.add_callback(capture)
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert capture.gradient.numel() == sum(p.numel() for p in trainer.model.parameters())
+    assert relative_error(capture.gradient, capture.gradient) == 0
+    assert cosine(capture.gradient, -capture.gradient) == pytest.approx(-1)
+
+
+def test_metrics_file_records_checks_and_non_finite_numbers(run):
+    metrics = save_metrics(run, "00", {"loss": math.inf, "nested": [1.0, math.nan]},
+                           symptom={"bad is bad": True}, fix={"fixed is fine": False})
+    assert metrics == load_metrics(run.output_dir)
+    assert metrics["symptom_reproduced"] and not metrics["fix_verified"]
+    assert metrics["numbers"] == {"loss": "inf", "nested": [1.0, "nan"]}
+    assert failed_checks(metrics) == ["fixed is fine"]
+    assert metrics["versions"]["trl"] and metrics["device"]["device"] == "cpu"
+
+
+def test_checks_must_be_bools(run):
+    with pytest.raises(TypeError, match="must be a bool"):
+        save_metrics(run, "00", {}, symptom={"x": 1.0}, fix={})
+
+
+def test_plot_style(run):
+    fig, axes = plotting.figure(2, title="finding")
+    plotting.line(axes[0], [1, 2], [3, 4], "bad", "bad run")
+    plotting.bars(axes[1], ["a", "b"], [1.0, 2.0], ["bad", "fixed"])
+    plotting.label(axes[0], "step", "loss", log_y=True)
+    assert axes[0].get_lines()[0].get_color() == plotting.BAD
+    path = plotting.save(fig, run.output_dir, "figure")
+    assert path.stat().st_size > 1000
+    with pytest.raises(ValueError, match="unknown kind"):
+        plotting.line(axes[0], [1], [1], "ugly", "x")

