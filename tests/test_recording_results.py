@@ -75,3 +75,34 @@ def test_plot_style(run):
     assert path.stat().st_size > 1000
     with pytest.raises(ValueError, match="unknown kind"):
         plotting.line(axes[0], [1], [1], "ugly", "x")
+
+
+def test_nonfinite_probe_names_the_fp16_head(run, tokenizer):
+    import torch
+    from peft import LoraConfig
+    from trl import RewardConfig, RewardTrainer
+
+    from trl_clinic.models import make_reward_model
+    from trl_clinic.nonfinite import NonFiniteProbe
+
+    args = RewardConfig(**run.trainer_kwargs("probe", logging=False), optim="adamw_torch", max_steps=5,
+                        per_device_train_batch_size=4, learning_rate=5e-3)
+    trainer = RewardTrainer(model=make_reward_model(tokenizer, dtype=torch.float16), args=args,
+                            train_dataset=data.preference_pairs(40, seed=0), processing_class=tokenizer,
+                            peft_config=LoraConfig(task_type="SEQ_CLS", r=4))
+    probe = NonFiniteProbe()
+    trainer.add_callback(probe)
+    trainer.train()
+    assert probe.finding.step == 1 and probe.finding.where == "weight"
+    assert probe.finding.names == ["base_model.model.score.modules_to_save.default.weight"]
+    assert trainer.state.global_step == 1  # it stopped the run
+
+
+def test_nonfinite_probe_stays_silent_on_a_healthy_run(run, tokenizer):
+    from trl_clinic.nonfinite import NonFiniteProbe
+
+    trainer = tiny_trainer(run, tokenizer)
+    probe = NonFiniteProbe()
+    trainer.add_callback(probe)
+    trainer.train()
+    assert probe.finding is None and trainer.state.global_step == 3

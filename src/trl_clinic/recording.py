@@ -11,7 +11,7 @@ from transformers import PrinterCallback, Trainer, TrainerCallback
 
 
 class StepRecorder(TrainerCallback):
-    """Per-step history of what Trainer logs, plus the raw loss it does not.
+    """One row per optimizer step: the raw loss of every step, and what Trainer logged at that step.
 
     Trainer's ``logging_nan_inf_filter`` (on by default) replaces a NaN/inf step loss before it is
     logged, so the logged loss can look healthy while the model is broken. ``watch(trainer)`` wraps
@@ -23,7 +23,7 @@ class StepRecorder(TrainerCallback):
     def __init__(self) -> None:
         self.history: list[dict[str, float]] = []
         self._pending: list[torch.Tensor] = []  # micro-batch losses of the current optimizer step
-        self._raw: dict[int, torch.Tensor] = {}
+        self._raw: list[tuple[int, torch.Tensor]] = []  # (step, loss) not yet moved to the host
 
     def watch(self, trainer: Trainer) -> "StepRecorder":
         training_step = trainer.training_step
@@ -39,23 +39,31 @@ class StepRecorder(TrainerCallback):
         trainer.remove_callback(PrinterCallback)
         return self
 
+    def _row(self, step: int) -> dict[str, float]:
+        if not self.history or self.history[-1]["step"] < step:
+            self.history.append({"step": step})
+        return next(row for row in reversed(self.history) if row["step"] == step)
+
+    def _flush(self) -> None:
+        if self._raw:
+            values = torch.stack([loss for _, loss in self._raw]).tolist()  # one host sync for all of them
+            for (step, _), value in zip(self._raw, values):
+                self._row(step)["raw_loss"] = value
+            self._raw = []
+
     def on_step_end(self, args, state, control, **kwargs):
         if self._pending:
             # training_step already divides each micro-batch loss for accumulation: the sum is the step's loss
-            self._raw[state.global_step] = torch.stack(self._pending).sum()
+            self._raw.append((state.global_step, torch.stack(self._pending).sum()))
             self._pending = []
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        row = {"step": state.global_step}
+        self._flush()
+        row = self._row(state.global_step)
         row.update({key: float(value) for key, value in (logs or {}).items() if isinstance(value, (int, float))})
-        raw = self._raw.pop(state.global_step, None)
-        if raw is not None:
-            row["raw_loss"] = raw.item()
-        # one row per step: evaluation logs at the same step join the training row
-        if self.history and self.history[-1]["step"] == state.global_step:
-            self.history[-1].update(row)
-        else:
-            self.history.append(row)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._flush()
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """Steps and values of one logged quantity, skipping the steps where it was not logged."""
