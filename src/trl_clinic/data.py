@@ -122,10 +122,64 @@ def preference_pairs(n: int, seed: int, false_fact_share: float = 0.5) -> Datase
     return Dataset.from_list(rows)
 
 
+CATEGORIES = {"cities": "city", "jobs": "job", "pets": "pet", "colors": "color", "foods": "food"}
+
+
+def reward_prompts(n: int, seed: int) -> Dataset:
+    """Prompts that ask for words of one category ("name some pets:"); the category travels as a column."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        category = rng.choice(list(CATEGORIES))
+        rows.append({"prompt": f"name some {category}:", "category": category})
+    return Dataset.from_list(rows)
+
+
+def word_lists(n: int, seed: int, max_words: int = 6, match_share: float = 0.5) -> Dataset:
+    """SFT warm start for the reward prompts: the format (a few category words) and a weak prior.
+
+    Each word comes from the asked category with probability ``match_share``, else from any category.
+    A randomly initialised policy gets almost no reward, and one warmed up on words that ignore the
+    prompt learns to ignore it (GRPO then has no pathway to improve, measured); this warm start
+    leaves a policy that answers in the right shape, half right, for GRPO to sharpen.
+    """
+    rng = random.Random(seed)
+    every_word = [word for values in ATTRIBUTES.values() for word in values]
+    rows = []
+    for row in reward_prompts(n, seed):
+        asked = ATTRIBUTES[CATEGORIES[row["category"]]]
+        words = [rng.choice(asked) if rng.random() < match_share else rng.choice(every_word)
+                 for _ in range(rng.randint(2, max_words))]
+        rows.append({"prompt": row["prompt"], "completion": " " + " ".join(words)})
+    return Dataset.from_list(rows)
+
+
+def category_reward(completions: list[str], category: list[str], **kwargs) -> list[float]:
+    """Share of the completion's words that belong to the asked category: partial credit.
+
+    A random-init policy already hits a category word now and then (the vocabulary is small), so
+    GRPO gets a signal from the first step; a 0/1 reward would give all-equal groups and no signal.
+    TRL passes dataset columns (here ``category``) to reward functions as keyword arguments.
+    """
+    scores = []
+    for text, asked in zip(completions, category):
+        words = [w.strip(".,:;") for w in text.split()]
+        wanted = set(ATTRIBUTES[CATEGORIES[asked]])
+        scores.append(sum(w in wanted for w in words) / len(words) if words else 0.0)
+    return scores
+
+
+def all_in_category_reward(completions: list[str], category: list[str], **kwargs) -> list[float]:
+    """1.0 only when every word is from the asked category: no partial credit, so a weak policy gets
+    all-zero groups, zero advantages and no learning signal."""
+    return [float(score == 1.0) for score in category_reward(completions, category)]
+
+
 def corpus() -> list[str]:
     """Every kind of text the lessons produce, for training the tokenizer once."""
     texts = []
-    for dataset in (instruction_pairs(400, seed=0), mrc_samples(100, seed=0), preference_pairs(200, seed=0)):
+    for dataset in (instruction_pairs(400, seed=0), mrc_samples(100, seed=0), preference_pairs(200, seed=0),
+                    reward_prompts(50, seed=0)):
         for row in dataset:
             texts.append(" ".join(str(value) for value in row.values()))
     return texts
