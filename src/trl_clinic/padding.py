@@ -1,0 +1,168 @@
+"""Padding side, KV cache and batching: does a batch give the same answers as one sequence at a time?
+
+Two reusable checks (scoring and generation) and an audit of the forwards a trainer really makes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+SCORING_MODES = ("left", "right", "padding_free")
+
+
+def right_padded(attention_mask: torch.Tensor) -> bool:
+    """True when some row ends in padding (a 0 after its tokens)."""
+    return bool((attention_mask[:, -1] == 0).any())
+
+
+class ForwardAudit:
+    """Counts a model's forwards by mode (train/eval), right padding and whether a KV cache is built.
+
+    A forward builds a cache unless ``use_cache=False`` is passed, or the config says no, or
+    activation checkpointing turns it off in training. That combination (a cache, an attention mask
+    and a right-padded row) is what made transformers 4.49-4.52 raise for Qwen2 + FlashAttention-2.
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        self.counts: Counter[tuple[str, bool, bool]] = Counter()
+        self._handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
+
+    def _record(self, module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        use_cache = kwargs.get("use_cache")
+        if use_cache is None:
+            use_cache = bool(module.config.use_cache)
+        if module.training and module.is_gradient_checkpointing:
+            use_cache = False
+        padded = mask is not None and mask.dim() == 2 and right_padded(mask)
+        self.counts[("train" if module.training else "eval", padded, use_cache)] += 1
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        table: dict[str, dict[str, int]] = {}
+        for (mode, padded, cache), n in self.counts.items():
+            row = table.setdefault(mode, {"forwards": 0, "right_padded": 0, "cache_on": 0, "right_padded_with_cache": 0})
+            row["forwards"] += n
+            row["right_padded"] += n * padded
+            row["cache_on"] += n * cache
+            row["right_padded_with_cache"] += n * (padded and cache)
+        return table
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+def emulate_pre_018_cache(model: PreTrainedModel):
+    """EMULATION of what TRL < 0.18 + transformers 4.49-4.52 did in DPO *evaluation*: ask for a KV cache.
+
+    TRL's DPO forward did not pass ``use_cache=False``, the model's config said ``use_cache=True``,
+    and gradient checkpointing switched the cache off only in training. Today TRL turns the cache off
+    in three places, so this pre-hook puts ``use_cache=True`` back on evaluation forwards (training
+    forwards are left as they are). TRL's fused forward still computes without a cache; the hook only
+    recreates the arguments the old guard looked at, for ``ForwardAudit`` to count.
+    Returns the hook handle; ``.remove()`` it afterwards.
+    """
+
+    def ask_for_cache(module, args, kwargs):
+        if not module.training:
+            kwargs = {**kwargs, "use_cache": True}
+        return args, kwargs
+
+    return model.register_forward_pre_hook(ask_for_cache, with_kwargs=True, prepend=True)
+
+
+def _completion_logprob(logits: torch.Tensor, ids: list[int], n_prompt: int) -> float:
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    targets = torch.tensor(ids[n_prompt:], device=logits.device)
+    return logprobs[n_prompt - 1:len(ids) - 1].gather(-1, targets[:, None]).sum().item()
+
+
+@torch.no_grad()
+def sequence_logprobs(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str],
+                      completions: list[str], mode: str) -> list[float]:
+    """Summed log-probability of each completion given its prompt, scored as DPO does (no cache).
+
+    ``mode``: "single" (one at a time, the reference), "left" or "right" (one padded batch), or
+    "padding_free" (one packed row with positions restarting at 0).
+    """
+    device = next(model.parameters()).device
+    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    full = [p + tokenizer(c)["input_ids"] for p, c in zip(prompt_ids, completions)]
+    if mode == "single":
+        return [_completion_logprob(model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0],
+                                    ids, len(p)) for ids, p in zip(full, prompt_ids)]
+    if mode == "padding_free":
+        row = torch.tensor([[t for ids in full for t in ids]], device=device)
+        positions = torch.tensor([[i for ids in full for i in range(len(ids))]], device=device)
+        logits = model(input_ids=row, position_ids=positions, use_cache=False).logits[0]
+        out, start = [], 0
+        for ids, p in zip(full, prompt_ids):
+            out.append(_completion_logprob(logits[start:start + len(ids)], ids, len(p)))
+            start += len(ids)
+        return out
+    if mode not in ("left", "right"):
+        raise ValueError(f"unknown mode {mode!r}: choose single, left, right or padding_free")
+    width = max(len(ids) for ids in full)
+    rows, masks = [], []
+    for ids in full:
+        pad = [tokenizer.pad_token_id] * (width - len(ids))
+        rows.append(pad + ids if mode == "left" else ids + pad)
+        masks.append([0] * len(pad) + [1] * len(ids) if mode == "left" else [1] * len(ids) + [0] * len(pad))
+    mask = torch.tensor(masks, device=device)
+    # positions count real tokens only, as DPO-style scoring and generate() both do
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=torch.tensor(rows, device=device), attention_mask=mask, position_ids=positions,
+                   use_cache=False).logits
+    out = []
+    for i, (ids, p) in enumerate(zip(full, prompt_ids)):
+        offset = width - len(ids) if mode == "left" else 0
+        out.append(_completion_logprob(logits[i, offset:offset + len(ids)], ids, len(p)))
+    return out
+
+
+def scoring_check(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str],
+                  completions: list[str]) -> dict[str, float]:
+    """Largest |log-prob difference| against one-at-a-time scoring, for each batching mode."""
+    reference = sequence_logprobs(model, tokenizer, prompts, completions, "single")
+    return {mode: max(abs(a - b) for a, b in zip(sequence_logprobs(model, tokenizer, prompts, completions, mode),
+                                                  reference))
+            for mode in SCORING_MODES}
+
+
+@torch.no_grad()
+def _generate(model, tokenizer, prompts: list[str], side: str, max_new_tokens: int):
+    device = next(model.parameters()).device
+    tokenizer.padding_side, previous = side, tokenizer.padding_side
+    try:
+        batch = tokenizer(prompts, return_tensors="pt", padding=True).to(device)
+    finally:
+        tokenizer.padding_side = previous
+    out = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens, output_logits=True,
+                         return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    new = out.sequences[:, batch["input_ids"].shape[1]:]
+    texts = [tokenizer.decode(row, skip_special_tokens=True) for row in new]
+    return texts, out.logits[0].float()
+
+
+def generation_check(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str],
+                     max_new_tokens: int = 12) -> dict[str, dict]:
+    """Batched greedy generation (with the KV cache, as generate() does) against one prompt at a time.
+
+    For each padding side: the first new token's largest logit shift per prompt and which outputs changed.
+    """
+    single = [_generate(model, tokenizer, [p], "left", max_new_tokens) for p in prompts]
+    single_texts = [texts[0] for texts, _ in single]
+    single_logits = torch.stack([logits[0] for _, logits in single])
+    report = {"single": {"outputs": single_texts}}
+    for side in ("left", "right"):
+        texts, logits = _generate(model, tokenizer, prompts, side, max_new_tokens)
+        report[side] = {
+            "outputs": texts,
+            "first_token_logit_shift": (logits - single_logits).abs().max(dim=-1).values.tolist(),
+            "changed": [a != b for a, b in zip(texts, single_texts)],
+        }
+    return report

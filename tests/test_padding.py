@@ -1,0 +1,58 @@
+import pytest
+import torch
+
+from trl_clinic import data
+from trl_clinic.models import make_causal_lm
+from trl_clinic.padding import (
+    ForwardAudit,
+    emulate_pre_018_cache,
+    generation_check,
+    right_padded,
+    scoring_check,
+    sequence_logprobs,
+)
+
+
+@pytest.fixture(scope="module")
+def qwen(tokenizer):
+    return make_causal_lm(tokenizer, "qwen2", seed=1).eval()
+
+
+def rows(n=4):
+    pairs = data.instruction_pairs(n, seed=3, max_people=1)
+    return list(pairs["prompt"]), list(pairs["completion"])
+
+
+def test_right_padded():
+    assert right_padded(torch.tensor([[1, 1, 0], [1, 1, 1]]))
+    assert not right_padded(torch.tensor([[0, 1, 1], [1, 1, 1]]))
+
+
+def test_scoring_agrees_across_padding_modes_in_fp32(qwen, tokenizer):
+    prompts, completions = rows()
+    assert max(scoring_check(qwen, tokenizer, prompts, completions).values()) < 1e-4
+
+
+def test_unknown_scoring_mode(qwen, tokenizer):
+    with pytest.raises(ValueError, match="unknown mode 'middle'"):
+        sequence_logprobs(qwen, tokenizer, ["a"], ["b"], "middle")
+
+
+def test_generation_left_matches_and_restores_padding_side(qwen, tokenizer):
+    prompts = ["where does alice live? answer:", "tell me about bruno and chloe and dmitri. answer:"]
+    report = generation_check(qwen, tokenizer, prompts, max_new_tokens=4)
+    assert report["left"]["changed"] == [False, False]
+    assert max(report["left"]["first_token_logit_shift"]) < 1e-4
+    assert report["right"]["first_token_logit_shift"][0] > 1e-3  # the short prompt ends in pads
+    assert tokenizer.padding_side == "right"
+
+
+def test_audit_counts_and_emulation(qwen, tokenizer):
+    batch = tokenizer(["alice lives in paris.", "bruno"], return_tensors="pt", padding=True)
+    audit = ForwardAudit(qwen)
+    qwen(**batch, use_cache=False)
+    handle = emulate_pre_018_cache(qwen)
+    qwen(**batch, use_cache=False)
+    handle.remove()
+    audit.remove()
+    assert audit.summary() == {"eval": {"forwards": 2, "right_padded": 2, "cache_on": 1, "right_padded_with_cache": 1}}
