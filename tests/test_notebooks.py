@@ -1,15 +1,27 @@
-"""Every lesson notebook: committed clean, parametrisable, and passing its own checks on the cpu profile."""
+"""Every lesson notebook: committed clean, parametrisable, and passing its own checks on the cpu profile.
 
+The notebooks are executed once, through the real runner (`trl-clinic run`), into one workbook
+folder; the report test reads the same folder.
+"""
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import nbformat
 import papermill
 import pytest
 
-from trl_clinic.results import failed_checks, load_metrics
-from trl_clinic.workbook import find_lessons, notebook_parameters
+from trl_clinic.cli import main
+from trl_clinic.report import build_report
+from trl_clinic.results import load_metrics
+from trl_clinic.workbook import SUMMARY_JSON, find_lessons, notebook_parameters
 
-NOTEBOOKS = find_lessons(Path(__file__).resolve().parents[1] / "notebooks")
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = find_lessons(NOTEBOOKS_DIR)
 REQUIRED = {"profile", "seed", "output_dir"}
 
 
@@ -34,16 +46,52 @@ def test_has_one_parameters_cell_with_the_required_names(path):
     assert notebook_parameters(path)["profile"]["default"] == '"auto"'
 
 
+@pytest.fixture(scope="session")
+def workbook(tmp_path_factory):
+    out = tmp_path_factory.mktemp("workbook")
+    code = main(["run", "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks", str(NOTEBOOKS_DIR)])
+    summary = json.loads((out / SUMMARY_JSON).read_text())
+    return out, code, {row["lesson"]: row for row in summary["lessons"]}
+
+
 @pytest.mark.notebook
-@pytest.mark.parametrize("path", NOTEBOOKS.values(), ids=NOTEBOOKS.keys())
-def test_cpu_profile_passes_its_checks(path, tmp_path):
-    out = tmp_path / path.stem
-    papermill.execute_notebook(str(path), str(tmp_path / path.name), cwd=str(path.parent), progress_bar=False,
-                               parameters={"profile": "cpu", "seed": 0, "output_dir": str(out)})
-    metrics = load_metrics(out)
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_cpu_profile_passes_its_checks(workbook, name):
+    out, _, results = workbook
+    result = results[name]
+    assert result["status"] == "passed", result["error"] or result["failed"]
+    metrics = load_metrics(out / name)
     assert metrics["profile"] == "cpu"
-    assert metrics["symptom_reproduced"] and metrics["fix_verified"], failed_checks(metrics)
-    assert list(out.glob("*.png")), "the notebook saved no figure"
+    assert metrics["symptom_reproduced"] and metrics["fix_verified"]
+    assert list((out / name).glob("*.png")), "the notebook saved no figure"
+    assert (out / name / f"{name}.ipynb").exists()
+
+
+@pytest.mark.notebook
+def test_the_runner_exits_zero_when_every_lesson_passed(workbook):
+    assert workbook[1] == 0
+
+
+def chromium():
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.notebook
+@pytest.mark.skipif(chromium() is None, reason="needs Debian's chromium (make test installs it when root)")
+def test_report_loads_in_a_headless_browser_with_every_lesson_and_figure(workbook):
+    out = workbook[0]
+    report = build_report(out)
+    dom = subprocess.run(
+        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tempfile.mkdtemp()}", "--virtual-time-budget=10000", "--dump-dom", report.as_uri()],
+        capture_output=True, text=True, timeout=120).stdout
+    body = re.search(r"<body([^>]*)>", dom).group(1)
+    figures = sum(len(list((out / name).glob("*.png"))) for name in NOTEBOOKS)
+    assert f'data-images="{figures}"' in body and 'data-images-loaded="true"' in body
+    for name in NOTEBOOKS:
+        assert f'id="{name}"' in dom and f"{name}/{name}.html" in dom
+        assert (out / name / f"{name}.html").exists()
 
 
 @pytest.mark.notebook

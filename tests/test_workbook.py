@@ -1,6 +1,10 @@
+import json
+
+import nbformat
 import pytest
 
 from trl_clinic.cli import main
+from trl_clinic.report import build_report
 from trl_clinic.workbook import check_parameters, find_lessons, select
 
 from test_notebooks import NOTEBOOKS
@@ -37,3 +41,50 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["run", "--out", str(tmp_path / "missing" / "o")])
     assert "parent folder" in capsys.readouterr().err
+
+
+def tiny_notebook(path, body):
+    cells = [nbformat.v4.new_code_cell('profile = "cpu"\nseed = 0\noutput_dir = "out"'),
+             nbformat.v4.new_code_cell(body)]
+    cells[0].metadata["tags"] = ["parameters"]
+    notebook = nbformat.v4.new_notebook(cells=cells)
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, path)
+
+
+def test_a_failing_lesson_does_not_stop_the_others(tmp_path, capsys):
+    lessons = tmp_path / "notebooks"
+    lessons.mkdir()
+    tiny_notebook(lessons / "01_broken.ipynb", "raise RuntimeError('this lesson is broken')")
+    tiny_notebook(lessons / "02_fine.ipynb", "\n".join([
+        "from trl_clinic.parameters import start_run",
+        "from trl_clinic.results import save_metrics",
+        "run = start_run(profile, seed, output_dir)",
+        "save_metrics(run, '02', {'x': 1.0}, symptom={'shown': True}, fix={'fixed': True})"]))
+    out = tmp_path / "out"
+    assert main(["run", "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks", str(lessons)]) == 1
+    printed = capsys.readouterr().out
+    assert "01_broken: error" in printed and "RuntimeError: this lesson is broken" in printed
+    assert "02_fine: passed" in printed
+    assert "RuntimeError" in (out / "01_broken" / "01_broken.ipynb").read_text()  # executed copy kept
+    summary = json.loads((out / "summary.json").read_text())
+    assert [row["status"] for row in summary["lessons"]] == ["error", "passed"]
+    report = build_report(out).read_text()
+    assert "01_broken" in report and "02_fine" in report
+
+
+def test_list_shows_parameters(capsys):
+    assert main(["list", "--notebooks", str(next(iter(NOTEBOOKS.values())).parent)]) == 0
+    assert 'profile="auto"' in capsys.readouterr().out
+
+
+def test_report_needs_a_run(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no executed lessons" in capsys.readouterr().err
+
+
+def test_doctor_reports_versions_device_and_traps(capsys):
+    assert main(["doctor"]) == 0
+    text = capsys.readouterr().out
+    for needle in ("trl:", "bf16 supported", "sdpa: built model uses sdpa", "flash_attention_2", "warnings:"):
+        assert needle in text

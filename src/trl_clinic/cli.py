@@ -1,4 +1,7 @@
-"""The ``trl-clinic`` command: run the workbook's lessons (``make workbook`` calls it)."""
+"""The ``trl-clinic`` command: list, run and report the workbook's lessons, and check the environment.
+
+``make workbook`` calls ``run`` then ``report``.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from trl_clinic.profiles import PROFILE_NAMES
-from trl_clinic.workbook import check_parameters, find_lessons, run_lesson, select, write_summary
+from trl_clinic.workbook import check_parameters, find_lessons, notebook_parameters, run_lesson, select, write_summary
 
 
 def _writable_out(value: str) -> Path:
@@ -48,6 +51,27 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if all(r.status == "passed" for r in results) else 1
 
 
+def _list(args: argparse.Namespace) -> int:
+    for name, path in find_lessons(args.notebooks).items():
+        parameters = ", ".join(f"{p}={info['default']}" for p, info in notebook_parameters(path).items())
+        print(f"{name}\n  parameters: {parameters}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from trl_clinic.report import build_report
+
+    print(f"wrote {build_report(args.out)}")
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from trl_clinic.doctor import doctor
+
+    print(doctor())
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="trl-clinic", description=__doc__)
     commands = top.add_subparsers(dest="command", required=True)
@@ -61,6 +85,14 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--notebooks", default="notebooks", help="folder holding the lesson notebooks")
     run.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
     run.set_defaults(handler=_run)
+    listing = commands.add_parser("list", help="the lessons and their parameters with defaults")
+    listing.add_argument("--notebooks", default="notebooks", help="folder holding the lesson notebooks")
+    listing.set_defaults(handler=_list)
+    report = commands.add_parser("report", help="one self-contained HTML page for a run's output folder")
+    report.add_argument("out", type=Path, help="the folder `trl-clinic run --out` wrote")
+    report.set_defaults(handler=_report)
+    doctor = commands.add_parser("doctor", help="versions, device, attention kernels and the traps that apply here")
+    doctor.set_defaults(handler=_doctor)
     return top
 
 

@@ -1,0 +1,113 @@
+"""One self-contained HTML page for a workbook run: what a workshop hands out.
+
+Figures are embedded (base64), so the page can be mailed on its own; the executed notebooks are
+rendered to HTML beside their ``.ipynb`` and linked.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+import nbformat
+from nbconvert import HTMLExporter
+
+from trl_clinic.results import METRICS_FILE, failed_checks
+from trl_clinic.workbook import SUMMARY_JSON
+
+REPORT_FILE = "report.html"
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1200px; color: #222; }
+table { border-collapse: collapse; width: 100%; margin: 1rem 0; font-size: 0.9rem; }
+th, td { border: 1px solid #ccc; padding: 0.4rem 0.6rem; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
+.yes { color: #2ca02c; font-weight: bold; } .no { color: #d62728; font-weight: bold; }
+img { max-width: 100%; border: 1px solid #ddd; margin: 0.5rem 0; }
+code { font-size: 0.85rem; }
+"""
+# Marks the page once every figure has decoded, so a headless browser test can read the result.
+CHECK_IMAGES = """
+<script>
+window.addEventListener("load", () => {
+  const images = [...document.images];
+  document.body.dataset.images = images.length;
+  document.body.dataset.imagesLoaded = images.every(i => i.complete && i.naturalWidth > 0);
+});
+</script>
+"""
+
+
+def _yes_no(value: bool | None) -> str:
+    if value is None:
+        return '<span class="no">no result</span>'
+    return '<span class="yes">yes</span>' if value else '<span class="no">no</span>'
+
+
+def _key_numbers(numbers: dict, limit: int = 8) -> str:
+    """The lesson's scalar measurements (lists and tables stay in metrics.json)."""
+    scalars = [(k, v) for k, v in numbers.items() if isinstance(v, (int, float, str, bool)) and len(str(v)) < 80]
+    return "<br>".join(f"<code>{html.escape(k)}</code>: {html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}"
+                       for k, v in scalars[:limit])
+
+
+def _render_notebook(path: Path) -> Path:
+    target = path.with_suffix(".html")
+    body, _ = HTMLExporter().from_notebook_node(nbformat.read(path, as_version=4))
+    target.write_text(body)
+    return target
+
+
+def build_report(out: str | Path) -> Path:
+    """Write ``OUT/report.html`` from the lesson folders under ``out``; returns its path."""
+    out = Path(out)
+    if not out.is_dir():
+        raise FileNotFoundError(f"no workbook output folder at {out}")
+    summary = json.loads((out / SUMMARY_JSON).read_text()) if (out / SUMMARY_JSON).exists() else {"lessons": []}
+    timing = {row["lesson"]: row for row in summary["lessons"]}
+    lesson_dirs = sorted(d for d in out.iterdir() if d.is_dir() and (d / f"{d.name}.ipynb").exists())
+    if not lesson_dirs:
+        raise FileNotFoundError(f"no executed lessons under {out}: run `trl-clinic run --out {out}` first")
+    rows, sections, environment = [], [], None
+    for lesson_dir in lesson_dirs:
+        name = lesson_dir.name
+        metrics = json.loads((lesson_dir / METRICS_FILE).read_text()) if (lesson_dir / METRICS_FILE).exists() else None
+        notebook_html = _render_notebook(lesson_dir / f"{name}.ipynb").relative_to(out)
+        run_info = timing.get(name, {})
+        if metrics:
+            environment = environment or (metrics["versions"], metrics["device"])
+            failed = failed_checks(metrics)
+            device = metrics["device"].get("gpu") or metrics["device"]["device"]
+        else:
+            failed, device = [], "?"
+        status = run_info.get("status") or ("passed" if metrics and not failed else "error")
+        rows.append(
+            f"<tr><td><a href='#{name}'>{html.escape(name)}</a></td><td>{html.escape(status)}</td>"
+            f"<td>{_yes_no(metrics and metrics['symptom_reproduced'])}</td>"
+            f"<td>{_yes_no(metrics and metrics['fix_verified'])}</td>"
+            f"<td>{_key_numbers(metrics['numbers']) if metrics else html.escape(run_info.get('error') or '')}</td>"
+            f"<td>{run_info.get('seconds', '')}</td><td>{html.escape(str(device))}</td></tr>")
+        figures = "".join(
+            f"<figure><img alt='{html.escape(png.stem)}' src='data:image/png;base64,"
+            f"{base64.b64encode(png.read_bytes()).decode()}'><figcaption>{html.escape(png.name)}</figcaption></figure>"
+            for png in sorted(lesson_dir.glob("*.png")))
+        failures = "".join(f"<li>{html.escape(f)}</li>" for f in failed)
+        sections.append(
+            f"<section id='{name}'><h2>{html.escape(name)}</h2>"
+            f"<p><a href='{notebook_html}'>executed notebook (HTML)</a> · "
+            f"<a href='{name}/{name}.ipynb'>.ipynb</a> · <a href='{name}/{METRICS_FILE}'>{METRICS_FILE}</a></p>"
+            + (f"<p>failed checks:</p><ul>{failures}</ul>" if failures else "") + figures + "</section>")
+    versions, device = environment or ({}, {})
+    env_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
+                       for k, v in {**versions, **device}.items())
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>TRL Clinic workbook report</title>"
+        f"<style>{STYLE}</style></head><body><h1>TRL Clinic workbook report</h1>"
+        "<table id='lessons'><tr><th>lesson</th><th>status</th><th>symptom reproduced?</th><th>fix verified?</th>"
+        "<th>key numbers</th><th>seconds</th><th>device</th></tr>" + "".join(rows) + "</table>"
+        "<h2>Environment</h2><table id='environment'>" + env_rows + "</table>"
+        + "".join(sections) + CHECK_IMAGES + "</body></html>")
+    path = out / REPORT_FILE
+    path.write_text(page)
+    return path
