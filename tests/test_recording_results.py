@@ -5,7 +5,7 @@ import pytest
 from trl import SFTConfig, SFTTrainer
 
 from trl_clinic import data, plotting
-from trl_clinic.gradients import GradientCapture, cosine, relative_error
+from trl_clinic.gradients import cosine, first_step_gradient, relative_error
 from trl_clinic.models import make_causal_lm
 from trl_clinic.parameters import start_run
 from trl_clinic.recording import StepRecorder
@@ -41,13 +41,11 @@ def test_recorder_keeps_raw_and_logged_loss(run, tokenizer):
 
 def test_gradient_capture_stops_after_one_step(run, tokenizer):
     trainer = tiny_trainer(run, tokenizer, max_grad_norm=0)
-    capture = GradientCapture()
-    trainer.add_callback(capture)
-    trainer.train()
+    gradient = first_step_gradient(trainer)
     assert trainer.state.global_step == 1
-    assert capture.gradient.numel() == sum(p.numel() for p in trainer.model.parameters())
-    assert relative_error(capture.gradient, capture.gradient) == 0
-    assert cosine(capture.gradient, -capture.gradient) == pytest.approx(-1)
+    assert gradient.numel() == sum(p.numel() for p in trainer.model.parameters())
+    assert relative_error(gradient, gradient) == 0
+    assert cosine(gradient, -gradient) == pytest.approx(-1)
 
 
 def test_metrics_file_records_checks_and_non_finite_numbers(run):

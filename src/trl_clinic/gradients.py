@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from transformers import TrainerCallback
+from transformers import Trainer, TrainerCallback
 
 
 class GradientCapture(TrainerCallback):
@@ -22,6 +22,14 @@ class GradientCapture(TrainerCallback):
             self.gradient = torch.cat(grads).double().cpu()
         control.should_training_stop = True
         return control
+
+
+def first_step_gradient(trainer: Trainer) -> torch.Tensor:
+    """Train ``trainer`` for one optimizer step and return the gradient that step was given."""
+    capture = GradientCapture()
+    trainer.add_callback(capture)
+    trainer.train()
+    return capture.gradient
 
 
 def relative_error(gradient: torch.Tensor, reference: torch.Tensor) -> float:
