@@ -11,7 +11,8 @@ def test_tokenizer_round_trip_and_special_tokens(tokenizer):
     text = "where does alice live? answer: paris."
     assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
     assert tokenizer.pad_token_id != tokenizer.eos_token_id
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                         add_generation_prompt=True)
     assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 

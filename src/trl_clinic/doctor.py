@@ -58,7 +58,8 @@ def warnings_for(device: torch.device) -> list[str]:
 def doctor() -> str:
     device = detect_device()
     lines = ["versions:"] + [f"  {name}: {version}" for name, version in versions().items()]
-    lines += ["device:", f"  {device.type}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
+    name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    lines += ["device:", f"  {device.type}{name}",
               f"  bf16 supported: {bf16_supported(device)}", f"  torch threads: {torch.get_num_threads()}",
               f"  CPU cores: {os.cpu_count()}", f"  HF_HUB_OFFLINE: {os.environ.get('HF_HUB_OFFLINE', 'not set')}"]
     lines += ["attention implementations:"] + [f"  {k}: {v}" for k, v in attention_report().items()]

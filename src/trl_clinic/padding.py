@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 SCORING_MODES = ("left", "right", "padding_free")
+AUDIT_COLUMNS = ("forwards", "right_padded", "cache_on", "right_padded_with_cache")
 
 
 def right_padded(attention_mask: torch.Tensor) -> bool:
@@ -44,7 +45,7 @@ class ForwardAudit:
     def summary(self) -> dict[str, dict[str, int]]:
         table: dict[str, dict[str, int]] = {}
         for (mode, padded, cache), n in self.counts.items():
-            row = table.setdefault(mode, {"forwards": 0, "right_padded": 0, "cache_on": 0, "right_padded_with_cache": 0})
+            row = table.setdefault(mode, dict.fromkeys(AUDIT_COLUMNS, 0))
             row["forwards"] += n
             row["right_padded"] += n * padded
             row["cache_on"] += n * cache

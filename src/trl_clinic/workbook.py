@@ -34,7 +34,8 @@ def find_lessons(notebooks_dir: str | Path) -> dict[str, Path]:
     """Lesson notebooks by name (file stem), in order: ``NN_*.ipynb`` and parts such as ``NNb_*.ipynb``."""
     folder = Path(notebooks_dir)
     if not folder.is_dir():
-        raise FileNotFoundError(f"no notebooks folder at {folder.resolve()}: run from the repository root or pass --notebooks")
+        raise FileNotFoundError(
+            f"no notebooks folder at {folder.resolve()}: run from the repository root or pass --notebooks")
     return {path.stem: path for path in sorted(folder.glob("[0-9][0-9]*_*.ipynb"))}
 
 
