@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback
+
+from trl_clinic.results import json_safe
 
 
 class StepRecorder(TrainerCallback):
@@ -77,9 +78,5 @@ class StepRecorder(TrainerCallback):
         return values[-1]
 
     def save(self, path: str | Path) -> None:
-        # JSON has no NaN/inf: write them as strings so the file stays valid and says what happened
-        def clean(value: float) -> float | str:
-            return value if math.isfinite(value) else str(value)
-
-        rows = [{key: clean(value) for key, value in row.items()} for row in self.history]
-        Path(path).write_text(json.dumps(rows, indent=1))
+        # JSON has no NaN/inf: json_safe writes them as strings, so the file stays valid and says what happened
+        Path(path).write_text(json.dumps(json_safe(self.history), indent=1))

@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 from nbconvert import HTMLExporter
 
-from trl_clinic.results import METRICS_FILE, failed_checks
+from trl_clinic.results import METRICS_FILE, failed_checks, load_metrics
 from trl_clinic.workbook import SUMMARY_JSON
 
 REPORT_FILE = "report.html"
@@ -72,7 +72,7 @@ def build_report(out: str | Path) -> Path:
     rows, sections, environment = [], [], None
     for lesson_dir in lesson_dirs:
         name = lesson_dir.name
-        metrics = json.loads((lesson_dir / METRICS_FILE).read_text()) if (lesson_dir / METRICS_FILE).exists() else None
+        metrics = load_metrics(lesson_dir) if (lesson_dir / METRICS_FILE).exists() else None
         notebook_html = _render_notebook(lesson_dir / f"{name}.ipynb").relative_to(out)
         run_info = timing.get(name, {})
         if metrics:

@@ -16,16 +16,16 @@ from trl_clinic.runtime import device_report
 METRICS_FILE = "metrics.json"
 
 
-def _plain(value: object) -> object:
+def json_safe(value: object) -> object:
     """JSON-safe copy: floats that are not finite become strings ("nan", "inf") instead of invalid JSON."""
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if hasattr(value, "item"):  # numpy or torch scalars
-        return _plain(value.item())
+        return json_safe(value.item())
     return value
 
 
@@ -47,7 +47,7 @@ def save_metrics(run: Run, lesson: str, numbers: dict, symptom: dict[str, bool],
         "versions": run.versions,
         "device": device_report(run.device),
     }
-    payload = _plain(payload)
+    payload = json_safe(payload)
     (run.output_dir / METRICS_FILE).write_text(json.dumps(payload, indent=2))
     return payload
 
