@@ -10,6 +10,8 @@ from collections import Counter
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from trl_clinic.packing import pack
+
 SCORING_MODES = ("left", "right", "padding_free")
 AUDIT_COLUMNS = ("forwards", "right_padded", "cache_on", "right_padded_with_cache")
 
@@ -28,7 +30,6 @@ class ForwardAudit:
     """
 
     def __init__(self, model: PreTrainedModel) -> None:
-        self.model = model
         self.counts: Counter[tuple[str, bool, bool]] = Counter()
         self._handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
 
@@ -96,9 +97,8 @@ def sequence_logprobs(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
         return [_completion_logprob(model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0],
                                     ids, len(p)) for ids, p in zip(full, prompt_ids)]
     if mode == "padding_free":
-        row = torch.tensor([[t for ids in full for t in ids]], device=device)
-        positions = torch.tensor([[i for ids in full for i in range(len(ids))]], device=device)
-        logits = model(input_ids=row, position_ids=positions, use_cache=False).logits[0]
+        row = {key: value.to(device) for key, value in pack(full).items()}
+        logits = model(**row, use_cache=False).logits[0]
         out, start = [], 0
         for ids, p in zip(full, prompt_ids):
             out.append(_completion_logprob(logits[start:start + len(ids)], ids, len(p)))
