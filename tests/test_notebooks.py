@@ -11,6 +11,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import jupytext
 import nbformat
 import papermill
 import pytest
@@ -35,6 +36,23 @@ def test_committed_without_outputs(path):
     for cell in notebook.cells:
         if cell.cell_type == "code":
             assert not cell.outputs and cell.execution_count is None, f"{path.name} carries outputs"
+
+
+def _cells(notebook) -> list[tuple[str, str, list[str]]]:
+    return [(cell.cell_type, cell.source, cell.metadata.get("tags", [])) for cell in notebook.cells]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS.values(), ids=NOTEBOOKS.keys())
+def test_notebook_matches_its_text_source(path):
+    source = path.with_suffix(".py")
+    assert source.exists(), f"{path.name} has no percent-format source {source.name}"
+    assert _cells(nbformat.read(path, as_version=4)) == _cells(jupytext.read(source)), (
+        f"{path.name} and {source.name} disagree: edit the .py and run `make notebooks`")
+
+
+def test_every_text_source_has_its_notebook():
+    sources = {path.stem for path in NOTEBOOKS_DIR.glob("[0-9][0-9]*_*.py")}
+    assert sources == set(NOTEBOOKS)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS.values(), ids=NOTEBOOKS.keys())

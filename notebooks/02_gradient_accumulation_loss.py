@@ -1,0 +1,284 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · Gradient accumulation trains worse than the same batch
+#
+# **The report** ([TRL issue #2175](https://github.com/huggingface/trl/issues/2175)): training with
+# batch 1 × gradient accumulation 32 gave a worse model than batch 32 × accumulation 1, although the
+# two should be the same optimisation (SmolLM-135M, Llama 3.2 1B).
+#
+# **What you will see here**, with the real `SFTTrainer`: the accumulated gradient of the old
+# normalisation points somewhere else than the one-big-batch gradient, more so with more
+# accumulation steps; a run trained with it ends worse on held-out data; and today's
+# `num_items_in_batch` path matches the big batch to float precision.
+
+# %% tags=["parameters"]
+profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
+seed = 0
+output_dir = "outputs/02_gradient_accumulation_loss"
+
+# %%
+import torch
+from trl import SFTConfig, SFTTrainer
+
+from trl_clinic import data, plotting
+from trl_clinic.gradients import cosine, first_step_gradient, relative_error
+from trl_clinic.models import make_causal_lm
+from trl_clinic.parameters import start_run
+from trl_clinic.recording import StepRecorder
+from trl_clinic.results import failed_checks, save_metrics
+from trl_clinic.tokenizer import build_tokenizer
+
+run = start_run(profile, seed, output_dir)
+print(run.describe())
+
+# Derived from the profile: how far the sweep goes, how long the training curves are.
+ACCUMULATION_SWEEP = [2, 4, 8, 16, 32] if not run.on_gpu else [2, 4, 8, 16, 32, 64]
+CURVE_ACCUMULATION = 8
+CURVE_STEPS = run.profile.train_steps
+
+# %% [markdown]
+# ## 1. The symptom
+#
+# An SFT dataset whose completions have very different lengths: half are one-word answers, half are
+# biographies of one to six people. Every sample's number of label tokens (the completion, since
+# `completion_only_loss` is on for prompt/completion data) ranges from 2 to about 150.
+
+# %%
+tokenizer = build_tokenizer()
+train_set = data.instruction_pairs(run.profile.n_train, seed=run.seed)
+eval_set = data.instruction_pairs(run.profile.n_eval, seed=run.seed + 1)
+label_counts = [len(tokenizer(row["completion"])["input_ids"]) + 1 for row in train_set]  # + eos
+print(f"label tokens per sample: min {min(label_counts)}, max {max(label_counts)}")
+for row in train_set.select(range(3)):
+    print(repr(row["prompt"]), "->", repr(row["completion"][:70]))
+
+
+# %% [markdown]
+# ## 2. Reproduce: the same samples as one batch and as accumulated micro-batches
+#
+# One optimizer step, three ways, each with a fresh model from the same seed (same weights) and
+# the same data order:
+#
+# * **big batch**: `per_device_train_batch_size=N`, `gradient_accumulation_steps=1`; the reference.
+# * **accumulated, old normalisation**: batch 1 × N. Before transformers 4.46 each micro-batch's
+#   loss was the mean over *its own* label tokens, divided by N. Today's Trainer still does exactly
+#   that when it believes the model cannot take `num_items_in_batch`; setting
+#   `trainer.model_accepts_loss_kwargs = False` after building the trainer brings that path back.
+# * **accumulated, today's default**: batch 1 × N with `num_items_in_batch`.
+#
+# `first_step_gradient` (a `TrainerCallback` underneath) copies the accumulated gradient just before
+# the optimizer step (with `max_grad_norm=0`, so nothing is clipped) and stops training.
+#
+# The comparison runs in fp32 on every device: under bf16 autocast a big batch and its micro-batches
+# round differently (about 1e-3), which would blur the 1e-4 check without changing the story.
+
+# %%
+def accumulated_gradient(batch_size: int, accumulation: int, normalisation: str,
+                         trainer_class: type[SFTTrainer] = SFTTrainer) -> torch.Tensor:
+    """The accumulated gradient of the first optimizer step; normalisation is "today" or "old"."""
+    args = SFTConfig(
+        **{**run.trainer_kwargs(f"grad-{trainer_class.__name__}-{batch_size}x{accumulation}-{normalisation}",
+                                logging=False), "bf16": False},
+        per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=accumulation,
+        max_grad_norm=0,  # no clipping: compare the gradient exactly as accumulation built it
+        max_steps=1,
+    )
+    trainer = trainer_class(model=make_causal_lm(tokenizer, seed=run.seed), args=args,
+                            train_dataset=train_set, processing_class=tokenizer)
+    if normalisation == "old":
+        trainer.model_accepts_loss_kwargs = False  # per-micro-batch mean, divided by the accumulation steps
+    return first_step_gradient(trainer)  # trl_clinic.gradients: captures it just before the optimizer step
+
+
+N = CURVE_ACCUMULATION
+reference = accumulated_gradient(N, 1, "today")
+old = accumulated_gradient(1, N, "old")
+print(f"batch 1 x {N}, old normalisation vs batch {N}: "
+      f"relative error {relative_error(old, reference):.3f}, cosine {cosine(old, reference):.4f}")
+
+# %% [markdown]
+# The two gradients differ by tens of percent and do not even point the same way: this is not float
+# noise, it is a different objective.
+#
+# ## 3. Diagnose: who gets which weight
+#
+# The loss we want is the mean over *all* label tokens of the accumulation window: every token
+# weighs `1 / Σ nᵢ`. The old path averages per-micro-batch means: a token of sample *i* weighs
+# `1 / (N · nᵢ)`. Below are the label counts of the first window as the trainer's own dataloader
+# delivers it (shifted labels that are not `-100`), and the weight each path gives one token.
+
+# %%
+probe = SFTTrainer(model=make_causal_lm(tokenizer, seed=run.seed), processing_class=tokenizer,
+                   train_dataset=train_set,
+                   args=SFTConfig(**run.trainer_kwargs("probe", logging=False), per_device_train_batch_size=1))
+window = [batch for batch, _ in zip(probe.get_train_dataloader(), range(N))]
+counts = [int((batch["labels"][..., 1:] != -100).sum()) for batch in window]
+weight_today = [1 / sum(counts)] * N
+weight_old = [1 / (N * n) for n in counts]
+print(f"{'sample':>6} {'labels':>7} {'weight today':>13} {'weight old':>11} {'old/today':>9}")
+for i, (n, w_t, w_o) in enumerate(zip(counts, weight_today, weight_old)):
+    print(f"{i:>6} {n:>7} {w_t:>13.5f} {w_o:>11.5f} {w_o / w_t:>9.2f}")
+token_weight_spread = max(weight_old) / min(weight_old)
+print(f"under the old path one token of the shortest sample weighs {token_weight_spread:.0f}x one token of the longest")
+
+
+# %% [markdown]
+# Short answers are weighted up, long answers down: the old path trains a different objective,
+# which is why the report saw a *worse* model and not only a noisier one. A real batch of N has no
+# such problem because its loss is already one mean over all its tokens.
+#
+# ## 4. The fix: `num_items_in_batch`
+#
+# Since transformers 4.46 the Trainer counts the label tokens of the whole accumulation window
+# before the first micro-batch and passes that count to the loss as `num_items_in_batch`; each
+# micro-batch returns `sum of its token losses / window count`, and the accumulated sum is exactly
+# the big-batch mean. TRL's `SFTTrainer` uses it in its own `compute_loss`.
+#
+# The bug comes back whenever a loss ignores `num_items_in_batch`. A common way today: a custom
+# `compute_loss` that takes a mean over its micro-batch (transformers issue #37766). The Trainer
+# then believes the loss is already normalised for accumulation and does not even divide by N.
+
+# %%
+class MeanPerMicroBatchSFTTrainer(SFTTrainer):
+    """A custom loss as many users write it: the mean over this micro-batch's label tokens."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=None)
+
+
+sweep = {"today": [], "old": [], "custom": []}
+for steps in ACCUMULATION_SWEEP:
+    big = accumulated_gradient(steps, 1, "today")
+    candidates = {"today": accumulated_gradient(1, steps, "today"),
+                  "old": accumulated_gradient(1, steps, "old"),
+                  "custom": accumulated_gradient(1, steps, "today", trainer_class=MeanPerMicroBatchSFTTrainer)}
+    for path, gradient in candidates.items():
+        sweep[path].append({"accumulation": steps, "relative_error": relative_error(gradient, big),
+                            "cosine": cosine(gradient, big)})
+    print(f"1 x {steps:>2}: " + "  ".join(
+        f"{path}: err {sweep[path][-1]['relative_error']:.2e} cos {sweep[path][-1]['cosine']:.6f}" for path in sweep))
+
+# %% [markdown]
+# Today's path matches the big batch to float precision at every accumulation count. The old
+# normalisation misses it at every count, and its cosine stays far from 1: a different direction,
+# not a rescaled gradient. The custom loss has exactly the old path's direction (the same cosine,
+# its line hides under the red one) and, on top, a gradient N times too large, because the Trainer
+# no longer divides by N: its error grows with the accumulation count.
+#
+# ## 5. Compare: does it matter for training?
+#
+# Two runs of the same length, batch 1 × 8, same weights, same data order, same learning rate;
+# only the normalisation differs. Held-out loss is evaluated as one batch per subset, so it is
+# the true token mean (a per-batch mean of means would repeat the very bug we study). The logged
+# training losses of the two paths are on different scales, so the held-out loss is the comparison.
+
+# %%
+short_eval = eval_set.filter(lambda row: len(row["completion"].split()) == 1)
+long_eval = eval_set.filter(lambda row: len(row["completion"].split()) > 1)
+eval_sets = {"all": eval_set, "short": short_eval, "long": long_eval}
+
+
+def train_curve(normalisation: str) -> StepRecorder:
+    args = SFTConfig(
+        **run.trainer_kwargs(f"curve-{normalisation}"),
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=CURVE_ACCUMULATION,
+        learning_rate=3e-3,
+        warmup_steps=0.1,  # a float below 1 is a ratio
+        max_steps=CURVE_STEPS,
+        eval_strategy="steps",
+        eval_steps=max(1, CURVE_STEPS // 4),
+        per_device_eval_batch_size=len(eval_set),
+    )
+    trainer = SFTTrainer(model=make_causal_lm(tokenizer, seed=run.seed), args=args,
+                         train_dataset=train_set, eval_dataset=eval_sets, processing_class=tokenizer)
+    if normalisation == "old":
+        trainer.model_accepts_loss_kwargs = False
+    recorder = StepRecorder().watch(trainer)
+    trainer.train()
+    recorder.save(run.output_dir / f"history_{normalisation}.json")
+    return recorder
+
+
+curves = {normalisation: train_curve(normalisation) for normalisation in ("old", "today")}
+held_out = {norm: {name: rec.last(f"eval_{name}_loss") for name in eval_sets} for norm, rec in curves.items()}
+for norm, losses in held_out.items():
+    print(f"{norm:>6}: " + ", ".join(f"held-out {name} {loss:.3f}" for name, loss in losses.items()))
+
+# %%
+fig, (ax_err, ax_cos, ax_curve) = plotting.figure(
+    3, title="Old normalisation: wrong gradient at every accumulation count, worse held-out loss")
+steps_axis = [row["accumulation"] for row in sweep["today"]]
+for path, kind, name in (("old", "bad", "old: mean per micro-batch"), ("custom", "other", "custom compute_loss"),
+                         ("today", "fixed", "today: num_items_in_batch")):
+    plotting.line(ax_err, steps_axis, [max(row["relative_error"], 1e-9) for row in sweep[path]], kind, name)
+    plotting.line(ax_cos, steps_axis, [row["cosine"] for row in sweep[path]], kind, name,
+                  linestyle=":" if path == "custom" else "-")
+plotting.label(ax_err, "accumulation steps (batch 1)", "relative error vs big batch", "gradient error", log_y=True)
+plotting.label(ax_cos, "accumulation steps (batch 1)", "cosine with big-batch gradient", "gradient direction")
+ax_err.set_xscale("log", base=2)
+ax_cos.set_xscale("log", base=2)
+for norm, kind in (("old", "bad"), ("today", "fixed")):
+    plotting.line(ax_curve, *curves[norm].series("eval_all_loss"), kind, f"{norm} normalisation")
+plotting.label(ax_curve, "optimizer step", "held-out loss (nats/token)", f"training, batch 1 x {CURVE_ACCUMULATION}")
+plotting.save(fig, run.output_dir, "gradient_accumulation")
+
+# %% [markdown]
+# ## 6. What to remember
+#
+# * Accumulating per-micro-batch *means* is not the mean of the big batch when micro-batches hold
+#   different numbers of label tokens: short samples get weighted up.
+# * Today's Trainer and `SFTTrainer` fix it with `num_items_in_batch`. Any custom `compute_loss`,
+#   `compute_loss_func` or model forward that ignores that argument brings the bug back, silently.
+# * To check your own setup: capture the first step's gradient for batch 1 × N and batch N × 1 on the
+#   same weights and data (`first_step_gradient(trainer)`, as above). The relative error should be ~1e-7.
+# * Compare held-out losses or gradients, not logged training losses: the paths log on different scales.
+#
+# ## 7. Exercise
+#
+# 1. Run `accumulated_gradient(2, N // 2, "old")`: is 2 × 4 closer to the big batch than 1 × 8? Why?
+# 2. Make every completion the same length (`data.instruction_pairs(..., max_people=1)` and keep only
+#    the biographies). Does the old normalisation still differ from the big batch?
+# 3. Fix `MeanPerMicroBatchSFTTrainer` by using `num_items_in_batch`, and check it against the sweep.
+#
+# ## Checks
+#
+# The claims above, checked on this run's numbers and written to `metrics.json`.
+
+# %%
+today_errors = [row["relative_error"] for row in sweep["today"]]
+old_errors = [row["relative_error"] for row in sweep["old"]]
+metrics = save_metrics(
+    run,
+    lesson="02",
+    numbers={
+        "sweep": sweep,
+        "max_relative_error_today": max(today_errors),
+        "min_relative_error_old": min(old_errors),
+        "token_weight_spread_old": token_weight_spread,
+        "held_out_loss": held_out,
+        "curve_accumulation": CURVE_ACCUMULATION,
+        "curve_steps": CURVE_STEPS,
+    },
+    symptom={
+        "old normalisation misses the big-batch gradient (relative error > 1e-2)": min(old_errors) > 1e-2,
+        "custom mean-per-micro-batch loss misses it too": min(r["relative_error"] for r in sweep["custom"]) > 1e-2,
+        "custom loss has the old path's direction (cosines equal within 1e-6)": all(
+            abs(c["cosine"] - o["cosine"]) < 1e-6 for c, o in zip(sweep["custom"], sweep["old"])),
+        "custom loss error grows with accumulation": all(
+            a["relative_error"] < b["relative_error"] for a, b in zip(sweep["custom"], sweep["custom"][1:])),
+        "old normalisation ends with a higher held-out loss": held_out["old"]["all"] > held_out["today"]["all"],
+        "old normalisation favours short answers": held_out["old"]["short"] < held_out["today"]["short"],
+    },
+    fix={"num_items_in_batch matches the big batch (relative error < 1e-4)": max(today_errors) < 1e-4},
+)
+assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
+print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")

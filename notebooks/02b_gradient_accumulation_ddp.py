@@ -1,0 +1,242 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02b · Gradient accumulation across processes (DDP)
+#
+# **The report** ([TRL issue #2175](https://github.com/huggingface/trl/issues/2175), continued): the
+# loss-normalisation bug of lesson 02 also hits distributed training (DDP, FSDP), and fixing it
+# there needs the label-token counts of *all* processes, not only of the local micro-batches.
+#
+# **What you will see here**: the same `SFTTrainer` comparison run on 2 processes that each see
+# different sequence lengths, started by the notebook itself; the synchronised gradient compared
+# with the one-process, one-big-batch gradient for three settings: the old per-process mean,
+# today's per-process `num_items_in_batch`, and counts summed across processes
+# (`average_tokens_across_devices=True`, the default in `TrainingArguments`). Only one matches.
+
+# %% tags=["parameters"]
+profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
+seed = 0
+output_dir = "outputs/02b_gradient_accumulation_ddp"
+
+# %%
+import json
+
+import torch
+from trl import SFTConfig, SFTTrainer
+
+from trl_clinic import data, plotting
+from trl_clinic.crash import run_child
+from trl_clinic.gradients import cosine, first_step_gradient, relative_error
+from trl_clinic.launch import distributed_args
+from trl_clinic.models import make_causal_lm
+from trl_clinic.parameters import start_run
+from trl_clinic.results import failed_checks, save_metrics
+from trl_clinic.tokenizer import build_tokenizer
+
+run = start_run(profile, seed, output_dir)
+print(run.describe())
+
+# Derived from the profile.
+PROCESSES = 2
+ACCUMULATION = [1, 2, 4] if not run.on_gpu else [1, 2, 4, 8]
+N_SAMPLES = 256
+SETTINGS = ("old", "per-process", "across-processes")
+
+# %% [markdown]
+# ## 1. Reproduce: the multi-process run
+#
+# The script below runs in every process. For each accumulation count and each setting it builds an
+# `SFTTrainer` (batch 1 per process, `max_grad_norm=0`), captures the gradient of the first step
+# after DDP has averaged it across processes, and the main process saves it. Each process also
+# records the label-token counts of its own micro-batches.
+#
+# * **old**: `trainer.model_accepts_loss_kwargs = False`: each micro-batch's mean, divided by the
+#   accumulation steps (as before transformers 4.46);
+# * **per-process**: `num_items_in_batch` counted over this process's micro-batches only
+#   (`average_tokens_across_devices=False`);
+# * **across-processes**: `average_tokens_across_devices=True`: the counts of all processes are summed
+#   (a gather), and the loss is multiplied by the number of processes to undo DDP's averaging.
+
+# %%
+# %%writefile {run.output_dir}/ddp_child.py
+"""Notebook 02b's multi-process run; every process runs this file: ddp_child.py SPEC.json"""
+import json
+import sys
+from pathlib import Path
+
+import torch
+from trl import SFTConfig, SFTTrainer
+
+from trl_clinic import data
+from trl_clinic.gradients import first_step_gradient
+from trl_clinic.models import make_causal_lm
+from trl_clinic.parameters import start_run
+from trl_clinic.tokenizer import build_tokenizer
+
+spec = json.loads(Path(sys.argv[1]).read_text())
+run = start_run(spec["profile"], spec["seed"], spec["output_dir"])
+tokenizer = build_tokenizer()
+train_set = data.instruction_pairs(spec["n_samples"], seed=run.seed)
+for accumulation in spec["accumulation"]:
+    for setting in spec["settings"]:
+        args = SFTConfig(
+            **{**run.trainer_kwargs(f"ddp-{setting}-{accumulation}", logging=False), "bf16": False,
+               **spec["device_flags"]},
+            per_device_train_batch_size=1,
+            gradient_accumulation_steps=accumulation,
+            max_grad_norm=0,
+            max_steps=1,
+            average_tokens_across_devices=setting == "across-processes",  # the flag this lesson is about
+        )
+        trainer = SFTTrainer(model=make_causal_lm(tokenizer, size=spec["model_size"], seed=run.seed), args=args,
+                             train_dataset=train_set, processing_class=tokenizer)
+        if setting == "old":
+            trainer.model_accepts_loss_kwargs = False
+        gradient = first_step_gradient(trainer)
+        if trainer.accelerator.is_main_process:
+            torch.save(gradient, Path(run.output_dir) / f"ddp_gradient_{setting}_{accumulation}.pt")
+    # the same seeded sampler: this process's micro-batches of the first step
+    window = [batch for batch, _ in zip(trainer.get_train_dataloader(), range(accumulation))]
+    counts = [int((batch["labels"][..., 1:] != -100).sum()) for batch in window]
+    rank = trainer.accelerator.process_index
+    Path(run.output_dir, f"ddp_label_counts_{accumulation}_rank{rank}.json").write_text(json.dumps(counts))
+
+# %% [markdown]
+# The notebook starts the processes itself, as a child, so papermill can run it and a failure in a
+# process cannot take the kernel down. With 2 GPUs or more it uses `accelerate launch --multi_gpu`
+# (NCCL); otherwise 2 CPU processes over gloo, started with torchrun (accelerate 1.15's `launch` starts
+# multi-CPU jobs only through MPI; inside, the Trainer's accelerate sees the distributed environment
+# either way). Results come back as files in `output_dir`.
+
+# %%
+command, backend = distributed_args(str(run.output_dir / "ddp_child.py"), [str(run.output_dir / "ddp_spec.json")],
+                                    processes=PROCESSES)
+device_flags = {} if backend == "nccl" else {"use_cpu": True}
+spec = {"profile": run.profile.name, "seed": run.seed, "output_dir": str(run.output_dir), "n_samples": N_SAMPLES,
+        "accumulation": ACCUMULATION, "settings": SETTINGS, "model_size": run.profile.model_size,
+        "device_flags": device_flags}
+(run.output_dir / "ddp_spec.json").write_text(json.dumps(spec))
+launched = run_child(command, timeout=600)
+print(f"{PROCESSES} processes over {backend}: {launched.describe()}")
+assert not launched.crashed, launched.stderr[-3000:]
+
+counts = {acc: [json.loads((run.output_dir / f"ddp_label_counts_{acc}_rank{r}.json").read_text())
+                for r in range(PROCESSES)] for acc in ACCUMULATION}
+for acc, per_rank in counts.items():
+    print(f"accumulation {acc}: " + "; ".join(f"process {r} label tokens {c} (sum {sum(c)})"
+                                              for r, c in enumerate(per_rank)))
+
+# %% [markdown]
+# ## 2. Diagnose: against one process with one big batch
+#
+# One process with batch `processes × accumulation` sees exactly the samples of the distributed
+# step (the same seeded sampler deals them out), and its loss is one mean over all their label tokens.
+
+# %%
+tokenizer = build_tokenizer()
+train_set = data.instruction_pairs(N_SAMPLES, seed=run.seed)
+
+
+def reference_gradient(batch_size: int) -> tuple[torch.Tensor, int]:
+    args = SFTConfig(**{**run.trainer_kwargs(f"reference-{batch_size}", logging=False), "bf16": False, **device_flags},
+                     per_device_train_batch_size=batch_size, max_grad_norm=0, max_steps=1)
+    trainer = SFTTrainer(model=make_causal_lm(tokenizer, size=run.profile.model_size, seed=run.seed), args=args,
+                         train_dataset=train_set, processing_class=tokenizer)
+    gradient = first_step_gradient(trainer)
+    batch = next(iter(trainer.get_train_dataloader()))
+    return gradient, int((batch["labels"][..., 1:] != -100).sum())
+
+
+comparison = {setting: [] for setting in SETTINGS}
+same_samples = True
+for acc in ACCUMULATION:
+    reference, reference_count = reference_gradient(PROCESSES * acc)
+    same_samples &= reference_count == sum(sum(c) for c in counts[acc])
+    for setting in SETTINGS:
+        gradient = torch.load(run.output_dir / f"ddp_gradient_{setting}_{acc}.pt")
+        comparison[setting].append({"accumulation": acc, "relative_error": relative_error(gradient, reference),
+                                    "cosine": cosine(gradient, reference)})
+    print(f"accumulation {acc} (reference: {reference_count} label tokens): " + "  ".join(
+        f"{s}: err {comparison[s][-1]['relative_error']:.1e}" for s in SETTINGS))
+print("the reference saw the same label tokens as the processes together:", same_samples)
+
+# %% [markdown]
+# ## 3. The fix, and why only one setting matches
+#
+# Write `Sₚ` for the summed token loss of process *p*'s micro-batches and `Nₚ` for its label count;
+# DDP **averages** gradients over the *W* processes. The big batch wants `(S₀ + S₁) / (N₀ + N₁)`.
+#
+# * **per-process** `num_items_in_batch`: each process computes `Sₚ / Nₚ`; DDP gives
+#   `(S₀/N₀ + S₁/N₁) / 2`: right only when both processes hold the same number of tokens. Within a
+#   process accumulation is already fixed, so this path is closer than the old one.
+# * **old**: a mean per micro-batch, as in lesson 02, *and* a mean per process: wrong twice.
+# * **across-processes**: every process divides by the gathered `N₀ + N₁` and multiplies by *W*; DDP's
+#   average removes the *W*: `(S₀ + S₁) / (N₀ + N₁)`. Exact.
+#
+# At accumulation 1 with batch 1 the old and per-process paths are the same computation. And when the
+# processes happen to hold the same number of label tokens (the counts printed in section 1 say
+# when), the per-process path is exact too: the bug needs unequal counts, which real data almost
+# always gives.
+
+# %%
+fig, (ax_err, ax_cos) = plotting.figure(
+    2, title=f"{PROCESSES} processes: only counts summed across processes match the big batch")
+kinds = {"old": "bad", "per-process": "other", "across-processes": "fixed"}
+for setting in SETTINGS:
+    plotting.line(ax_err, ACCUMULATION, [max(r["relative_error"], 1e-9) for r in comparison[setting]],
+                  kinds[setting], setting, linestyle=":" if setting == "per-process" else "-")
+    plotting.line(ax_cos, ACCUMULATION, [r["cosine"] for r in comparison[setting]], kinds[setting], setting,
+                  linestyle=":" if setting == "per-process" else "-")
+plotting.label(ax_err, "accumulation steps per process (batch 1)", "relative error vs big batch",
+               f"gradient error ({backend})", log_y=True)
+plotting.label(ax_cos, "accumulation steps per process (batch 1)", "cosine with big-batch gradient", "direction")
+plotting.save(fig, run.output_dir, "ddp_accumulation")
+
+# %% [markdown]
+# ## 4. What to remember
+#
+# * With several processes the right denominator is the label count of *all* processes' micro-batches:
+#   keep `average_tokens_across_devices=True` (the default) and a loss that uses `num_items_in_batch`.
+# * Turning it off, or a custom loss that averages locally, trains a different objective whenever
+#   processes see different sequence lengths, which is always, with real data.
+# * Check your own setup the way this notebook does: first-step gradient of the distributed run
+#   against one process with the whole batch.
+#
+# **Running any lesson's training on several GPUs**: put the trainer code in a script and start it
+# with `accelerate launch --multi_gpu --num_processes N script.py` (see the README).
+#
+# ## 5. Exercise
+#
+# 1. Make every sample the same length (`max_people=1`, biographies only): which settings match now?
+# 2. With 2 processes and `per_device_train_batch_size=2`, predict the per-process error, then measure.
+#
+# ## Checks
+
+# %%
+errors = {s: [r["relative_error"] for r in comparison[s]] for s in SETTINGS}
+# the per-process path is exact when the processes happen to hold equal token counts: judge it where they differ
+unequal = [i for i, acc in enumerate(ACCUMULATION) if len({sum(c) for c in counts[acc]}) > 1]
+metrics = save_metrics(
+    run,
+    lesson="02b",
+    numbers={"unequal_accumulation": [ACCUMULATION[i] for i in unequal], "backend": backend, "processes": PROCESSES, "label_counts": counts, "comparison": comparison},
+    symptom={
+        "the processes saw different numbers of label tokens at two accumulation counts or more": len(unequal) >= 2,
+        "where they did, the old per-process mean misses the big batch (> 1e-2)":
+            all(errors["old"][i] > 1e-2 for i in unequal),
+        "where they did, per-process num_items_in_batch misses it (> 1e-2)":
+            all(errors["per-process"][i] > 1e-2 for i in unequal),
+    },
+    fix={
+        "the distributed step saw the reference's samples": same_samples,
+        "counts across processes match the big batch (< 1e-4)": max(errors["across-processes"]) < 1e-4,
+    },
+)
+assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
+print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")

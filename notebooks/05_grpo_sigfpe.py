@@ -1,0 +1,355 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · GRPOTrainer dies with "Floating point exception (core dumped)"
+#
+# **The report** ([TRL issue #2906](https://github.com/huggingface/trl/issues/2906)): TRL 0.14.0,
+# torch 2.5.1+cu121, an H20 GPU, Qwen2.5-0.5B-Instruct. With a detailed `GRPOConfig` the process died
+# with `Floating point exception (core dumped)` and no Python traceback; the documentation's minimal
+# config ran; `bf16=False` fixed it.
+#
+# **The real cause** (from the PyTorch, vLLM and diffusers trackers: pytorch #133548, vllm #2798 and
+# #4392): bf16 matrix products on H20 GPUs with the cuBLAS that torch's cu121 wheels shipped hit an
+# integer division by zero inside cuBLASLt, a native SIGFPE. The fix is a newer cuBLAS
+# (`pip install nvidia-cublas-cu12==12.4.5.8`) or newer torch wheels; the workaround, `bf16=False`.
+# In TRL 0.14 the minimal config ran in fp32, which is why it "worked".
+#
+# **What you will learn here** is how to find such a cause yourself: a crash that kills the process
+# cannot be caught in Python and, in Jupyter, takes the kernel and all its state with it. So the run
+# goes to a child process, its death is read from outside, and the guilty setting is found by
+# bisecting the config. Along the way: the report's config on today's TRL, a real GRPO run, and the
+# *silent* GRPO failure that sits next to the loud one.
+
+# %% tags=["parameters"]
+profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
+seed = 0
+output_dir = "outputs/05_grpo_sigfpe"
+
+# %%
+import json
+import os
+
+from trl import GRPOConfig, SFTConfig, SFTTrainer
+
+from trl_clinic import data, plotting
+from trl_clinic.crash import bisect_settings, run_child
+from trl_clinic.models import make_causal_lm
+from trl_clinic.parameters import start_run
+from trl_clinic.recording import StepRecorder
+from trl_clinic.results import failed_checks, save_metrics
+from trl_clinic.tokenizer import build_tokenizer
+
+run = start_run(profile, seed, output_dir)
+print(run.describe())
+kernel_pid = os.getpid()
+
+# Derived from the profile.
+MODEL_SIZE = run.profile.model_size
+GRPO_STEPS = 150 if not run.on_gpu else 400
+WARM_START_STEPS = 300 if not run.on_gpu else 600
+GENERATIONS = 8
+CHILD_TIMEOUT = 600
+
+# %% [markdown]
+# ## 1. The report's config on today's TRL
+#
+# The config from the report, verbatim (with `output_dir` and, on a machine without a GPU, the
+# `use_cpu=True` that today's configs need for `bf16=True`). Today it fails long before any GPU
+# kernel runs; each error, its message and its fix:
+
+# %%
+reported = dict(
+    learning_rate=5e-6, adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.1, warmup_ratio=0.1,
+    lr_scheduler_type="cosine", logging_steps=1, bf16=True, per_device_train_batch_size=1,
+    gradient_accumulation_steps=4, num_generations=16, max_prompt_length=256, max_completion_length=200,
+    num_train_epochs=1, save_steps=100, max_grad_norm=0.1, log_on_each_node=False, use_vllm=False,
+    report_to="tensorboard",
+)
+FIXES = [  # (what the error names, the fix, how it changes the config)
+    ("warmup_ratio", "warmup_ratio is gone: warmup_steps takes a float in [0, 1) as a ratio",
+     lambda c: {**{k: v for k, v in c.items() if k != "warmup_ratio"}, "warmup_steps": c["warmup_ratio"]}),
+    ("max_prompt_length", "max_prompt_length is gone from GRPOConfig: truncate prompts in the dataset",
+     lambda c: {k: v for k, v in c.items() if k != "max_prompt_length"}),
+    ("divisible by num_generations",
+     "since TRL 0.15 the per-device batch counts completions, not prompts: 16 generations of one prompt "
+     "need per_device_train_batch_size=16 (or fewer generations)",
+     lambda c: {**c, "per_device_train_batch_size": 16}),
+]
+config, walk = dict(reported), []
+for _ in range(len(FIXES) + 1):
+    try:
+        GRPOConfig(output_dir=str(run.output_dir / "runs" / "walk"), **({} if run.on_gpu else {"use_cpu": True}),
+                   **config)
+        walk.append({"error": None, "fix": None})
+        print("accepted")
+        break
+    except (TypeError, ValueError) as error:
+        fix = next(((text, change) for key, text, change in FIXES if key in str(error)), None)
+        walk.append({"error": f"{type(error).__name__}: {error}", "fix": fix[0] if fix else None})
+        print(f"{type(error).__name__}: {error}\n   fix: {fix[0] if fix else 'none known: stop'}")
+        if fix is None:
+            break
+        config = fix[1](config)
+
+# %% [markdown]
+# ## 2. A real GRPO run
+#
+# A tiny Qwen2-style policy, prompts that ask for words of a category ("name some pets:") and a
+# programmatic reward: the share of the completion's words that belong to the asked category.
+# A randomly initialised policy almost never answers in words at all, so a short SFT warm start
+# teaches the format (and gets half the words right); GRPO has to do the rest.
+#
+# GRPO (with `beta > 0`) builds its reference model by loading the policy again from its path, so
+# the warm policy is saved to a folder and given to the trainer by path.
+
+# %%
+tokenizer = build_tokenizer()
+warm_policy = make_causal_lm(tokenizer, "qwen2", size=MODEL_SIZE, seed=run.seed)
+warm_start = SFTTrainer(
+    model=warm_policy,
+    args=SFTConfig(**run.trainer_kwargs("warm-start"), per_device_train_batch_size=16, learning_rate=3e-3,
+                   max_steps=WARM_START_STEPS),
+    train_dataset=data.word_lists(16 * WARM_START_STEPS, seed=run.seed), processing_class=tokenizer,
+)
+warm_log = StepRecorder().watch(warm_start)
+warm_start.train()
+policies = {"warm": run.output_dir / "policy-warm", "random": run.output_dir / "policy-random"}
+warm_policy.save_pretrained(policies["warm"])
+make_causal_lm(tokenizer, "qwen2", size=MODEL_SIZE, seed=run.seed).save_pretrained(policies["random"])
+for path in policies.values():
+    tokenizer.save_pretrained(path)
+print(f"warm start: SFT loss {warm_log.series('loss')[1][0]:.2f} -> {warm_log.last('loss'):.2f}")
+
+# %% [markdown]
+# Every GRPO run of this lesson runs in a child process: the script below, started by `run_child`
+# from `trl_clinic.crash`. The notebook writes a small JSON spec (the `GRPOConfig` arguments and a
+# few switches), the child trains and saves its per-step history.
+
+# %%
+# %%writefile {run.output_dir}/grpo_child.py
+"""One GRPO run for notebook 05, in its own process: python grpo_child.py SPEC.json"""
+import json
+import sys
+from pathlib import Path
+
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_clinic import data
+from trl_clinic.crash import SimulatedH20Fault
+from trl_clinic.parameters import start_run
+from trl_clinic.recording import StepRecorder
+from trl_clinic.tokenizer import build_tokenizer
+
+spec = json.loads(Path(sys.argv[1]).read_text())
+run = start_run(spec["profile"], spec["seed"], spec["output_dir"])
+args = GRPOConfig(**{**run.trainer_kwargs(spec["name"]), **spec["config"]})
+trainer = GRPOTrainer(
+    model=spec["policy"],  # a path: GRPO loads the reference model from it too
+    reward_funcs=getattr(data, spec["reward"]),
+    args=args,
+    train_dataset=data.reward_prompts(4096, seed=run.seed),
+    processing_class=build_tokenizer(),
+)
+if spec["simulate_h20_fault"]:
+    trainer.add_callback(SimulatedH20Fault())  # a labelled stand-in for the H20 bug, see the notebook
+recorder = StepRecorder().watch(trainer)
+trainer.train()
+recorder.save(Path(run.output_dir) / f"history_{spec['name']}.json")
+
+
+# %%
+def grpo_in_child(name: str, config: dict, policy: str = "warm", reward: str = "category_reward",
+                  simulate_h20_fault: bool = False):
+    spec = {"profile": run.profile.name, "seed": run.seed, "output_dir": str(run.output_dir), "name": name,
+            "config": config, "policy": str(policies[policy]), "reward": reward,
+            "simulate_h20_fault": simulate_h20_fault}
+    spec_path = run.output_dir / f"spec_{name}.json"
+    spec_path.write_text(json.dumps(spec))
+    return run_child([str(run.output_dir / "grpo_child.py"), str(spec_path)], timeout=CHILD_TIMEOUT)
+
+
+def history(name: str) -> list[dict]:
+    return json.loads((run.output_dir / f"history_{name}.json").read_text())
+
+
+healthy_config = {"num_generations": GENERATIONS, "per_device_train_batch_size": 4 * GENERATIONS,
+                  "max_completion_length": 16, "learning_rate": 1e-3, "beta": 0.04, "max_steps": GRPO_STEPS}
+healthy = grpo_in_child("healthy", healthy_config)
+print("healthy run:", healthy.describe())
+healthy_rows = history("healthy")
+rewards = [row["reward"] for row in healthy_rows]
+window = max(1, len(rewards) // 10)
+reward_start, reward_end = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
+print(f"mean reward, first {window} steps: {reward_start:.3f}; last {window} steps: {reward_end:.3f}")
+print(f"KL at the end: {healthy_rows[-1]['kl']:.3f}; frac_reward_zero_std over the run: "
+      f"{sum(r['frac_reward_zero_std'] for r in healthy_rows) / len(healthy_rows):.2f}")
+
+# %% [markdown]
+# ## 3. What a native crash looks like
+#
+# A SIGFPE raised inside a C++ kernel is not a Python exception: no `try` catches it, the process
+# ends with return code −8 (shell: 136, "Floating point exception (core dumped)") and, without
+# `faulthandler`, prints nothing at all. Run in the notebook, it kills the kernel.
+#
+# On CPU, torch has a real one: integer division of the smallest int64 by −1
+# (`trl_clinic.crash.native_sigfpe`). We run it in a child, once without and once with faulthandler:
+
+# %%
+code = "from trl_clinic.crash import native_sigfpe; print('about to divide', flush=True); native_sigfpe()"
+plain = run_child(["-c", code], faulthandler=False)
+traced = run_child(["-c", code])
+print("without faulthandler:", plain.describe(), "| stderr:", repr(plain.stderr))
+print("with faulthandler:   ", traced.describe())
+print(traced.stderr.split("Extension modules")[0])
+
+# %% [markdown]
+# ## 4. Bisecting the config
+#
+# The H20 + cuBLAS crash cannot happen on this machine. To show the method on a real process death,
+# the child runs attach **`SimulatedH20Fault`, a fault injected on purpose**: a `TrainerCallback` that
+# calls `native_sigfpe()` at the first step when `bf16` is on. It reproduces the crash's *shape* (a
+# native SIGFPE tied to bf16), not its cause. Everything else below is real: real child processes,
+# real GRPO runs, real process deaths.
+#
+# The minimal config is the documentation's, run the way TRL 0.14 ran it (fp32), sized to our tiny
+# policy. The user's settings are added to it in the report's order: first one by one (a ladder)
+# until a run dies, then by halving, until the smallest set that still dies is left.
+
+# %%
+minimal = {"num_generations": GENERATIONS, "per_device_train_batch_size": GENERATIONS,
+           "max_completion_length": 16, "max_steps": 2, "bf16": False}
+user_settings = {key: config[key] for key in ("learning_rate", "adam_beta1", "adam_beta2", "weight_decay",
+                                              "warmup_steps", "lr_scheduler_type", "bf16",
+                                              "gradient_accumulation_steps", "max_grad_norm")}
+
+
+def try_settings(names: list[str]):
+    outcome = grpo_in_child(f"bisect-{len(names)}", {**minimal, **{n: user_settings[n] for n in names}},
+                            simulate_h20_fault=True)
+    print(f"  + {names if names else 'nothing (minimal)'}: {outcome.describe()}")
+    return outcome
+
+
+bisection = bisect_settings(list(user_settings), try_settings)
+print("smallest failing set:", bisection.culprits)
+crash = next(t.outcome for t in bisection.trials if t.outcome.crashed)
+print("\nthe crash as the child printed it:\n" + crash.stderr.split("Extension modules")[0][-1500:])
+
+# %% [markdown]
+# ## 5. The fix, and the silent failure next to the loud one
+#
+# The workaround from the report: the user's full config with `bf16=False` (the injected fault still
+# attached) runs. On a real H20 the better fix is `nvidia-cublas-cu12==12.4.5.8` or a newer torch.
+#
+# A crash is loud. GRPO also fails silently: its advantage is the reward minus the mean of the group
+# of completions for the same prompt, divided by their spread. When every completion of a group gets
+# the same reward, every advantage is 0 and the group teaches nothing. TRL logs the share of such
+# groups as `frac_reward_zero_std`. Here: the random-init policy with an all-or-nothing reward.
+
+# %%
+workaround = grpo_in_child("workaround", {**minimal, **user_settings, "bf16": False}, simulate_h20_fault=True)
+print("user's config with bf16=False:", workaround.describe())
+
+silent = grpo_in_child("zero-std", {**healthy_config, "max_steps": max(10, GRPO_STEPS // 10)},
+                       policy="random", reward="all_in_category_reward")
+silent_rows = history("zero-std")
+silent_zero_std = sum(r["frac_reward_zero_std"] for r in silent_rows) / len(silent_rows)
+silent_grad = max(r["grad_norm"] for r in silent_rows)
+print(f"all-or-nothing reward on a random policy: {silent.describe()}; mean frac_reward_zero_std "
+      f"{silent_zero_std:.2f}; largest grad norm {silent_grad:.2e}; reward {silent_rows[-1]['reward']:.2f}")
+
+# %% [markdown]
+# ## 6. Compare
+
+# %%
+fig, (ax_ladder, ax_reward, ax_kl) = plotting.figure(
+    3, title="Child processes find the setting that kills the run; the healthy run learns")
+labels = [" + ".join(t.settings) if t.settings else "minimal" for t in bisection.trials]
+labels = [label if len(label) < 45 else "..." + label[-42:] for label in labels]
+ax_ladder.barh(range(len(labels)), [1] * len(labels),
+               color=[plotting.BAD if t.outcome.crashed else plotting.FIXED for t in bisection.trials])
+ax_ladder.set_yticks(range(len(labels)), labels, fontsize=7)
+ax_ladder.invert_yaxis()
+ax_ladder.set_xticks([])
+for i, trial in enumerate(bisection.trials):
+    ax_ladder.text(0.02, i, f"{trial.phase}: {trial.outcome.signal or trial.outcome.status}", va="center", fontsize=7,
+                   color="white")
+plotting.label(ax_ladder, "red: killed, green: finished", "", "bisection, in order")
+steps = [row["step"] for row in healthy_rows]
+plotting.line(ax_reward, steps, rewards, "fixed", "healthy: mean reward", markersize=0)
+plotting.line(ax_reward, [r["step"] for r in silent_rows], [r["reward"] for r in silent_rows], "bad",
+              "all-or-nothing reward, random policy")
+plotting.label(ax_reward, "optimizer step", "mean reward", "reward")
+plotting.line(ax_kl, steps, [row["kl"] for row in healthy_rows], "fixed", "healthy: KL to reference", markersize=0)
+plotting.line(ax_kl, steps, [row["frac_reward_zero_std"] for row in healthy_rows], "other",
+              "healthy: frac_reward_zero_std", markersize=0)
+plotting.label(ax_kl, "optimizer step", "value", "KL and zero-spread groups")
+plotting.save(fig, run.output_dir, "grpo_sigfpe")
+
+# %% [markdown]
+# ## 7. What to remember
+#
+# * "Floating point exception (core dumped)" is a native crash: no Python traceback, no `except`.
+#   Run the suspect in a child process with `python -X faulthandler` and read the return code (−8 is
+#   SIGFPE) and the stack it printed.
+# * Find the guilty setting by bisection from a config that works: add settings one by one, then halve.
+# * For the H20 report: bf16 GEMMs with the cuBLAS of torch cu121 wheels; fix with
+#   `nvidia-cublas-cu12==12.4.5.8` or newer torch, or `bf16=False`.
+# * Today's TRL rejects the report's config earlier: `warmup_ratio` and `max_prompt_length` are gone,
+#   and the per-device batch counts completions, so it must be divisible by `num_generations`.
+# * Watch `frac_reward_zero_std`: groups with equal rewards teach nothing, silently.
+#
+# ## 8. Exercise
+#
+# 1. Change `SimulatedH20Fault` in your copy to fire only when `max_grad_norm < 1`. Which set does the
+#    bisection find, and how many child runs does it take?
+# 2. Give the all-or-nothing reward to the *warm* policy. What happens to `frac_reward_zero_std`?
+# 3. Run `grpo_in_child` with `num_generations=6` and `per_device_train_batch_size=16`. What does the
+#    child report?
+#
+# ## Checks
+
+# %%
+metrics = save_metrics(
+    run,
+    lesson="05",
+    numbers={
+        "config_walk": walk,
+        "native_crash": {"returncode": traced.returncode, "signal": traced.signal,
+                         "stderr_without_faulthandler": plain.stderr},
+        "bisection": [{"settings": t.settings, "phase": t.phase, "status": t.outcome.status,
+                       "signal": t.outcome.signal, "seconds": t.outcome.seconds} for t in bisection.trials],
+        "culprits": bisection.culprits,
+        "workaround": workaround.status,
+        "reward_start": reward_start, "reward_end": reward_end,
+        "final_kl": healthy_rows[-1]["kl"],
+        "silent_frac_reward_zero_std": silent_zero_std, "silent_max_grad_norm": silent_grad,
+        "kernel_pid_unchanged": os.getpid() == kernel_pid,
+    },
+    symptom={
+        "today's TRL rejects the report's config in three steps, then accepts it":
+            [w["error"] is not None for w in walk] == [True, True, True, False],
+        "the child's native crash is detected as SIGFPE (return code -8)":
+            traced.signal == "SIGFPE" and traced.returncode == -8,
+        "without faulthandler the crash leaves no message": "Fatal Python error" not in plain.stderr,
+        "faulthandler shows the Python stack": "native_sigfpe" in traced.stderr,
+        "the notebook kernel survived every crash": os.getpid() == kernel_pid,
+        "bisection names the guilty setting (bf16, the injected stand-in)": bisection.culprits == ["bf16"],
+        "equal-reward groups teach nothing (frac_reward_zero_std 1, grad norm 0)":
+            silent_zero_std == 1.0 and silent_grad == 0.0,
+    },
+    fix={
+        "the minimal config runs": not bisection.trials[0].outcome.crashed,
+        "the user's config with bf16=False runs": workaround.status == "finished",
+        "the healthy run finished": healthy.status == "finished",
+        "reward improves over training (by > 0.1)": reward_end > reward_start + 0.1,
+    },
+)
+assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
+print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")
