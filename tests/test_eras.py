@@ -1,0 +1,270 @@
+"""Eras: the requirements files, the build's stamp, the runner's skip path, and the 02 and 04 era
+scripts run for real on the old libraries.
+
+The real runs need `make eras`. Under `make test` (which builds the eras they need and sets
+TRL_CLINIC_REQUIRE_ERAS) a missing era fails; a plain `pytest` without eras skips them with
+"run `make eras`".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from trl_clinic import eras
+
+ROOT = Path(__file__).resolve().parents[1]
+REQUIRE_ENV = "TRL_CLINIC_REQUIRE_ERAS"
+LIBRARIES = ("transformers", "trl", "peft", "accelerate")
+
+
+def need_era(name: str) -> Path:
+    """The era's interpreter; a skip (plain pytest) or a failure (`make test`) when it is not built."""
+    python = eras.era_python(name)
+    if python is None:
+        why = eras.era_state(name)[1]
+        if name in os.environ.get(REQUIRE_ENV, "").split():
+            pytest.fail(f"{why}: `make test` should have built it (target eras-for-tests)")
+        pytest.skip(why)
+    return python
+
+
+# --- the era files ----------------------------------------------------------------------------------
+
+ERA_FILES = sorted((ROOT / "eras").glob("*.txt"))
+
+
+def test_the_issue_s_eras_are_defined():
+    assert {"02-transformers-4.45", "04-transformers-4.51", "01-trl-0.14", "01-transformers-4.55"} <= {
+        path.stem for path in ERA_FILES}
+
+
+@pytest.mark.parametrize("path", ERA_FILES, ids=[path.stem for path in ERA_FILES])
+def test_an_era_pins_torch_and_the_four_libraries_and_says_who_uses_it(path):
+    lines = path.read_text().splitlines()
+    pins = dict(re.match(r"^([A-Za-z0-9_.-]+)==(\S+)$", line).groups() for line in lines if "==" in line
+                and not line.startswith("#"))
+    assert pins.get("torch") == "2.13.0"
+    assert set(LIBRARIES) <= set(pins), f"{path.name} must pin {', '.join(LIBRARIES)}"
+    header = " ".join(line for line in lines if line.startswith("#"))
+    assert re.search(r"[Ll]esson", header) and "then_" in header, f"{path.name}: say which lesson and script use it"
+
+
+def test_make_test_requires_the_eras_its_tests_run():
+    makefile = (ROOT / "Makefile").read_text()
+    required = re.search(r"^TEST_ERAS := (.+)$", makefile, re.M).group(1).split()
+    assert {"02-transformers-4.45", "04-transformers-4.51"} <= set(required)
+    assert re.search(r"^test: .*eras-for-tests", makefile, re.M)
+    assert ".eras/" in (ROOT / ".gitignore").read_text()
+
+
+def test_the_eras_module_imports_without_torch():
+    code = "import sys, trl_clinic.eras, trl_clinic.handshake; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_era_scripts_ship_with_the_package_and_do_not_import_trl_clinic():
+    from setuptools import find_packages
+
+    assert "trl_clinic.then" in find_packages(ROOT / "src")
+    scripts = sorted(eras.THEN_DIR.glob("then_*.py"))
+    assert {"then_02_accumulation", "then_04_padding_side"} <= {path.stem for path in scripts}
+    for path in scripts:
+        source = path.read_text()
+        assert not re.search(r"^\s*(from|import) trl_clinic", source, re.M), f"{path.name} imports trl_clinic"
+        assert "transformers" in source.split('"""')[1], f"{path.name}: its docstring names the versions"
+
+
+# --- building: the stamp --------------------------------------------------------------------------
+
+FAKE_UV = textwrap.dedent('''\
+    #!{python}
+    """A stand-in for uv: `venv ... DIR` makes DIR/bin/python (today's interpreter); `pip install`
+    fails when the requirements file says FAIL. Every call is logged."""
+    import os, sys
+    from pathlib import Path
+    args = sys.argv[1:]
+    with open(os.environ["FAKE_UV_LOG"], "a") as log:
+        log.write(" ".join(args) + "\\n")
+    if args[0] == "venv":
+        python = Path(args[-1]) / "bin" / "python"
+        python.parent.mkdir(parents=True)
+        python.write_text("#!/bin/sh\\nexec {python} \\"$@\\"\\n")
+        python.chmod(0o755)
+    elif args[:2] == ["pip", "install"]:
+        requirements = Path(args[args.index("-r") + 1]).read_text()
+        sys.exit(1 if "FAIL" in requirements else 0)
+    ''')
+
+
+@pytest.fixture
+def fake_root(tmp_path, monkeypatch):
+    """A repository with one era file and a fake uv: builds take milliseconds and touch no registry."""
+    (tmp_path / "eras").mkdir()
+    (tmp_path / "eras" / "99-test.txt").write_text("# test era\ntorch==2.13.0\n")
+    uv = tmp_path / "fake-uv"
+    uv.write_text(FAKE_UV.format(python=sys.executable))
+    uv.chmod(uv.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("FAKE_UV_LOG", str(tmp_path / "uv.log"))
+    monkeypatch.setattr(eras, "PROBE_IMPORTS", ("json",))  # the probe runs, without importing torch
+    return tmp_path
+
+
+def build(root: Path) -> bool:
+    return eras.build_era("99-test", root, installer=[str(root / "fake-uv")], torch_links=None)
+
+
+def installs(root: Path) -> int:
+    log = root / "uv.log"
+    return sum(line.startswith("pip install") for line in log.read_text().splitlines()) if log.exists() else 0
+
+
+def test_a_build_writes_a_stamp_keyed_on_the_requirements_and_is_reused(fake_root):
+    assert eras.era_python("99-test", fake_root) is None
+    assert build(fake_root) is True
+    stamp = eras.read_stamp("99-test", fake_root)
+    assert stamp["requirements_sha256"] == eras.requirements_digest(fake_root / "eras" / "99-test.txt")
+    assert "torch" in stamp["versions"]
+    assert eras.era_python("99-test", fake_root) == fake_root / ".eras" / "99-test" / "bin" / "python"
+    assert build(fake_root) is False and installs(fake_root) == 1  # reused, not installed again
+
+
+def test_a_changed_requirements_file_makes_the_era_stale_and_rebuilds_it(fake_root):
+    build(fake_root)
+    (fake_root / "eras" / "99-test.txt").write_text("# test era\ntorch==2.13.0\nrich\n")
+    ready, why = eras.era_state("99-test", fake_root)
+    assert not ready and "older" in why and "run `make eras`" in why
+    assert build(fake_root) is True and installs(fake_root) == 2
+    assert eras.era_python("99-test", fake_root) is not None
+
+
+def test_a_failed_install_leaves_no_stamp(fake_root):
+    build(fake_root)
+    (fake_root / "eras" / "99-test.txt").write_text("# test era\nFAIL\n")
+    with pytest.raises(eras.EraBuildError, match="uv pip install failed"):
+        build(fake_root)
+    assert not (fake_root / ".eras" / "99-test" / eras.STAMP).exists()
+    assert eras.era_python("99-test", fake_root) is None
+
+
+def test_an_era_whose_libraries_do_not_import_gets_no_stamp(fake_root, monkeypatch):
+    monkeypatch.setattr(eras, "PROBE_IMPORTS", ("json", "no_such_module_anywhere"))
+    with pytest.raises(eras.EraBuildError, match="do not import"):
+        build(fake_root)
+    assert eras.read_stamp("99-test", fake_root) is None
+
+
+def test_an_unknown_era_is_a_clear_error(fake_root):
+    with pytest.raises(eras.EraBuildError, match="no eras/nope.txt"):
+        eras.build_era("nope", fake_root)
+    assert "not defined" in eras.era_state("nope", fake_root)[1]
+
+
+def test_the_local_torch_wheel_is_found_when_pip_has_one():
+    folder = eras.local_torch_links("2.13.0")
+    if folder is None:
+        pytest.skip("pip takes torch 2.13.0 from a registry here: uv fetches it itself")
+    assert any(folder.glob("torch-2.13.0*.whl"))
+
+
+# --- running: the skip path and the runner --------------------------------------------------------
+
+def test_a_missing_era_is_skipped_with_the_make_command_and_never_raises(fake_root, tmp_path):
+    run = eras.run_in_era("99-test", "then_02_accumulation", {}, tmp_path / "work", root=fake_root)
+    assert run.status == "skipped" and run.skipped and not run.finished
+    assert run.message == "skipped: era 99-test is not installed, run `make eras`"
+    assert run.result is None and run.to_metrics()["status"] == "skipped"
+    unknown = eras.run_in_era("no-such-era", "then_02_accumulation", {}, tmp_path / "work", root=fake_root)
+    assert unknown.skipped and "not defined" in unknown.message
+
+
+def write_script(folder: Path, body: str) -> Path:
+    script = folder / "then_99_probe.py"
+    script.write_text(textwrap.dedent(body))
+    return script
+
+
+def test_a_built_era_runs_a_script_and_returns_its_json(fake_root, tmp_path):
+    build(fake_root)
+    script = write_script(tmp_path, '''\
+        import json, os, sys
+        spec = json.load(open(sys.argv[1]))
+        json.dump({"twice": 2 * spec["x"], "offline": os.environ["HF_HUB_OFFLINE"],
+                   "gpus": os.environ["CUDA_VISIBLE_DEVICES"]}, open(sys.argv[2], "w"))
+        ''')
+    run = eras.run_in_era("99-test", script, {"x": 21}, tmp_path / "work", root=fake_root)
+    assert run.finished, run.message
+    assert run.result == {"twice": 42, "offline": "1", "gpus": ""}
+    assert run.versions == eras.era_versions("99-test", fake_root)
+    assert json.loads(json.dumps(run.to_metrics()))["kind"] == "measured"
+
+
+def test_a_failing_script_is_reported_as_failed_not_raised(fake_root, tmp_path):
+    build(fake_root)
+    crash = write_script(tmp_path, "raise RuntimeError('old code broke')\n")
+    run = eras.run_in_era("99-test", crash, {}, tmp_path / "work", root=fake_root)
+    assert run.status == "failed" and "RuntimeError: old code broke" in run.message
+    silent = write_script(tmp_path, "pass\n")
+    run = eras.run_in_era("99-test", silent, {}, tmp_path / "work", root=fake_root)
+    assert run.status == "failed" and "wrote no" in run.message
+    missing = eras.run_in_era("99-test", "then_no_such_script", {}, tmp_path / "work", root=fake_root)
+    assert missing.status == "failed" and "no era script" in missing.message
+
+
+def test_a_script_s_time_limit_is_a_failure(fake_root, tmp_path):
+    build(fake_root)
+    slow = write_script(tmp_path, "import time\ntime.sleep(30)\n")
+    run = eras.run_in_era("99-test", slow, {}, tmp_path / "work", root=fake_root, timeout=1)
+    assert run.status == "failed" and "timeout" in run.message
+
+
+# --- the real old code ----------------------------------------------------------------------------
+
+@pytest.mark.era
+def test_02_accumulation_on_transformers_4_45_and_today_s_recreation_agree(tmp_path):
+    need_era("02-transformers-4.45")
+    from trl_clinic import handshake
+
+    spec = handshake.accumulation_spec(tmp_path)
+    run = eras.run_in_era("02-transformers-4.45", "then_02_accumulation", spec, tmp_path)
+    assert run.finished, f"{run.message}\n{run.stderr}"
+    result = run.result
+    assert result["era_versions"]["transformers"] == "4.45.2" and result["era_versions"]["trl"] == "0.11.4"
+    assert result["training_step_knows_num_items_in_batch"] is False
+    assert len(set(result["label_counts"])) > 1
+    for kind in ("trainer", "sft_trainer"):
+        numbers = result["paths"][kind]
+        assert numbers["vs_mean_of_means"] < 1e-6  # exactly the mean of per-micro-batch means
+        assert numbers["vs_full_batch"] > 0.3 and numbers["cosine_full_batch"] < 0.95  # not the big batch
+
+    era = handshake.load_era_gradients(result["gradients_file"])
+    recreated = handshake.today_gradient(spec, tmp_path, recreate_old=True)
+    assert handshake.compare_gradients(recreated, era["trainer"])["relative_error"] < 1e-6
+    today = handshake.today_gradient(spec, tmp_path, recreate_old=False)
+    assert handshake.compare_gradients(today, era["full_batch"])["relative_error"] < 1e-6
+
+
+@pytest.mark.era
+def test_04_dpo_evaluate_raises_the_real_qwen2_padding_error_on_transformers_4_51(tmp_path):
+    need_era("04-transformers-4.51")
+    run = eras.run_in_era("04-transformers-4.51", "then_04_padding_side", {}, tmp_path)
+    assert run.finished, f"{run.message}\n{run.stderr}"
+    result = run.result
+    assert result["era_versions"]["transformers"] == "4.51.3" and result["era_versions"]["trl"] == "0.17.0"
+    reported = result["scenarios"]["as_reported"]
+    assert reported["error_type"] == "ValueError"
+    assert reported["message"].startswith("You are attempting to perform batched generation with padding_side='right'")
+    assert Path(reported["file"]).name == "modeling_qwen2.py" and reported["function"] == "_update_causal_mask"
+    assert ".eras/04-transformers-4.51" in reported["file"]  # the era's own transformers raised it
+    assert result["scenarios"]["tokenizer_left"]["padding_guard"]  # DPO re-pads right: the advice alone fails
+    for fix in ("use_cache_false", "padding_free"):
+        assert result["scenarios"][fix]["passed_guard"], result["scenarios"][fix]["error"]
+    assert result["direct_forward"]["right"]["padding_guard"] and result["direct_forward"]["left"]["passed_guard"]
