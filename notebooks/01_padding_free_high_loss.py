@@ -20,42 +20,45 @@
 # sequences packed before it ("batch contamination"); the loss and the gradient norm rise with the
 # batch size; a check that tells whether your model and collator keep sequences apart; where the bug
 # still lives today; and what padding-free buys when it works.
+#
+# **Time**: about 100 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
+#
+# The contaminated batches come from TRL 0.19-0.23's collator, **re-created** on today's stack
+# (`trl_clinic.stand_ins.recreated_all_ones_mask`, which names the code it stands for). The OPT trap,
+# the probe and the fix are today's real code paths.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
 seed = 0
-output_dir = "outputs/01_padding_free_high_loss"
+output_dir = None  # None: outputs/01_padding_free_high_loss at the repository root
 
 # %%
 import copy
+import math
 import time
 
 import torch
 from datasets import concatenate_datasets
-from transformers.utils import is_flash_attn_2_available
 from trl import SFTConfig, SFTTrainer
 
 from trl_clinic import data, plotting
 from trl_clinic.models import attention_implementation, make_causal_lm
-from trl_clinic.packing import packed_vs_separate, with_all_ones_mask
+from trl_clinic.packing import packed_vs_separate
 from trl_clinic.parameters import start_run
 from trl_clinic.recording import StepRecorder
-from trl_clinic.results import failed_checks, save_metrics
+from trl_clinic.results import failed_checks, recreated, save_metrics
+from trl_clinic.runtime import peak_memory_mib, progress, reset_peak_memory
+from trl_clinic.stand_ins import recreated_all_ones_mask
 from trl_clinic.tokenizer import build_tokenizer
 
-run = start_run(profile, seed, output_dir)
+run = start_run("01", profile, seed, output_dir)
 print(run.describe())
-
-# Derived from the profile.
-MODEL_SIZE = run.profile.model_size
-BATCH_SIZES = [1, 4, 16]
-MEASURE_SAMPLES = 64 if not run.on_gpu else 256  # samples per measurement (lr 0: same weights throughout)
-WARMUP_STEPS = 150 if not run.on_gpu else 600
-# The loss measurements run on sdpa in fp32 on every device, so that "equal" means float precision.
-# The throughput measurement (section 5) uses the kernel that sees packed boundaries natively on a
-# GPU, FlashAttention-2, where it is installed.
-SPEED_ATTENTION = "flash_attention_2" if run.on_gpu and is_flash_attn_2_available() else "sdpa"
-print("attention implementation for the throughput runs:", SPEED_ATTENTION)
+sizes = run.sizes  # this lesson's numbers for the profile (lessons.yaml)
+MODEL_SIZE, BATCH_SIZES = sizes.model_size, sizes.batch_sizes
+# The loss measurements run on sdpa in fp32 on every profile, so that "equal" means float precision.
+# The throughput measurement (section 5) uses the profile's kernel: on a GPU the best FlashAttention
+# installed, which sees packed boundaries natively.
+print("attention implementation for the throughput runs:", run.attention)
 
 # %% [markdown]
 # ## 1. The symptom
@@ -68,28 +71,33 @@ print("attention implementation for the throughput runs:", SPEED_ATTENTION)
 
 # %%
 tokenizer = build_tokenizer()
-mrc = data.mrc_samples(MEASURE_SAMPLES, seed=run.seed + 1)
-instructions = data.instruction_pairs(MEASURE_SAMPLES, seed=run.seed + 1, max_people=2)
-warmup_set = concatenate_datasets([data.mrc_samples(8 * WARMUP_STEPS // 2, seed=run.seed),
-                                   data.instruction_pairs(8 * WARMUP_STEPS // 2, seed=run.seed, max_people=2)])
+mrc = data.mrc_samples(sizes.measure_samples, seed=run.subseed("measure"))
+instructions = data.instruction_pairs(sizes.measure_samples, seed=run.subseed("measure"), max_people=2)
+half = sizes.warmup_batch_size * sizes.warmup_steps // 2
+warmup_set = concatenate_datasets([data.mrc_samples(half, seed=run.subseed("warm-up")),
+                                   data.instruction_pairs(half, seed=run.subseed("warm-up"), max_people=2)])
 
 def warm_up(family: str, steps: int) -> dict:
     """Briefly train a fresh model (padded, whole-sequence loss) and return its weights."""
     model = make_causal_lm(tokenizer, family, size=MODEL_SIZE, seed=run.seed)
     trainer = SFTTrainer(
         model=model,
-        args=SFTConfig(**run.trainer_kwargs(f"warmup-{family}"), per_device_train_batch_size=8, learning_rate=3e-3,
-                       max_steps=steps, max_length=None, completion_only_loss=False),
-        train_dataset=warmup_set.shuffle(seed=run.seed), processing_class=tokenizer,
+        args=SFTConfig(**run.trainer_kwargs(f"warmup-{family}"), per_device_train_batch_size=sizes.warmup_batch_size,
+                       learning_rate=sizes.warmup_learning_rate, max_steps=steps, max_length=None,
+                       completion_only_loss=False),
+        train_dataset=warmup_set.shuffle(seed=run.subseed("warm-up order")), processing_class=tokenizer,
     )
     log = StepRecorder().watch(trainer)
     trainer.train()
+    raw = log.series("raw_loss")[1]
+    # every later ratio divides by losses of this model: a warm-up that diverged must stop here, loudly
+    assert all(math.isfinite(v) and v > 0 for v in raw), f"{family} warm-up diverged: raw losses {raw[-5:]}"
     print(f"{family} warm-up loss: {log.series('loss')[1][0]:.2f} -> {log.last('loss'):.2f}")
     return copy.deepcopy(model.state_dict())
 
 
 # OPT joins later, for a trap that is live today (section 3)
-family_weights = {family: warm_up(family, WARMUP_STEPS) for family in ("llama", "opt")}
+family_weights = {family: warm_up(family, sizes.warmup_steps) for family in ("llama", "opt")}
 warm_weights = family_weights["llama"]
 
 
@@ -97,8 +105,8 @@ warm_weights = family_weights["llama"]
 # ## 2. Reproduce: padded, contaminated and boundary-aware batches
 #
 # * **padded**: `padding_free=False`, the reference.
-# * **contaminated**: `padding_free=True`, with the packed row sent with an attention mask of ones.
-#   TRL 0.19-0.23's collator did exactly that; `with_all_ones_mask` re-creates it on today's stack. With
+# * **contaminated** (re-created): `padding_free=True`, with the packed row sent with an attention mask
+#   of ones. TRL 0.19-0.23's collator did exactly that; `recreated_all_ones_mask` re-creates it. With
 #   a mask present, transformers builds one causal mask over the whole row, as an attention kernel
 #   that ignores sequence boundaries (the report's non-FlashAttention run) does.
 # * **fixed**: `padding_free=True` with today's collator: `position_ids` restarting at 0 per sequence
@@ -115,7 +123,8 @@ def measure(mode: str, batch_size: int, dataset, completion_only: bool, family: 
     if weights is not None:
         model.load_state_dict(weights)
     args = SFTConfig(
-        **{**run.trainer_kwargs(f"{family}-{mode}-{batch_size}"), "bf16": False},  # fp32 on every device (see the top)
+        **{**run.trainer_kwargs(f"{family}-{mode}-{batch_size}", progress=False),
+           "bf16": False},  # fp32 on every profile (see the top)
         per_device_train_batch_size=batch_size,
         padding_free=mode != "padded",  # the flag this lesson is about
         max_length=None,
@@ -125,10 +134,12 @@ def measure(mode: str, batch_size: int, dataset, completion_only: bool, family: 
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     if mode == "contaminated":
-        trainer.data_collator = with_all_ones_mask(trainer.data_collator)
+        trainer.data_collator = recreated_all_ones_mask(trainer.data_collator)
     recorder = StepRecorder().watch(trainer)
     trainer.train()
     losses, norms = recorder.series("loss")[1], recorder.series("grad_norm")[1]
+    # Trainer logs 0.0 for a NaN step loss: the ratios below divide by these, so they must be real
+    assert all(math.isfinite(v) and v > 0 for v in recorder.series("raw_loss")[1]), f"{mode} run: non-finite loss"
     return {"loss": sum(losses) / len(losses), "grad_norm": sum(norms) / len(norms)}
 
 
@@ -136,7 +147,7 @@ MODES = ("padded", "contaminated", "fixed")
 settings = {"MRC, completion-only": (mrc, True), "MRC, whole sequence": (mrc, False),
             "instructions, completion-only": (instructions, True), "instructions, whole sequence": (instructions, False)}
 sweep = {}
-for name, (dataset, completion_only) in settings.items():
+for name, (dataset, completion_only) in progress(settings.items(), "contamination sweep", total=len(settings)):
     sweep[name] = {mode: [measure(mode, b, dataset, completion_only) for b in BATCH_SIZES] for mode in MODES}
     for i, b in enumerate(BATCH_SIZES):
         print(f"{name:>30}, batch {b:>2}: " + "  ".join(
@@ -263,11 +274,11 @@ print("model path + flash_attention_2           ->", fa2_outcome)
 # padded vs padding-free (the fixed path), on the same MRC data.
 
 # %%
-def throughput(padding_free: bool, batch_size: int = 16) -> dict[str, float | None]:
+def throughput(padding_free: bool, batch_size: int = sizes.speed_batch_size) -> dict[str, float | None]:
     steps = len(mrc) // batch_size
     # FlashAttention-2 takes half-precision weights; sdpa keeps fp32 (with bf16 autocast on a GPU)
-    dtype = torch.bfloat16 if SPEED_ATTENTION == "flash_attention_2" else torch.float32
-    model = make_causal_lm(tokenizer, size=MODEL_SIZE, seed=run.seed, attn_implementation=SPEED_ATTENTION, dtype=dtype)
+    dtype = torch.bfloat16 if run.attention.startswith("flash_attention") else torch.float32
+    model = make_causal_lm(tokenizer, size=MODEL_SIZE, seed=run.seed, attn_implementation=run.attention, dtype=dtype)
     args = SFTConfig(**run.trainer_kwargs(f"speed-{padding_free}", logging=False), padding_free=padding_free,
                      max_length=None, per_device_train_batch_size=batch_size, max_steps=steps)
     trainer = SFTTrainer(model=model, args=args, train_dataset=mrc, processing_class=tokenizer)
@@ -275,13 +286,12 @@ def throughput(padding_free: bool, batch_size: int = 16) -> dict[str, float | No
     batches = [batch for batch, _ in zip(trainer.get_train_dataloader(), range(steps))]
     slots = sum(batch["input_ids"].numel() for batch in batches)  # positions the model computes
     real = sum(int((batch["input_ids"] != tokenizer.pad_token_id).sum()) for batch in batches)
-    if run.on_gpu:
-        torch.cuda.reset_peak_memory_stats()
+    reset_peak_memory(run.device)
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
     return {"padding_share": 1 - real / slots, "tokens_per_second": real / seconds, "seconds": seconds,
-            "peak_memory_mib": torch.cuda.max_memory_allocated() / 2**20 if run.on_gpu else None}
+            "peak_memory_mib": peak_memory_mib(run.device)}
 
 
 speed = {"padded": throughput(False), "padding_free": throughput(True)}
@@ -316,7 +326,7 @@ for ax in (ax_loss, ax_grad):
 plotting.bars(ax_speed, ["padded", "padding-free"],
               [speed["padded"]["tokens_per_second"], speed["padding_free"]["tokens_per_second"]],
               ["reference", "fixed"], fmt="{:.0f}")
-plotting.label(ax_speed, f"batch 16, {SPEED_ATTENTION}, {run.device.type}", "real tokens / second",
+plotting.label(ax_speed, f"batch {sizes.speed_batch_size}, {run.attention}, {run.device.type}", "real tokens / second",
                f"throughput (padding share {speed['padded']['padding_share']:.0%} when padded)")
 plotting.save(fig, run.output_dir, "padding_free")
 
@@ -358,16 +368,19 @@ metrics = save_metrics(
              "fixed_vs_padded_max_relative": fixed_vs_padded, "most_affected": worst, "mrc_worst": mrc_worse,
              "probes": {name: {k: v for k, v in r.items() if k in ("isolated", "max_relative_difference")}
                         for name, r in probes.items()},
-             "family_gap_padding_free": family_gap, "speed_attention": SPEED_ATTENTION, "fa2": fa2_outcome,
+             "family_gap_padding_free": family_gap, "speed_attention": run.attention, "fa2": fa2_outcome,
              "throughput": speed, "padding_free_speedup": speedup},
     symptom={
         "contaminated/padded loss ratio grows with batch size in every setting":
-            all(r[0] <= r[1] <= r[2] for r in ratios.values()),
-        f"ratio above 1 at batch {BATCH_SIZES[-1]} (> 1.1) in every setting": all(r[-1] > 1.1 for r in ratios.values()),
-        f"ratio well above 1 at batch {BATCH_SIZES[-1]} (> 1.5) where it hurts most": ratios[worst][-1] > 1.5,
-        "no difference at batch 1 (< 1e-6)": all(abs(r[0] - 1) < 1e-6 for r in ratios.values()),
-        f"grad norm at batch {BATCH_SIZES[-1]} is over 1.5x padded in every setting": all(g[-1] > 1.5 for g in grad_ratios.values()),
-        "probe flags an all-ones mask on a packed row": not probes["llama, position_ids + all-ones mask"]["isolated"],
+            recreated(all(a <= b for r in ratios.values() for a, b in zip(r, r[1:]))),
+        f"ratio above 1 at batch {BATCH_SIZES[-1]} (> 1.1) in every setting":
+            recreated(all(r[-1] > 1.1 for r in ratios.values())),
+        f"ratio well above 1 at batch {BATCH_SIZES[-1]} (> 1.5) where it hurts most": recreated(ratios[worst][-1] > 1.5),
+        "no difference at batch 1 (< 1e-6)": recreated(all(abs(r[0] - 1) < 1e-6 for r in ratios.values())),
+        f"grad norm at batch {BATCH_SIZES[-1]} is over 1.5x padded in every setting":
+            recreated(all(g[-1] > 1.5 for g in grad_ratios.values())),
+        "probe flags an all-ones mask on a packed row":
+            recreated(not probes["llama, position_ids + all-ones mask"]["isolated"]),
         "probe flags OPT as contaminated": not probes["opt, position_ids only"]["isolated"],
         "TRL's padding-free path changes OPT's loss (by > 10%)": family_gap["opt"] > 0.1,
         "model_init_kwargs is ignored for a model instance": attention_implementation(instance_trainer.model) != "eager",

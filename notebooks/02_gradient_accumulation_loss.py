@@ -17,11 +17,16 @@
 # normalisation points somewhere else than the one-big-batch gradient, more so with more
 # accumulation steps; a run trained with it ends worse on held-out data; and today's
 # `num_items_in_batch` path matches the big batch to float precision.
+#
+# **Time**: about 30 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
+#
+# The old normalisation is **re-created** on today's `Trainer` (`trl_clinic.stand_ins`, which names
+# the transformers 4.45 code it stands for); the custom-loss trap and the fix are today's real code.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
 seed = 0
-output_dir = "outputs/02_gradient_accumulation_loss"
+output_dir = None  # None: outputs/02_gradient_accumulation_loss at the repository root
 
 # %%
 import torch
@@ -32,16 +37,14 @@ from trl_clinic.gradients import cosine, first_step_gradient, relative_error
 from trl_clinic.models import make_causal_lm
 from trl_clinic.parameters import start_run
 from trl_clinic.recording import StepRecorder
-from trl_clinic.results import failed_checks, save_metrics
+from trl_clinic.results import failed_checks, recreated, save_metrics
+from trl_clinic.runtime import progress
+from trl_clinic.stand_ins import MeanPerMicroBatchSFTTrainer, recreate_pre_446_loss
 from trl_clinic.tokenizer import build_tokenizer
 
-run = start_run(profile, seed, output_dir)
+run = start_run("02", profile, seed, output_dir)
 print(run.describe())
-
-# Derived from the profile: how far the sweep goes, how long the training curves are.
-ACCUMULATION_SWEEP = [2, 4, 8, 16, 32] if not run.on_gpu else [2, 4, 8, 16, 32, 64]
-CURVE_ACCUMULATION = 8
-CURVE_STEPS = run.profile.train_steps
+sizes = run.sizes  # this lesson's numbers for the profile (lessons.yaml)
 
 # %% [markdown]
 # ## 1. The symptom
@@ -52,8 +55,8 @@ CURVE_STEPS = run.profile.train_steps
 
 # %%
 tokenizer = build_tokenizer()
-train_set = data.instruction_pairs(run.profile.n_train, seed=run.seed)
-eval_set = data.instruction_pairs(run.profile.n_eval, seed=run.seed + 1)
+train_set = data.instruction_pairs(sizes.n_train, seed=run.subseed("train"))
+eval_set = data.instruction_pairs(sizes.n_eval, seed=run.subseed("eval"))
 label_counts = [len(tokenizer(row["completion"])["input_ids"]) + 1 for row in train_set]  # + eos
 print(f"label tokens per sample: min {min(label_counts)}, max {max(label_counts)}")
 for row in train_set.select(range(3)):
@@ -67,10 +70,11 @@ for row in train_set.select(range(3)):
 # the same data order:
 #
 # * **big batch**: `per_device_train_batch_size=N`, `gradient_accumulation_steps=1`; the reference.
-# * **accumulated, old normalisation**: batch 1 × N. Before transformers 4.46 each micro-batch's
-#   loss was the mean over *its own* label tokens, divided by N. Today's Trainer still does exactly
-#   that when it believes the model cannot take `num_items_in_batch`; setting
-#   `trainer.model_accepts_loss_kwargs = False` after building the trainer brings that path back.
+# * **accumulated, old normalisation (re-created)**: batch 1 × N. Before transformers 4.46 each
+#   micro-batch's loss was the mean over *its own* label tokens, divided by N. Today's Trainer still
+#   does exactly that when it believes the model cannot take `num_items_in_batch`:
+#   `recreate_pre_446_loss(trainer)` sets `trainer.model_accepts_loss_kwargs = False` after building
+#   the trainer, which brings that path back.
 # * **accumulated, today's default**: batch 1 × N with `num_items_in_batch`.
 #
 # `first_step_gradient` (a `TrainerCallback` underneath) copies the accumulated gradient just before
@@ -91,14 +95,14 @@ def accumulated_gradient(batch_size: int, accumulation: int, normalisation: str,
         max_grad_norm=0,  # no clipping: compare the gradient exactly as accumulation built it
         max_steps=1,
     )
-    trainer = trainer_class(model=make_causal_lm(tokenizer, seed=run.seed), args=args,
+    trainer = trainer_class(model=make_causal_lm(tokenizer, size=sizes.model_size, seed=run.seed), args=args,
                             train_dataset=train_set, processing_class=tokenizer)
     if normalisation == "old":
-        trainer.model_accepts_loss_kwargs = False  # per-micro-batch mean, divided by the accumulation steps
+        recreate_pre_446_loss(trainer)  # per-micro-batch mean, divided by the accumulation steps
     return first_step_gradient(trainer)  # trl_clinic.gradients: captures it just before the optimizer step
 
 
-N = CURVE_ACCUMULATION
+N = sizes.curve_accumulation
 reference = accumulated_gradient(N, 1, "today")
 old = accumulated_gradient(1, N, "old")
 print(f"batch 1 x {N}, old normalisation vs batch {N}: "
@@ -116,7 +120,7 @@ print(f"batch 1 x {N}, old normalisation vs batch {N}: "
 # delivers it (shifted labels that are not `-100`), and the weight each path gives one token.
 
 # %%
-probe = SFTTrainer(model=make_causal_lm(tokenizer, seed=run.seed), processing_class=tokenizer,
+probe = SFTTrainer(model=make_causal_lm(tokenizer, size=sizes.model_size, seed=run.seed), processing_class=tokenizer,
                    train_dataset=train_set,
                    args=SFTConfig(**run.trainer_kwargs("probe", logging=False), per_device_train_batch_size=1))
 window = [batch for batch, _ in zip(probe.get_train_dataloader(), range(N))]
@@ -145,17 +149,17 @@ print(f"under the old path one token of the shortest sample weighs {token_weight
 # The bug comes back whenever a loss ignores `num_items_in_batch`. A common way today: a custom
 # `compute_loss` that takes a mean over its micro-batch (transformers issue #37766). The Trainer
 # then believes the loss is already normalised for accumulation and does not even divide by N.
+# `MeanPerMicroBatchSFTTrainer` (in `trl_clinic.stand_ins`) is such a user override:
+#
+# ```python
+# class MeanPerMicroBatchSFTTrainer(SFTTrainer):
+#     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+#         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=None)
+# ```
 
 # %%
-class MeanPerMicroBatchSFTTrainer(SFTTrainer):
-    """A custom loss as many users write it: the mean over this micro-batch's label tokens."""
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=None)
-
-
 sweep = {"today": [], "old": [], "custom": []}
-for steps in ACCUMULATION_SWEEP:
+for steps in progress(sizes.accumulation_sweep, "accumulation sweep"):
     big = accumulated_gradient(steps, 1, "today")
     candidates = {"today": accumulated_gradient(1, steps, "today"),
                   "old": accumulated_gradient(1, steps, "old"),
@@ -190,18 +194,18 @@ def train_curve(normalisation: str) -> StepRecorder:
     args = SFTConfig(
         **run.trainer_kwargs(f"curve-{normalisation}"),
         per_device_train_batch_size=1,
-        gradient_accumulation_steps=CURVE_ACCUMULATION,
-        learning_rate=3e-3,
+        gradient_accumulation_steps=sizes.curve_accumulation,
+        learning_rate=sizes.learning_rate,
         warmup_steps=0.1,  # a float below 1 is a ratio
-        max_steps=CURVE_STEPS,
+        max_steps=sizes.curve_steps,
         eval_strategy="steps",
-        eval_steps=max(1, CURVE_STEPS // 4),
+        eval_steps=max(1, sizes.curve_steps // 4),
         per_device_eval_batch_size=len(eval_set),
     )
-    trainer = SFTTrainer(model=make_causal_lm(tokenizer, seed=run.seed), args=args,
+    trainer = SFTTrainer(model=make_causal_lm(tokenizer, size=sizes.model_size, seed=run.seed), args=args,
                          train_dataset=train_set, eval_dataset=eval_sets, processing_class=tokenizer)
     if normalisation == "old":
-        trainer.model_accepts_loss_kwargs = False
+        recreate_pre_446_loss(trainer)
     recorder = StepRecorder().watch(trainer)
     trainer.train()
     recorder.save(run.output_dir / f"history_{normalisation}.json")
@@ -210,8 +214,11 @@ def train_curve(normalisation: str) -> StepRecorder:
 
 curves = {normalisation: train_curve(normalisation) for normalisation in ("old", "today")}
 held_out = {norm: {name: rec.last(f"eval_{name}_loss") for name in eval_sets} for norm, rec in curves.items()}
+# the old path weights short answers up: relative to long answers, it should do better on them
+short_long = {norm: losses["short"] / losses["long"] for norm, losses in held_out.items()}
 for norm, losses in held_out.items():
-    print(f"{norm:>6}: " + ", ".join(f"held-out {name} {loss:.3f}" for name, loss in losses.items()))
+    print(f"{norm:>6}: " + ", ".join(f"held-out {name} {loss:.3f}" for name, loss in losses.items())
+          + f", short/long ratio {short_long[norm]:.3f}")
 
 # %%
 fig, (ax_err, ax_cos, ax_curve) = plotting.figure(
@@ -228,7 +235,7 @@ ax_err.set_xscale("log", base=2)
 ax_cos.set_xscale("log", base=2)
 for norm, kind in (("old", "bad"), ("today", "fixed")):
     plotting.line(ax_curve, *curves[norm].series("eval_all_loss"), kind, f"{norm} normalisation")
-plotting.label(ax_curve, "optimizer step", "held-out loss (nats/token)", f"training, batch 1 x {CURVE_ACCUMULATION}")
+plotting.label(ax_curve, "optimizer step", "held-out loss (nats/token)", f"training, batch 1 x {N}")
 plotting.save(fig, run.output_dir, "gradient_accumulation")
 
 # %% [markdown]
@@ -265,18 +272,21 @@ metrics = save_metrics(
         "min_relative_error_old": min(old_errors),
         "token_weight_spread_old": token_weight_spread,
         "held_out_loss": held_out,
-        "curve_accumulation": CURVE_ACCUMULATION,
-        "curve_steps": CURVE_STEPS,
+        "held_out_short_long_ratio": short_long,
+        "curve_accumulation": N,
+        "curve_steps": sizes.curve_steps,
     },
     symptom={
-        "old normalisation misses the big-batch gradient (relative error > 1e-2)": min(old_errors) > 1e-2,
+        "old normalisation misses the big-batch gradient (relative error > 1e-2)": recreated(min(old_errors) > 1e-2),
         "custom mean-per-micro-batch loss misses it too": min(r["relative_error"] for r in sweep["custom"]) > 1e-2,
-        "custom loss has the old path's direction (cosines equal within 1e-6)": all(
-            abs(c["cosine"] - o["cosine"]) < 1e-6 for c, o in zip(sweep["custom"], sweep["old"])),
+        "custom loss has the old path's direction (cosines equal within 1e-6)": recreated(all(
+            abs(c["cosine"] - o["cosine"]) < 1e-6 for c, o in zip(sweep["custom"], sweep["old"]))),
         "custom loss error grows with accumulation": all(
             a["relative_error"] < b["relative_error"] for a, b in zip(sweep["custom"], sweep["custom"][1:])),
-        "old normalisation ends with a higher held-out loss": held_out["old"]["all"] > held_out["today"]["all"],
-        "old normalisation favours short answers": held_out["old"]["short"] < held_out["today"]["short"],
+        "old normalisation ends with a higher held-out loss":
+            recreated(held_out["old"]["all"] > held_out["today"]["all"]),
+        "old normalisation favours short answers (its short/long held-out loss ratio is below today's)":
+            recreated(short_long["old"] < short_long["today"]),
     },
     fix={"num_items_in_batch matches the big batch (relative error < 1e-4)": max(today_errors) < 1e-4},
 )

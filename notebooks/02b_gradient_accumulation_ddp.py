@@ -18,45 +18,43 @@
 # with the one-process, one-big-batch gradient for three settings: the old per-process mean,
 # today's per-process `num_items_in_batch`, and counts summed across processes
 # (`average_tokens_across_devices=True`, the default in `TrainingArguments`). Only one matches.
+#
+# **Time**: about 30 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
+#
+# The old per-process mean is **re-created** on today's `Trainer` (`trl_clinic.stand_ins`); the other
+# two settings are today's real code paths.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
 seed = 0
-output_dir = "outputs/02b_gradient_accumulation_ddp"
+output_dir = None  # None: outputs/02b_gradient_accumulation_ddp at the repository root
 
 # %%
-import json
-
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from trl_clinic import data, plotting
-from trl_clinic.crash import run_child
+from trl_clinic import child, data, plotting
 from trl_clinic.gradients import cosine, first_step_gradient, relative_error
-from trl_clinic.launch import distributed_args
+from trl_clinic.launch import backend
 from trl_clinic.models import make_causal_lm
 from trl_clinic.parameters import start_run
-from trl_clinic.results import failed_checks, save_metrics
+from trl_clinic.results import failed_checks, recreated, save_metrics
 from trl_clinic.tokenizer import build_tokenizer
 
-run = start_run(profile, seed, output_dir)
+run = start_run("02b", profile, seed, output_dir)
 print(run.describe())
-
-# Derived from the profile.
-PROCESSES = 2
-ACCUMULATION = [1, 2, 4] if not run.on_gpu else [1, 2, 4, 8]
-N_SAMPLES = 256
+sizes = run.sizes  # this lesson's numbers for the profile (lessons.yaml)
 SETTINGS = ("old", "per-process", "across-processes")
 
 # %% [markdown]
 # ## 1. Reproduce: the multi-process run
 #
-# The script below runs in every process. For each accumulation count and each setting it builds an
-# `SFTTrainer` (batch 1 per process, `max_grad_norm=0`), captures the gradient of the first step
-# after DDP has averaged it across processes, and the main process saves it. Each process also
-# records the label-token counts of its own micro-batches.
+# The function below runs in every process. For each accumulation count and each setting it builds
+# an `SFTTrainer` (batch 1 per process, `max_grad_norm=0`) and captures the gradient of the first step
+# after DDP has averaged it across processes. Each process also counts the label tokens of its own
+# micro-batches; the main process gathers the counts and returns everything to the notebook.
 #
-# * **old**: `trainer.model_accepts_loss_kwargs = False`: each micro-batch's mean, divided by the
+# * **old** (re-created): `recreate_pre_446_loss(trainer)`: each micro-batch's mean, divided by the
 #   accumulation steps (as before transformers 4.46);
 # * **per-process**: `num_items_in_batch` counted over this process's micro-batches only
 #   (`average_tokens_across_devices=False`);
@@ -65,69 +63,57 @@ SETTINGS = ("old", "per-process", "across-processes")
 
 # %%
 # %%writefile {run.output_dir}/ddp_child.py
-"""Notebook 02b's multi-process run; every process runs this file: ddp_child.py SPEC.json"""
-import json
-import sys
-from pathlib import Path
-
-import torch
+"""Lesson 02b's multi-process run: `distributed_gradients(run, spec)` runs in every process."""
+from accelerate.utils import gather_object
 from trl import SFTConfig, SFTTrainer
 
 from trl_clinic import data
 from trl_clinic.gradients import first_step_gradient
 from trl_clinic.models import make_causal_lm
-from trl_clinic.parameters import start_run
+from trl_clinic.stand_ins import recreate_pre_446_loss
 from trl_clinic.tokenizer import build_tokenizer
 
-spec = json.loads(Path(sys.argv[1]).read_text())
-run = start_run(spec["profile"], spec["seed"], spec["output_dir"])
-tokenizer = build_tokenizer()
-train_set = data.instruction_pairs(spec["n_samples"], seed=run.seed)
-for accumulation in spec["accumulation"]:
-    for setting in spec["settings"]:
-        args = SFTConfig(
-            **{**run.trainer_kwargs(f"ddp-{setting}-{accumulation}", logging=False), "bf16": False,
-               **spec["device_flags"]},
-            per_device_train_batch_size=1,
-            gradient_accumulation_steps=accumulation,
-            max_grad_norm=0,
-            max_steps=1,
-            average_tokens_across_devices=setting == "across-processes",  # the flag this lesson is about
-        )
-        trainer = SFTTrainer(model=make_causal_lm(tokenizer, size=spec["model_size"], seed=run.seed), args=args,
-                             train_dataset=train_set, processing_class=tokenizer)
-        if setting == "old":
-            trainer.model_accepts_loss_kwargs = False
-        gradient = first_step_gradient(trainer)
-        if trainer.accelerator.is_main_process:
-            torch.save(gradient, Path(run.output_dir) / f"ddp_gradient_{setting}_{accumulation}.pt")
-    # the same seeded sampler: this process's micro-batches of the first step
-    window = [batch for batch, _ in zip(trainer.get_train_dataloader(), range(accumulation))]
-    counts = [int((batch["labels"][..., 1:] != -100).sum()) for batch in window]
-    rank = trainer.accelerator.process_index
-    Path(run.output_dir, f"ddp_label_counts_{accumulation}_rank{rank}.json").write_text(json.dumps(counts))
+
+def distributed_gradients(run, spec):
+    tokenizer = build_tokenizer()
+    train_set = data.instruction_pairs(run.sizes.n_samples, seed=run.subseed("train"))
+    gradients, counts = {}, {}
+    for accumulation in run.sizes.accumulation:
+        for setting in spec["settings"]:
+            args = SFTConfig(
+                **{**run.trainer_kwargs(f"ddp-{setting}-{accumulation}", logging=False), "bf16": False},
+                per_device_train_batch_size=1,
+                gradient_accumulation_steps=accumulation,
+                max_grad_norm=0,
+                max_steps=1,
+                average_tokens_across_devices=setting == "across-processes",  # the flag this lesson is about
+            )
+            trainer = SFTTrainer(model=make_causal_lm(tokenizer, size=run.sizes.model_size, seed=run.seed),
+                                 args=args, train_dataset=train_set, processing_class=tokenizer)
+            if setting == "old":
+                recreate_pre_446_loss(trainer)
+            gradients[(setting, accumulation)] = first_step_gradient(trainer)
+        # the same seeded sampler: this process's micro-batches of the first step
+        window = [batch for batch, _ in zip(trainer.get_train_dataloader(), range(accumulation))]
+        mine = [int((batch["labels"][..., 1:] != -100).sum()) for batch in window]
+        counts[accumulation] = gather_object([mine])  # one list per process, in rank order
+    return {"gradients": gradients, "counts": counts}
 
 # %% [markdown]
-# The notebook starts the processes itself, as a child, so papermill can run it and a failure in a
-# process cannot take the kernel down. With 2 GPUs or more it uses `accelerate launch --multi_gpu`
-# (NCCL); otherwise 2 CPU processes over gloo, started with torchrun (accelerate 1.15's `launch` starts
-# multi-CPU jobs only through MPI; inside, the Trainer's accelerate sees the distributed environment
-# either way). Results come back as files in `output_dir`.
+# The notebook starts the processes itself with `trl_clinic.child.call`, so papermill can run it and
+# a failure in a process cannot take the kernel down. With one GPU per process it uses
+# `accelerate launch --multi_gpu` (NCCL); otherwise CPU processes over gloo, started with torchrun
+# (accelerate 1.15's `launch` starts multi-CPU jobs only through MPI; inside, the Trainer's accelerate
+# sees the distributed environment either way). The processes get this run's device, precision and
+# sizes; the cpu profile's processes see no GPU even on a machine that has some.
 
 # %%
-command, backend = distributed_args(str(run.output_dir / "ddp_child.py"), [str(run.output_dir / "ddp_spec.json")],
-                                    processes=PROCESSES)
-device_flags = {} if backend == "nccl" else {"use_cpu": True}
-spec = {"profile": run.profile.name, "seed": run.seed, "output_dir": str(run.output_dir), "n_samples": N_SAMPLES,
-        "accumulation": ACCUMULATION, "settings": SETTINGS, "model_size": run.profile.model_size,
-        "device_flags": device_flags}
-(run.output_dir / "ddp_spec.json").write_text(json.dumps(spec))
-launched = run_child(command, timeout=600)
-print(f"{PROCESSES} processes over {backend}: {launched.describe()}")
-assert not launched.crashed, launched.stderr[-3000:]
-
-counts = {acc: [json.loads((run.output_dir / f"ddp_label_counts_{acc}_rank{r}.json").read_text())
-                for r in range(PROCESSES)] for acc in ACCUMULATION}
+BACKEND = backend(sizes.processes, cpu=run.device.type == "cpu")
+launched = child.call(run, f"{run.output_dir}/ddp_child.py:distributed_gradients", {"settings": SETTINGS},
+                      name="ddp", processes=sizes.processes, timeout=sizes.child_timeout_s)
+print(f"{sizes.processes} processes over {BACKEND}: {launched.outcome.describe()}")
+assert not launched.outcome.crashed, launched.outcome.stderr[-3000:]
+counts = launched.result["counts"]
 for acc, per_rank in counts.items():
     print(f"accumulation {acc}: " + "; ".join(f"process {r} label tokens {c} (sum {sum(c)})"
                                               for r, c in enumerate(per_rank)))
@@ -140,13 +126,13 @@ for acc, per_rank in counts.items():
 
 # %%
 tokenizer = build_tokenizer()
-train_set = data.instruction_pairs(N_SAMPLES, seed=run.seed)
+train_set = data.instruction_pairs(sizes.n_samples, seed=run.subseed("train"))
 
 
 def reference_gradient(batch_size: int) -> tuple[torch.Tensor, int]:
-    args = SFTConfig(**{**run.trainer_kwargs(f"reference-{batch_size}", logging=False), "bf16": False, **device_flags},
+    args = SFTConfig(**{**run.trainer_kwargs(f"reference-{batch_size}", logging=False), "bf16": False},
                      per_device_train_batch_size=batch_size, max_grad_norm=0, max_steps=1)
-    trainer = SFTTrainer(model=make_causal_lm(tokenizer, size=run.profile.model_size, seed=run.seed), args=args,
+    trainer = SFTTrainer(model=make_causal_lm(tokenizer, size=sizes.model_size, seed=run.seed), args=args,
                          train_dataset=train_set, processing_class=tokenizer)
     gradient = first_step_gradient(trainer)
     batch = next(iter(trainer.get_train_dataloader()))
@@ -155,11 +141,11 @@ def reference_gradient(batch_size: int) -> tuple[torch.Tensor, int]:
 
 comparison = {setting: [] for setting in SETTINGS}
 same_samples = True
-for acc in ACCUMULATION:
-    reference, reference_count = reference_gradient(PROCESSES * acc)
+for acc in sizes.accumulation:
+    reference, reference_count = reference_gradient(sizes.processes * acc)
     same_samples &= reference_count == sum(sum(c) for c in counts[acc])
     for setting in SETTINGS:
-        gradient = torch.load(run.output_dir / f"ddp_gradient_{setting}_{acc}.pt")
+        gradient = launched.result["gradients"][(setting, acc)]
         comparison[setting].append({"accumulation": acc, "relative_error": relative_error(gradient, reference),
                                     "cosine": cosine(gradient, reference)})
     print(f"accumulation {acc} (reference: {reference_count} label tokens): " + "  ".join(
@@ -186,15 +172,15 @@ print("the reference saw the same label tokens as the processes together:", same
 
 # %%
 fig, (ax_err, ax_cos) = plotting.figure(
-    2, title=f"{PROCESSES} processes: only counts summed across processes match the big batch")
+    2, title=f"{sizes.processes} processes: only counts summed across processes match the big batch")
 kinds = {"old": "bad", "per-process": "other", "across-processes": "fixed"}
 for setting in SETTINGS:
-    plotting.line(ax_err, ACCUMULATION, [max(r["relative_error"], 1e-9) for r in comparison[setting]],
+    plotting.line(ax_err, sizes.accumulation, [max(r["relative_error"], 1e-9) for r in comparison[setting]],
                   kinds[setting], setting, linestyle=":" if setting == "per-process" else "-")
-    plotting.line(ax_cos, ACCUMULATION, [r["cosine"] for r in comparison[setting]], kinds[setting], setting,
+    plotting.line(ax_cos, sizes.accumulation, [r["cosine"] for r in comparison[setting]], kinds[setting], setting,
                   linestyle=":" if setting == "per-process" else "-")
 plotting.label(ax_err, "accumulation steps per process (batch 1)", "relative error vs big batch",
-               f"gradient error ({backend})", log_y=True)
+               f"gradient error ({BACKEND})", log_y=True)
 plotting.label(ax_cos, "accumulation steps per process (batch 1)", "cosine with big-batch gradient", "direction")
 plotting.save(fig, run.output_dir, "ddp_accumulation")
 
@@ -221,15 +207,16 @@ plotting.save(fig, run.output_dir, "ddp_accumulation")
 # %%
 errors = {s: [r["relative_error"] for r in comparison[s]] for s in SETTINGS}
 # the per-process path is exact when the processes happen to hold equal token counts: judge it where they differ
-unequal = [i for i, acc in enumerate(ACCUMULATION) if len({sum(c) for c in counts[acc]}) > 1]
+unequal = [i for i, acc in enumerate(sizes.accumulation) if len({sum(c) for c in counts[acc]}) > 1]
 metrics = save_metrics(
     run,
     lesson="02b",
-    numbers={"unequal_accumulation": [ACCUMULATION[i] for i in unequal], "backend": backend, "processes": PROCESSES, "label_counts": counts, "comparison": comparison},
+    numbers={"unequal_accumulation": [sizes.accumulation[i] for i in unequal], "backend": BACKEND,
+             "label_counts": counts, "comparison": comparison},
     symptom={
         "the processes saw different numbers of label tokens at two accumulation counts or more": len(unequal) >= 2,
         "where they did, the old per-process mean misses the big batch (> 1e-2)":
-            all(errors["old"][i] > 1e-2 for i in unequal),
+            recreated(all(errors["old"][i] > 1e-2 for i in unequal)),
         "where they did, per-process num_items_in_batch misses it (> 1e-2)":
             all(errors["per-process"][i] > 1e-2 for i in unequal),
     },

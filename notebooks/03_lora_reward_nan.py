@@ -17,11 +17,15 @@
 # hide the bug; the first tensor that goes bad and why (Adam's state in fp16); how one bad tensor
 # spreads to all of them; why the logged loss lies; a second, silent bug in the same setup (a reward
 # head that never trains and is never saved); and the fix.
+#
+# **Time**: about 65 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
+#
+# Everything here is today's real code path: no stand-ins.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
 seed = 0
-output_dir = "outputs/03_lora_reward_nan"
+output_dir = None  # None: outputs/03_lora_reward_nan at the repository root
 
 # %%
 import math
@@ -32,20 +36,18 @@ from safetensors import safe_open
 from trl import RewardConfig, RewardTrainer
 
 from trl_clinic import data, plotting
-from trl_clinic.models import make_reward_model, rewards
+from trl_clinic.models import make_reward_model, rewards, trained_model
 from trl_clinic.nonfinite import NonFiniteProbe
 from trl_clinic.parameters import start_run
 from trl_clinic.recording import StepRecorder
 from trl_clinic.results import failed_checks, save_metrics
 from trl_clinic.tokenizer import build_tokenizer
 
-run = start_run(profile, seed, output_dir)
+run = start_run("03", profile, seed, output_dir)
 print(run.describe())
 
-# Derived from the profile.
-MODEL_SIZE = run.profile.model_size
-TRAIN_STEPS = 60 if not run.on_gpu else 300  # optimizer steps of the healthy runs, batch 1 x 32 each
-EVAL_PAIRS = 128 if not run.on_gpu else 512
+sizes = run.sizes  # this lesson's numbers for the profile (lessons.yaml)
+MODEL_SIZE = sizes.model_size
 
 # %% [markdown]
 # ## 1. The symptom
@@ -56,8 +58,8 @@ EVAL_PAIRS = 128 if not run.on_gpu else 512
 
 # %%
 tokenizer = build_tokenizer()
-train_pairs = data.preference_pairs(32 * TRAIN_STEPS, seed=run.seed)
-eval_pairs = data.preference_pairs(EVAL_PAIRS, seed=run.seed + 1)
+train_pairs = data.preference_pairs(32 * sizes.train_steps, seed=run.subseed("train"))
+eval_pairs = data.preference_pairs(sizes.eval_pairs, seed=run.subseed("eval"))
 print(eval_pairs[0])
 
 
@@ -240,8 +242,8 @@ def trained_reward_model(name: str, task_type: str | None, steps: int) -> tuple[
     return trainer, recorder
 
 
-frozen_trainer, frozen = trained_reward_model("frozen_head", None, TRAIN_STEPS)
-fixed_trainer, fixed = trained_reward_model("fixed", "SEQ_CLS", TRAIN_STEPS)
+frozen_trainer, frozen = trained_reward_model("frozen_head", None, sizes.train_steps)
+fixed_trainer, fixed = trained_reward_model("fixed", "SEQ_CLS", sizes.train_steps)
 
 
 def head_report(trainer: RewardTrainer, name: str) -> dict:
@@ -254,8 +256,10 @@ def head_report(trainer: RewardTrainer, name: str) -> dict:
     # reload on the same base with a newly drawn head, as loading a pretrained base does: the head
     # differs unless the adapter carries one
     texts = [row["prompt"] + row["chosen"] for row in eval_pairs.select(range(8))]
-    before = rewards(trainer.model, tokenizer, texts)
-    base = make_reward_model(tokenizer, size=MODEL_SIZE, seed=run.seed, head_seed=run.seed + 1000).to(run.device)
+    # trained_model: the trained module without the bf16 autocast wrapper a bf16 run leaves on it
+    before = rewards(trained_model(trainer), tokenizer, texts)
+    base = make_reward_model(tokenizer, size=MODEL_SIZE, seed=run.seed, head_seed=run.subseed("reload head"))
+    base = base.to(run.device)
     after = rewards(PeftModel.from_pretrained(base, str(adapter_dir)), tokenizer, texts)
     return {"trainable_params": trainable, "head_trainable": head_trainable,
             "score_saved": any("score" in k for k in keys), "saved_tensors": len(keys),
@@ -295,7 +299,7 @@ print("fixed run: every raw loss finite:", all(math.isfinite(v) for v in fixed_r
 # the gradient scaler refuses fp16 gradients.
 
 # %%
-if run.on_gpu:
+if sizes.fp16_amp_demo:  # fp16 autocast needs a GPU: the gpu profile runs it
     amp_trainer = RewardTrainer(
         model=make_reward_model(tokenizer, size=MODEL_SIZE, seed=run.seed, dtype=torch.float16),
         args=reward_config("amp", optim="adamw_torch", max_steps=2, bf16=False, fp16=True),
@@ -308,8 +312,8 @@ if run.on_gpu:
         amp_outcome = f"ValueError: {error}"
     print("fp16=True with fp16 weights:", amp_outcome)
 else:
-    amp_outcome = "not run: needs a GPU"
-    print("fp16 mixed precision needs a GPU; skipped on this machine")
+    amp_outcome = f"not run on the {run.profile} profile: fp16 autocast needs a GPU"
+    print(amp_outcome)
 
 # %% [markdown]
 # ## 6. Compare

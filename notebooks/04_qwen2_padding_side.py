@@ -25,40 +25,38 @@
 #
 # **Today** (transformers 5.23, TRL 1.16) no model has that guard any more, TRL turns the cache off in
 # three places, and the DPO collator always pads right. **The exact error cannot be raised on this
-# stack**: this notebook counts, on real forwards, when it *would* have fired (with a labelled
-# emulation of the old arguments), and then measures what is physically true about padding sides:
-# harmless for scoring without a cache, harmful for batched generation with one.
+# stack**: this notebook counts, on real forwards, when it *would* have fired (with the old
+# arguments **re-created**, `trl_clinic.stand_ins`), and then measures what is physically true about
+# padding sides: harmless for scoring without a cache, harmful for batched generation with one.
+#
+# **Time**: about 55 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
 seed = 0
-output_dir = "outputs/04_qwen2_padding_side"
+output_dir = None  # None: outputs/04_qwen2_padding_side at the repository root
 use_pretrained = True  # also check SmolLM2-135M-Instruct (shipped on PyPI) when it is installed
 
 # %%
 import torch
 from transformers import AutoModelForCausalLM
-from transformers.utils import is_flash_attn_2_available
 from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
 from trl_clinic import data, plotting
-from trl_clinic.models import load_smollm2, make_causal_lm, smollm2_gguf
-from trl_clinic.padding import ForwardAudit, emulate_pre_018_cache, generation_check, scoring_check
+from trl_clinic.models import load_smollm2, make_causal_lm, smollm2_gguf, trained_model
+from trl_clinic.padding import ForwardAudit, generation_check, scoring_check
 from trl_clinic.parameters import start_run
 from trl_clinic.recording import StepRecorder
 from trl_clinic.results import failed_checks, save_metrics
 from trl_clinic.runtime import no_activation_checkpointing
+from trl_clinic.stand_ins import recreated_pre_018_dpo_cache
 from trl_clinic.tokenizer import build_tokenizer
 
-run = start_run(profile, seed, output_dir)
+run = start_run("04", profile, seed, output_dir)
 print(run.describe())
 
-# Derived from the profile.
-MODEL_SIZE = run.profile.model_size
-SFT_STEPS = 200 if not run.on_gpu else 800
-DPO_STEPS = 8 if not run.on_gpu else 50
-N_PROMPTS = 16 if not run.on_gpu else 64
-FLASH = run.on_gpu and is_flash_attn_2_available()
+sizes = run.sizes  # this lesson's numbers for the profile (lessons.yaml)
+MODEL_SIZE = sizes.model_size
 if not isinstance(use_pretrained, bool):
     raise TypeError(f"use_pretrained must be True or False, got {use_pretrained!r}")
 try:
@@ -76,15 +74,17 @@ except ModuleNotFoundError as missing:
 
 # %%
 tokenizer = build_tokenizer()
-model = make_causal_lm(tokenizer, "qwen2", size=MODEL_SIZE, seed=run.seed)
 sft = SFTTrainer(
-    model=model,
-    args=SFTConfig(**run.trainer_kwargs("sft"), per_device_train_batch_size=16, learning_rate=3e-3,
-                   max_steps=SFT_STEPS),
-    train_dataset=data.instruction_pairs(16 * SFT_STEPS, seed=run.seed, max_people=2), processing_class=tokenizer,
+    model=make_causal_lm(tokenizer, "qwen2", size=MODEL_SIZE, seed=run.seed),
+    args=SFTConfig(**run.trainer_kwargs("sft"), per_device_train_batch_size=sizes.sft_batch_size, learning_rate=3e-3,
+                   max_steps=sizes.sft_steps),
+    train_dataset=data.instruction_pairs(sizes.sft_batch_size * sizes.sft_steps, seed=run.subseed("sft"),
+                                         max_people=2),
+    processing_class=tokenizer,
 )
 sft_log = StepRecorder().watch(sft)
 sft.train()
+model = trained_model(sft)  # without the bf16 autocast wrapper a bf16 run leaves on the trained model
 print(f"SFT loss {sft_log.series('loss')[1][0]:.2f} -> {sft_log.last('loss'):.2f}")
 checkpoint = run.output_dir / "qwen2-sft"
 model.save_pretrained(checkpoint)
@@ -98,9 +98,9 @@ tokenizer.save_pretrained(checkpoint)
 # on (TRL's default, as in the report). `ForwardAudit` (from `trl_clinic.padding`) hooks the model and
 # counts every forward by mode, right padding and whether a KV cache was asked for.
 #
-# Each setting runs twice: as today's TRL runs it, and with **`emulate_pre_018_cache`, an emulation**
-# of the arguments TRL < 0.18 gave the model in evaluation (no `use_cache=False`, so the config's
-# `use_cache=True` applied). The emulation changes only what the audit counts; TRL's forward still
+# Each setting runs twice: as today's TRL runs it, and with **`recreated_pre_018_dpo_cache`, a
+# re-creation** of the arguments TRL < 0.18 gave the model in evaluation (no `use_cache=False`, so the
+# config's `use_cache=True` applied). The re-creation changes only what the audit counts; TRL's forward still
 # computes without a cache. A right-padded forward with the cache on is one where transformers 4.49-4.52
 # raised for Qwen2 + FlashAttention-2.
 
@@ -111,15 +111,15 @@ def dpo_audit(eval_batch_size: int, emulate_old_trl: bool) -> tuple[dict, DPOTra
            **{key: True for key in no_activation_checkpointing()}},  # checkpointing on, as TRL defaults
         per_device_train_batch_size=4,
         per_device_eval_batch_size=eval_batch_size,
-        max_steps=DPO_STEPS,
+        max_steps=sizes.dpo_steps,
         eval_strategy="steps",
-        eval_steps=DPO_STEPS,
+        eval_steps=sizes.dpo_steps,
         learning_rate=1e-4,
     )
     trainer = DPOTrainer(model=str(checkpoint), args=args, processing_class=tokenizer,
-                         train_dataset=data.preference_pairs(4 * DPO_STEPS, seed=run.seed),
-                         eval_dataset=data.preference_pairs(64, seed=run.seed + 1))
-    emulation = emulate_pre_018_cache(trainer.model) if emulate_old_trl else None
+                         train_dataset=data.preference_pairs(4 * sizes.dpo_steps, seed=run.subseed("dpo train")),
+                         eval_dataset=data.preference_pairs(sizes.dpo_eval_pairs, seed=run.subseed("dpo eval")))
+    emulation = recreated_pre_018_dpo_cache(trainer.model) if emulate_old_trl else None
     audit = ForwardAudit(trainer.model)
     trainer.train()
     audit.remove()
@@ -131,7 +131,7 @@ def dpo_audit(eval_batch_size: int, emulate_old_trl: bool) -> tuple[dict, DPOTra
 audits = {}
 for eval_batch_size in (1, 2):
     for emulate_old_trl in (False, True):
-        name = f"eval batch {eval_batch_size}, {'TRL < 0.18 (emulated)' if emulate_old_trl else 'today'}"
+        name = f"eval batch {eval_batch_size}, {'TRL < 0.18 (recreated)' if emulate_old_trl else 'today'}"
         audits[name], dpo_trainer = dpo_audit(eval_batch_size, emulate_old_trl)
         for mode, row in audits[name].items():
             print(f"{name:>36} | {mode:>5}: {row['forwards']:>3} forwards, {row['right_padded']:>3} right-padded, "
@@ -146,7 +146,7 @@ for eval_batch_size in (1, 2):
 
 # %%
 padding_free_trainer = DPOTrainer(
-    model=str(checkpoint), processing_class=tokenizer, train_dataset=data.preference_pairs(8, seed=run.seed),
+    model=str(checkpoint), processing_class=tokenizer, train_dataset=data.preference_pairs(8, seed=run.subseed("dpo train")),
     args=DPOConfig(**run.trainer_kwargs("dpo-padding-free", logging=False), padding_free=True, max_steps=1),
 )
 print("DPOConfig(padding_free=True) -> trainer.padding_free =", padding_free_trainer.padding_free)
@@ -162,7 +162,7 @@ print("DPOConfig(padding_free=True) -> trainer.padding_free =", padding_free_tra
 # so every mode must agree, up to rounding.
 
 # %%
-eval_rows = data.instruction_pairs(N_PROMPTS, seed=run.seed + 7, max_people=2)
+eval_rows = data.instruction_pairs(sizes.n_prompts, seed=run.subseed("prompts"), max_people=2)
 prompts, completions = list(eval_rows["prompt"]), list(eval_rows["completion"])
 scoring = {"fp32": scoring_check(model, tokenizer, prompts, completions)}
 bf16_model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).to(run.device)
@@ -231,14 +231,16 @@ else:
 # * **Generation**: pad on the **left** (`tokenizer.padding_side = "left"`, or `padding_side="left"`
 #   in the tokenizer call), as TRL's online trainers do for their prompts.
 #
-# ### On a GPU with flash-attn: the same checks with FlashAttention-2
+# ### With FlashAttention: the same checks on the kernel of the report
 #
-# FlashAttention-2 needs fp16/bf16 weights. Where it is installed, the checks run again with it.
+# FlashAttention needs a CUDA GPU, fp16/bf16 weights and its package (flash-attn, flash-attn-3 or
+# flash-attn-4). The gpu profile picks the best one installed (`run.attention`); the checks run again
+# with it. Where there is none, the cell says which kernel the profile uses instead.
 
 # %%
-if FLASH:
+if run.attention.startswith("flash_attention"):
     flash_model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16,
-                                                       attn_implementation="flash_attention_2").to(run.device)
+                                                       attn_implementation=run.attention).to(run.device)
     print("built model uses:", flash_model.config._attn_implementation)
     flash = {"scoring_bf16": scoring_check(flash_model, tokenizer, prompts, completions),
              "generation_changed": {side: sum(generation_check(flash_model, tokenizer, prompts)[side]["changed"])
@@ -246,7 +248,8 @@ if FLASH:
     print(flash)
 else:
     flash = None
-    print("flash-attn is not available here (it needs a CUDA GPU and the flash-attn package); skipped")
+    print(f"not run: the {run.profile} profile uses {run.attention} here, no FlashAttention kernel "
+          "(it needs a CUDA GPU and flash-attn, flash-attn-3 or flash-attn-4)")
 
 # %% [markdown]
 # ## 5. Compare
@@ -271,8 +274,8 @@ plotting.label(ax_shift, "prompt", "first-token max |logit shift|", "batched gre
 names = list(audits)
 plotting.bars(ax_audit, [n.replace(", ", "\n") for n in names],
               [audits[n]["eval"]["right_padded_with_cache"] for n in names],
-              ["bad" if "emulated" in n else "fixed" for n in names], fmt="{:.0f}")
-plotting.label(ax_audit, "DPO evaluation", "forwards that would have raised", "old guard, counted")
+              ["bad" if "recreated" in n else "fixed" for n in names], fmt="{:.0f}")
+plotting.label(ax_audit, "DPO evaluation", "forwards that would have raised", "old guard, counted (recreated)")
 ax_audit.tick_params(axis="x", labelsize=7)
 plotting.save(fig, run.output_dir, "padding_side")
 
@@ -296,7 +299,6 @@ plotting.save(fig, run.output_dir, "padding_side")
 
 # %%
 today = [a for name, a in audits.items() if "today" in name]
-emulated = [a for name, a in audits.items() if "emulated" in name]
 metrics = save_metrics(
     run,
     lesson="04",
@@ -305,10 +307,6 @@ metrics = save_metrics(
              "dpo_padding_free_honoured": padding_free_trainer.padding_free, "flash_attention_2": flash},
     symptom={
         "DPO evaluation at batch size 1 has right-padded forwards": audits[names[0]]["eval"]["right_padded"] > 0,
-        "with the old arguments, evaluation forwards would have raised (emulated)":
-            all(a["eval"]["right_padded_with_cache"] > 0 for a in emulated),
-        "training forwards would not have (checkpointing turns the cache off)":
-            all(a["train"]["right_padded_with_cache"] == 0 for a in emulated),
         "right-padded batched generation differs from unbatched": changed["right"] > 0,
         **({"SmolLM2: right padding shifts the first-token logits (> 1e-2)": smol_shift["right"] > 1e-2}
            if PRETRAINED else {}),

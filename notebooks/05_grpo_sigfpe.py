@@ -25,36 +25,33 @@
 # goes to a child process, its death is read from outside, and the guilty setting is found by
 # bisecting the config. Along the way: the report's config on today's TRL, a real GRPO run, and the
 # *silent* GRPO failure that sits next to the loud one.
+#
+# **Time**: about 95 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
+#
+# The H20 crash itself cannot happen here: the bisection runs against a fault **injected** on purpose
+# (`trl_clinic.stand_ins.InjectedH20Fault`, labelled wherever it appears). The config errors, the
+# GRPO runs, the native crash and the process deaths are real.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
 seed = 0
-output_dir = "outputs/05_grpo_sigfpe"
+output_dir = None  # None: outputs/05_grpo_sigfpe at the repository root
 
 # %%
-import json
-import os
-
 from trl import GRPOConfig, SFTConfig, SFTTrainer
 
-from trl_clinic import data, plotting
-from trl_clinic.crash import bisect_settings, run_child
+from trl_clinic import child, data, plotting
+from trl_clinic.crash import bisect_settings
 from trl_clinic.models import make_causal_lm
 from trl_clinic.parameters import start_run
 from trl_clinic.recording import StepRecorder
-from trl_clinic.results import failed_checks, save_metrics
+from trl_clinic.results import failed_checks, injected, save_metrics
 from trl_clinic.tokenizer import build_tokenizer
 
-run = start_run(profile, seed, output_dir)
+run = start_run("05", profile, seed, output_dir)
 print(run.describe())
-kernel_pid = os.getpid()
-
-# Derived from the profile.
-MODEL_SIZE = run.profile.model_size
-GRPO_STEPS = 150 if not run.on_gpu else 400
-WARM_START_STEPS = 300 if not run.on_gpu else 600
-GENERATIONS = 8
-CHILD_TIMEOUT = 600
+sizes = run.sizes  # this lesson's numbers for the profile (lessons.yaml)
+MODEL_SIZE, GENERATIONS = sizes.model_size, sizes.generations
 
 # %% [markdown]
 # ## 1. The report's config on today's TRL
@@ -84,8 +81,7 @@ FIXES = [  # (what the error names, the fix, how it changes the config)
 config, walk = dict(reported), []
 for _ in range(len(FIXES) + 1):
     try:
-        GRPOConfig(output_dir=str(run.output_dir / "runs" / "walk"), **({} if run.on_gpu else {"use_cpu": True}),
-                   **config)
+        GRPOConfig(output_dir=str(run.output_dir / "runs" / "walk"), **run.cpu_flags(), **config)
         walk.append({"error": None, "fix": None})
         print("accepted")
         break
@@ -114,8 +110,9 @@ warm_policy = make_causal_lm(tokenizer, "qwen2", size=MODEL_SIZE, seed=run.seed)
 warm_start = SFTTrainer(
     model=warm_policy,
     args=SFTConfig(**run.trainer_kwargs("warm-start"), per_device_train_batch_size=16, learning_rate=3e-3,
-                   max_steps=WARM_START_STEPS),
-    train_dataset=data.word_lists(16 * WARM_START_STEPS, seed=run.seed), processing_class=tokenizer,
+                   max_steps=sizes.warm_start_steps),
+    train_dataset=data.word_lists(16 * sizes.warm_start_steps, seed=run.subseed("warm start")),
+    processing_class=tokenizer,
 )
 warm_log = StepRecorder().watch(warm_start)
 warm_start.train()
@@ -127,62 +124,52 @@ for path in policies.values():
 print(f"warm start: SFT loss {warm_log.series('loss')[1][0]:.2f} -> {warm_log.last('loss'):.2f}")
 
 # %% [markdown]
-# Every GRPO run of this lesson runs in a child process: the script below, started by `run_child`
-# from `trl_clinic.crash`. The notebook writes a small JSON spec (the `GRPOConfig` arguments and a
-# few switches), the child trains and saves its per-step history.
+# Every GRPO run of this lesson runs in a child process: `train_grpo` below, started by
+# `trl_clinic.child.call`, which hands it this run (device, precision, sizes) and a spec (the
+# `GRPOConfig` arguments and a few switches) and brings back its per-step history, or how it died.
 
 # %%
 # %%writefile {run.output_dir}/grpo_child.py
-"""One GRPO run for notebook 05, in its own process: python grpo_child.py SPEC.json"""
-import json
-import sys
-from pathlib import Path
-
+"""Lesson 05's GRPO runs, each in its own process: `train_grpo(run, spec)` returns the per-step history."""
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_clinic import data
-from trl_clinic.crash import SimulatedH20Fault
-from trl_clinic.parameters import start_run
 from trl_clinic.recording import StepRecorder
+from trl_clinic.stand_ins import InjectedH20Fault
 from trl_clinic.tokenizer import build_tokenizer
 
-spec = json.loads(Path(sys.argv[1]).read_text())
-run = start_run(spec["profile"], spec["seed"], spec["output_dir"])
-args = GRPOConfig(**{**run.trainer_kwargs(spec["name"]), **spec["config"]})
-trainer = GRPOTrainer(
-    model=spec["policy"],  # a path: GRPO loads the reference model from it too
-    reward_funcs=getattr(data, spec["reward"]),
-    args=args,
-    train_dataset=data.reward_prompts(4096, seed=run.seed),
-    processing_class=build_tokenizer(),
-)
-if spec["simulate_h20_fault"]:
-    trainer.add_callback(SimulatedH20Fault())  # a labelled stand-in for the H20 bug, see the notebook
-recorder = StepRecorder().watch(trainer)
-trainer.train()
-recorder.save(Path(run.output_dir) / f"history_{spec['name']}.json")
+
+def train_grpo(run, spec):
+    trainer = GRPOTrainer(
+        model=spec["policy"],  # a path: GRPO loads the reference model from it too
+        reward_funcs=getattr(data, spec["reward"]),
+        args=GRPOConfig(**{**run.trainer_kwargs(spec["name"]), **spec["config"]}),
+        train_dataset=data.reward_prompts(4096, seed=run.subseed("prompts")),
+        processing_class=build_tokenizer(),
+    )
+    if spec["inject_h20_fault"]:
+        trainer.add_callback(InjectedH20Fault())  # INJECTED: a labelled stand-in for the H20 bug
+    recorder = StepRecorder().watch(trainer)
+    trainer.train()
+    return recorder.history
 
 
 # %%
 def grpo_in_child(name: str, config: dict, policy: str = "warm", reward: str = "category_reward",
-                  simulate_h20_fault: bool = False):
-    spec = {"profile": run.profile.name, "seed": run.seed, "output_dir": str(run.output_dir), "name": name,
-            "config": config, "policy": str(policies[policy]), "reward": reward,
-            "simulate_h20_fault": simulate_h20_fault}
-    spec_path = run.output_dir / f"spec_{name}.json"
-    spec_path.write_text(json.dumps(spec))
-    return run_child([str(run.output_dir / "grpo_child.py"), str(spec_path)], timeout=CHILD_TIMEOUT)
-
-
-def history(name: str) -> list[dict]:
-    return json.loads((run.output_dir / f"history_{name}.json").read_text())
+                  inject_h20_fault: bool = False) -> child.ChildRun:
+    spec = {"name": name, "config": config, "policy": str(policies[policy]), "reward": reward,
+            "inject_h20_fault": inject_h20_fault}
+    return child.call(run, f"{run.output_dir}/grpo_child.py:train_grpo", spec, name=f"grpo_{name}",
+                      timeout=sizes.child_timeout_s)
 
 
 healthy_config = {"num_generations": GENERATIONS, "per_device_train_batch_size": 4 * GENERATIONS,
-                  "max_completion_length": 16, "learning_rate": 1e-3, "beta": 0.04, "max_steps": GRPO_STEPS}
+                  "max_completion_length": sizes.max_completion_length, "learning_rate": 1e-3, "beta": 0.04,
+                  "max_steps": sizes.grpo_steps}
 healthy = grpo_in_child("healthy", healthy_config)
-print("healthy run:", healthy.describe())
-healthy_rows = history("healthy")
+print("healthy run:", healthy.outcome.describe())
+assert not healthy.outcome.crashed, healthy.outcome.stderr[-3000:]
+healthy_rows = healthy.result
 rewards = [row["reward"] for row in healthy_rows]
 window = max(1, len(rewards) // 10)
 reward_start, reward_end = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
@@ -202,8 +189,8 @@ print(f"KL at the end: {healthy_rows[-1]['kl']:.3f}; frac_reward_zero_std over t
 
 # %%
 code = "from trl_clinic.crash import native_sigfpe; print('about to divide', flush=True); native_sigfpe()"
-plain = run_child(["-c", code], faulthandler=False)
-traced = run_child(["-c", code])
+plain = child.run_child(["-c", code], faulthandler=False)
+traced = child.run_child(["-c", code])
 print("without faulthandler:", plain.describe(), "| stderr:", repr(plain.stderr))
 print("with faulthandler:   ", traced.describe())
 print(traced.stderr.split("Extension modules")[0])
@@ -212,7 +199,7 @@ print(traced.stderr.split("Extension modules")[0])
 # ## 4. Bisecting the config
 #
 # The H20 + cuBLAS crash cannot happen on this machine. To show the method on a real process death,
-# the child runs attach **`SimulatedH20Fault`, a fault injected on purpose**: a `TrainerCallback` that
+# the child runs attach **`InjectedH20Fault`, a fault injected on purpose**: a `TrainerCallback` that
 # calls `native_sigfpe()` at the first step when `bf16` is on. It reproduces the crash's *shape* (a
 # native SIGFPE tied to bf16), not its cause. Everything else below is real: real child processes,
 # real GRPO runs, real process deaths.
@@ -223,7 +210,7 @@ print(traced.stderr.split("Extension modules")[0])
 
 # %%
 minimal = {"num_generations": GENERATIONS, "per_device_train_batch_size": GENERATIONS,
-           "max_completion_length": 16, "max_steps": 2, "bf16": False}
+           "max_completion_length": sizes.max_completion_length, "max_steps": 2, "bf16": False}
 user_settings = {key: config[key] for key in ("learning_rate", "adam_beta1", "adam_beta2", "weight_decay",
                                               "warmup_steps", "lr_scheduler_type", "bf16",
                                               "gradient_accumulation_steps", "max_grad_norm")}
@@ -231,7 +218,7 @@ user_settings = {key: config[key] for key in ("learning_rate", "adam_beta1", "ad
 
 def try_settings(names: list[str]):
     outcome = grpo_in_child(f"bisect-{len(names)}", {**minimal, **{n: user_settings[n] for n in names}},
-                            simulate_h20_fault=True)
+                            inject_h20_fault=True).outcome
     print(f"  + {names if names else 'nothing (minimal)'}: {outcome.describe()}")
     return outcome
 
@@ -253,15 +240,16 @@ print("\nthe crash as the child printed it:\n" + crash.stderr.split("Extension m
 # groups as `frac_reward_zero_std`. Here: the random-init policy with an all-or-nothing reward.
 
 # %%
-workaround = grpo_in_child("workaround", {**minimal, **user_settings, "bf16": False}, simulate_h20_fault=True)
+workaround = grpo_in_child("workaround", {**minimal, **user_settings, "bf16": False}, inject_h20_fault=True).outcome
 print("user's config with bf16=False:", workaround.describe())
 
-silent = grpo_in_child("zero-std", {**healthy_config, "max_steps": max(10, GRPO_STEPS // 10)},
+silent = grpo_in_child("zero-std", {**healthy_config, "max_steps": max(10, sizes.grpo_steps // 10)},
                        policy="random", reward="all_in_category_reward")
-silent_rows = history("zero-std")
+assert not silent.outcome.crashed, silent.outcome.stderr[-3000:]
+silent_rows = silent.result
 silent_zero_std = sum(r["frac_reward_zero_std"] for r in silent_rows) / len(silent_rows)
 silent_grad = max(r["grad_norm"] for r in silent_rows)
-print(f"all-or-nothing reward on a random policy: {silent.describe()}; mean frac_reward_zero_std "
+print(f"all-or-nothing reward on a random policy: {silent.outcome.describe()}; mean frac_reward_zero_std "
       f"{silent_zero_std:.2f}; largest grad norm {silent_grad:.2e}; reward {silent_rows[-1]['reward']:.2f}")
 
 # %% [markdown]
@@ -307,7 +295,7 @@ plotting.save(fig, run.output_dir, "grpo_sigfpe")
 #
 # ## 8. Exercise
 #
-# 1. Change `SimulatedH20Fault` in your copy to fire only when `max_grad_norm < 1`. Which set does the
+# 1. Change `InjectedH20Fault` in your copy to fire only when `max_grad_norm < 1`. Which set does the
 #    bisection find, and how many child runs does it take?
 # 2. Give the all-or-nothing reward to the *warm* policy. What happens to `frac_reward_zero_std`?
 # 3. Run `grpo_in_child` with `num_generations=6` and `per_device_train_batch_size=16`. What does the
@@ -330,7 +318,6 @@ metrics = save_metrics(
         "reward_start": reward_start, "reward_end": reward_end,
         "final_kl": healthy_rows[-1]["kl"],
         "silent_frac_reward_zero_std": silent_zero_std, "silent_max_grad_norm": silent_grad,
-        "kernel_pid_unchanged": os.getpid() == kernel_pid,
     },
     symptom={
         "today's TRL rejects the report's config in three steps, then accepts it":
@@ -339,15 +326,14 @@ metrics = save_metrics(
             traced.signal == "SIGFPE" and traced.returncode == -8,
         "without faulthandler the crash leaves no message": "Fatal Python error" not in plain.stderr,
         "faulthandler shows the Python stack": "native_sigfpe" in traced.stderr,
-        "the notebook kernel survived every crash": os.getpid() == kernel_pid,
-        "bisection names the guilty setting (bf16, the injected stand-in)": bisection.culprits == ["bf16"],
+        "bisection names the guilty setting (bf16, the injected stand-in)": injected(bisection.culprits == ["bf16"]),
         "equal-reward groups teach nothing (frac_reward_zero_std 1, grad norm 0)":
             silent_zero_std == 1.0 and silent_grad == 0.0,
     },
     fix={
         "the minimal config runs": not bisection.trials[0].outcome.crashed,
         "the user's config with bf16=False runs": workaround.status == "finished",
-        "the healthy run finished": healthy.status == "finished",
+        "the healthy run finished": healthy.outcome.status == "finished",
         "reward improves over training (by > 0.1)": reward_end > reward_start + 0.1,
     },
 )

@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 
@@ -12,3 +13,11 @@ def tokenizer(tmp_path_factory):
     from trl_clinic.tokenizer import build_tokenizer
 
     return build_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def notebooks():
+    """The lesson notebooks by name, in order, as the runner finds them."""
+    from trl_clinic.workbook import find_lessons
+
+    return find_lessons(Path(__file__).resolve().parents[1] / "notebooks")

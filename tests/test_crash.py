@@ -1,6 +1,7 @@
 import pytest
 
-from trl_clinic.crash import Outcome, bisect_settings, run_child
+from trl_clinic.child import Outcome, run_child
+from trl_clinic.crash import bisect_settings
 
 
 def test_native_sigfpe_is_reported_as_a_signal():

@@ -2,7 +2,8 @@ import torch
 
 from trl_clinic import data
 from trl_clinic.models import make_causal_lm
-from trl_clinic.packing import pack, packed_vs_separate, with_all_ones_mask
+from trl_clinic.packing import pack, packed_vs_separate
+from trl_clinic.stand_ins import recreated_all_ones_mask
 
 
 def sequences(tokenizer, n=3):
@@ -32,6 +33,6 @@ def test_probe_restores_training_mode(tokenizer):
     assert model.training
 
 
-def test_with_all_ones_mask_adds_the_mask():
-    collate = with_all_ones_mask(lambda examples: {"input_ids": torch.tensor([[1, 2, 3]])})
+def test_recreated_all_ones_mask_adds_the_mask():
+    collate = recreated_all_ones_mask(lambda examples: {"input_ids": torch.tensor([[1, 2, 3]])})
     assert collate([])["attention_mask"].tolist() == [[1, 1, 1]]

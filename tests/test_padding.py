@@ -3,9 +3,9 @@ import torch
 
 from trl_clinic import data
 from trl_clinic.models import make_causal_lm
+from trl_clinic.stand_ins import recreated_pre_018_dpo_cache
 from trl_clinic.padding import (
     ForwardAudit,
-    emulate_pre_018_cache,
     generation_check,
     right_padded,
     scoring_check,
@@ -51,7 +51,7 @@ def test_audit_counts_and_emulation(qwen, tokenizer):
     batch = tokenizer(["alice lives in paris.", "bruno"], return_tensors="pt", padding=True)
     audit = ForwardAudit(qwen)
     qwen(**batch, use_cache=False)
-    handle = emulate_pre_018_cache(qwen)
+    handle = recreated_pre_018_dpo_cache(qwen)
     qwen(**batch, use_cache=False)
     handle.remove()
     audit.remove()

@@ -1,15 +1,19 @@
+import os
+
 import pytest
 import torch
 from trl import SFTConfig
 
-from trl_clinic import runtime
-from trl_clinic.parameters import start_run
-from trl_clinic.profiles import PROFILES, resolve_profile
+from trl_clinic import parameters, runtime
+from trl_clinic.lessons import find_lesson
+from trl_clinic.parameters import Run, default_output_dir, start_run
+from trl_clinic.profiles import resolve_profile
 
 
 def test_auto_follows_cuda():
-    assert resolve_profile("auto", cuda_available=False) is PROFILES["cpu"]
-    assert resolve_profile("auto", cuda_available=True) is PROFILES["gpu"]
+    assert resolve_profile("auto", cuda_available=False) == "cpu"
+    assert resolve_profile("auto", cuda_available=True) == "gpu"
+    assert resolve_profile("cpu", cuda_available=True) == "cpu"
 
 
 @pytest.mark.parametrize("bad, error, words", [
@@ -27,61 +31,130 @@ def test_gpu_profile_without_cuda_says_so():
         resolve_profile("gpu", cuda_available=False)
 
 
-def test_gpu_profile_is_bigger_and_longer():
-    cpu, gpu = PROFILES["cpu"], PROFILES["gpu"]
-    assert gpu.train_steps > cpu.train_steps and gpu.n_train > cpu.n_train
-    assert (cpu.model_size, gpu.model_size) == ("tiny", "small")
-
-
 @pytest.mark.parametrize("seed", ["0", 1.5, True, None])
 def test_seed_must_be_an_int(tmp_path, seed):
     with pytest.raises(TypeError, match="seed must be an integer"):
-        start_run("cpu", seed, tmp_path / "out")
+        start_run("02", "cpu", seed, tmp_path / "out")
 
 
 def test_output_dir_parent_must_exist(tmp_path):
     with pytest.raises(FileNotFoundError, match="parent folder does not exist"):
-        start_run("cpu", 0, tmp_path / "missing" / "out")
+        start_run("02", "cpu", 0, tmp_path / "missing" / "out")
 
 
 def test_output_dir_must_be_a_path(tmp_path):
     with pytest.raises(TypeError, match="output_dir must be a path"):
-        start_run("cpu", 0, 3)
+        start_run("02", "cpu", 0, 3)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_output_dir_must_be_writable(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    with pytest.raises(PermissionError, match="not writable"):
+        start_run("02", "cpu", 0, locked)
+
+
+def test_unknown_lesson_lists_the_known_ones(tmp_path):
+    with pytest.raises(ValueError, match="unknown lesson '09'; known: 01, 02, 02b"):
+        start_run("09", "cpu", 0, tmp_path / "out")
+
+
+def test_default_output_dir_is_the_repository_outputs_folder(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "notebooks").mkdir(parents=True)
+    (repo / "notebooks" / "02_x.ipynb").write_text("{}")
+    assert default_output_dir("02_x", repo / "notebooks") == repo / "outputs" / "02_x"
+    assert default_output_dir("02_x", repo) == repo / "outputs" / "02_x"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert default_output_dir("02_x", elsewhere) == elsewhere / "outputs" / "02_x"
 
 
 def test_start_run_creates_output_and_seeds(tmp_path):
-    run = start_run("cpu", 7, tmp_path / "out")
-    assert run.output_dir.is_dir() and run.seed == 7 and run.profile.name == "cpu"
+    run = start_run("02", "cpu", 7, tmp_path / "out")
+    assert run.output_dir.is_dir() and run.seed == 7 and run.profile == "cpu"
     first = torch.rand(3)
-    start_run("cpu", 7, tmp_path / "out")
+    start_run("02", "cpu", 7, tmp_path / "out")
     assert torch.equal(first, torch.rand(3))
     text = run.describe()
-    for name in ("torch", "transformers", "trl", "peft", "device"):
-        assert f"{name}:" in text
+    for name in ("torch", "transformers", "trl", "peft", "device", "model_size=tiny"):
+        assert name in text
+
+
+def test_cpu_profile_means_cpu_and_fp32_even_with_cuda(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(parameters, "bf16_supported", lambda device: True)
+    run = start_run("02", "cpu", 0, tmp_path / "out")
+    assert run.device.type == "cpu" and run.precision == "fp32" and run.attention == "sdpa"
+    kwargs = run.trainer_kwargs("probe")
+    assert kwargs["bf16"] is False and kwargs["use_cpu"] is True
+    assert run.sizes == find_lesson("02").sizes("cpu") and run.cpu_flags() == {"use_cpu": True}
+
+
+def test_gpu_profile_means_cuda_bf16_and_the_gpu_sizes(monkeypatch, tmp_path):
+    """The gpu code path, checked without a GPU: CUDA mocked, bf16 on, no CPU flag, the gpu sizes."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(parameters, "bf16_supported", lambda device: True)
+    monkeypatch.setattr(parameters, "best_attention", lambda device: "flash_attention_3")
+    run = start_run("05", "gpu", 0, tmp_path / "out")
+    assert run.device.type == "cuda" and run.precision == "bf16" and run.attention == "flash_attention_3"
+    kwargs = run.trainer_kwargs("x", logging=False)
+    assert kwargs["bf16"] is True and "use_cpu" not in kwargs and kwargs["logging_strategy"] == "no"
+    assert run.sizes.model_size == "small" and run.cpu_flags() == {}
+
+
+def test_gpu_without_bf16_falls_back_to_fp32(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(parameters, "bf16_supported", lambda device: False)
+    monkeypatch.setattr(parameters, "best_attention", lambda device: "sdpa")
+    assert start_run("02", "gpu", 0, tmp_path / "out").precision == "fp32"
 
 
 def test_cpu_trainer_kwargs_are_accepted_by_trl(tmp_path):
-    run = start_run("cpu", 0, tmp_path / "out")
-    kwargs = run.trainer_kwargs("probe")
-    assert kwargs["bf16"] is False and kwargs["use_cpu"] is True
-    config = SFTConfig(**kwargs)  # TRL's default bf16=True would raise here without a GPU
+    run = start_run("02", "cpu", 0, tmp_path / "out")
+    config = SFTConfig(**run.trainer_kwargs("probe"))  # TRL's default bf16=True would raise here without a GPU
     assert not config.bf16 and not config.gradient_checkpointing
 
 
-def test_gpu_precision_flags_use_bf16_where_supported(monkeypatch):
-    cuda = torch.device("cuda")
-    monkeypatch.setattr(runtime, "bf16_supported", lambda device: True)
-    assert runtime.precision_flags(cuda) == {"bf16": True, "fp16": False}
-    monkeypatch.setattr(runtime, "bf16_supported", lambda device: False)
-    assert runtime.precision_flags(cuda) == {"bf16": False, "fp16": False}
+def test_precision_flags():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert runtime.precision_flags(cuda, "bf16") == {"bf16": True, "fp16": False}
+    assert runtime.precision_flags(cuda, "fp32") == {"bf16": False, "fp16": False}
+    assert runtime.precision_flags(cpu, "fp32") == {"bf16": False, "fp16": False, "use_cpu": True}
+    with pytest.raises(ValueError, match="unknown precision"):
+        runtime.precision_flags(cpu, "fp8")
 
 
-def test_gpu_run_trainer_kwargs(monkeypatch, tmp_path):
-    """The gpu code path, checked without a GPU: bf16 on, no CPU flag, threads left alone."""
-    from trl_clinic.parameters import Run
+def test_best_attention_prefers_the_newest_flash_attention(monkeypatch):
+    from transformers.utils import import_utils
 
-    monkeypatch.setattr(runtime, "bf16_supported", lambda device: True)
-    run = Run(profile=PROFILES["gpu"], device=torch.device("cuda"), seed=0, output_dir=tmp_path)
-    kwargs = run.trainer_kwargs("x", logging=False)
-    assert kwargs["bf16"] is True and "use_cpu" not in kwargs and kwargs["logging_strategy"] == "no"
-    assert run.on_gpu and PROFILES["gpu"].torch_threads is None
+    assert runtime.best_attention(torch.device("cpu")) == "sdpa"
+    for version in (2, 3, 4):
+        monkeypatch.setattr(import_utils, f"is_flash_attn_{version}_available", lambda: False)
+    assert runtime.best_attention(torch.device("cuda")) == "sdpa"
+    monkeypatch.setattr(import_utils, "is_flash_attn_2_available", lambda: True)
+    assert runtime.best_attention(torch.device("cuda")) == "flash_attention_2"
+    monkeypatch.setattr(import_utils, "is_flash_attn_4_available", lambda: True)
+    assert runtime.best_attention(torch.device("cuda")) == "flash_attention_4"
+
+
+def test_subseeds_differ_by_name_and_follow_the_seed(tmp_path):
+    run = start_run("02", "cpu", 3, tmp_path / "out")
+    assert run.subseed("train") == run.subseed("train") != run.subseed("eval")
+    assert start_run("02", "cpu", 4, tmp_path / "out").subseed("train") != run.subseed("train")
+
+
+def test_a_child_gets_the_resolved_run_back(tmp_path):
+    run = start_run("02b", "cpu", 5, tmp_path / "out")
+    again = Run.from_spec(run.to_spec())
+    assert again.to_spec() == run.to_spec() and again.sizes.accumulation == run.sizes.accumulation
+
+
+def test_progress_bars_follow_the_environment(monkeypatch, tmp_path):
+    run = start_run("02", "cpu", 0, tmp_path / "out")
+    monkeypatch.setenv(runtime.PROGRESS_ENV, "0")
+    assert run.trainer_kwargs("x")["disable_tqdm"] is True
+    monkeypatch.delenv(runtime.PROGRESS_ENV)
+    assert run.trainer_kwargs("x")["disable_tqdm"] is False
+    assert run.trainer_kwargs("x", progress=False)["disable_tqdm"] is True

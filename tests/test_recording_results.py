@@ -9,12 +9,12 @@ from trl_clinic.gradients import cosine, first_step_gradient, relative_error
 from trl_clinic.models import make_causal_lm
 from trl_clinic.parameters import start_run
 from trl_clinic.recording import StepRecorder
-from trl_clinic.results import failed_checks, load_metrics, save_metrics
+from trl_clinic.results import failed_checks, injected, load_metrics, recreated, save_metrics
 
 
 @pytest.fixture
 def run(tmp_path):
-    return start_run("cpu", 0, tmp_path / "out")
+    return start_run("02", "cpu", 0, tmp_path / "out")
 
 
 def tiny_trainer(run, tokenizer, **config):
@@ -56,11 +56,22 @@ def test_metrics_file_records_checks_and_non_finite_numbers(run):
     assert metrics["numbers"] == {"loss": "inf", "nested": [1.0, "nan"]}
     assert failed_checks(metrics) == ["fixed is fine"]
     assert metrics["versions"]["trl"] and metrics["device"]["device"] == "cpu"
+    assert metrics["checks"]["symptom"]["bad is bad"] == {"passed": True, "kind": "measured"}
+    assert metrics["symptom_kind"] == "measured" and metrics["sizes"] == dict(run.sizes)
+
+
+def test_checks_say_their_kind_and_the_verdict_names_stand_ins(run):
+    metrics = save_metrics(run, "00", {}, symptom={"real": True, "old code": recreated(True)},
+                           fix={"fault gone": injected(True)})
+    assert metrics["checks"]["symptom"]["old code"] == {"passed": True, "kind": "recreated"}
+    assert metrics["symptom_kind"] == "recreated" and metrics["fix_kind"] == "injected"
 
 
 def test_checks_must_be_bools(run):
     with pytest.raises(TypeError, match="must be a bool"):
         save_metrics(run, "00", {}, symptom={"x": 1.0}, fix={})
+    with pytest.raises(TypeError, match="must be a bool"):
+        save_metrics(run, "00", {}, symptom={"x": recreated(None)}, fix={})
 
 
 def test_plot_style(run):

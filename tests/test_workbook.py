@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import nbformat
 import pytest
@@ -7,24 +9,22 @@ from trl_clinic.cli import main
 from trl_clinic.report import build_report
 from trl_clinic.workbook import check_parameters, find_lessons, select
 
-from test_notebooks import NOTEBOOKS
+
+def test_select_by_number_or_name(notebooks):
+    name = next(iter(notebooks))
+    assert list(select(notebooks, [name[:2]])) == [name]
+    assert list(select(notebooks, [name])) == [name]
+    assert select(notebooks, []) == notebooks
 
 
-def test_select_by_number_or_name():
-    name = next(iter(NOTEBOOKS))
-    assert list(select(NOTEBOOKS, [name[:2]])) == [name]
-    assert list(select(NOTEBOOKS, [name])) == [name]
-    assert select(NOTEBOOKS, []) == NOTEBOOKS
-
-
-def test_unknown_lesson_lists_the_known_ones():
+def test_unknown_lesson_lists_the_known_ones(notebooks):
     with pytest.raises(ValueError, match="unknown lesson '99'; known: "):
-        select(NOTEBOOKS, ["99"])
+        select(notebooks, ["99"])
 
 
-def test_unknown_parameter_is_refused():
+def test_unknown_parameter_is_refused(notebooks):
     with pytest.raises(ValueError, match="has no parameter colour; it takes profile, seed, output_dir"):
-        check_parameters(next(iter(NOTEBOOKS.values())), {"profile": "cpu", "colour": "red"})
+        check_parameters(next(iter(notebooks.values())), {"profile": "cpu", "colour": "red"})
 
 
 def test_missing_notebooks_folder(tmp_path):
@@ -59,7 +59,7 @@ def test_a_failing_lesson_does_not_stop_the_others(tmp_path, capsys):
     tiny_notebook(lessons / "02_fine.ipynb", "\n".join([
         "from trl_clinic.parameters import start_run",
         "from trl_clinic.results import save_metrics",
-        "run = start_run(profile, seed, output_dir)",
+        "run = start_run('02', profile, seed, output_dir)",
         "save_metrics(run, '02', {'x': 1.0}, symptom={'shown': True}, fix={'fixed': True})"]))
     out = tmp_path / "out"
     assert main(["run", "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks", str(lessons)]) == 1
@@ -73,9 +73,20 @@ def test_a_failing_lesson_does_not_stop_the_others(tmp_path, capsys):
     assert "01_broken" in report and "02_fine" in report
 
 
-def test_list_shows_parameters(capsys):
-    assert main(["list", "--notebooks", str(next(iter(NOTEBOOKS.values())).parent)]) == 0
-    assert 'profile="auto"' in capsys.readouterr().out
+def test_list_shows_parameters_and_every_profile_shape(notebooks, capsys):
+    assert main(["list", "--notebooks", str(next(iter(notebooks.values())).parent)]) == 0
+    text = capsys.readouterr().out
+    assert 'profile="auto"' in text and "output_dir=None" in text
+    for name in notebooks:
+        assert f"{name}: " in text
+    assert text.count("  cpu: cpu, fp32, sdpa") == len(notebooks)
+    assert text.count("  gpu: cuda, bf16") == len(notebooks)
+    assert "grpo_steps=150" in text and "child_timeout_s=600" in text
+
+
+def test_the_runner_starts_without_torch():
+    code = "import sys, trl_clinic.cli, trl_clinic.workbook, trl_clinic.lessons; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
 def test_report_needs_a_run(tmp_path, capsys):

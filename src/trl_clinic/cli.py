@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from trl_clinic.profiles import PROFILE_NAMES
+from trl_clinic.lessons import CONCRETE_PROFILES, PROFILE_NAMES, describe_shape, find_lesson
 from trl_clinic.workbook import check_parameters, find_lessons, notebook_parameters, run_lesson, select, write_summary
 
 
@@ -52,9 +52,14 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    """Each lesson, its parameters, and what every profile will run (from lessons.yaml)."""
     for name, path in find_lessons(args.notebooks).items():
         parameters = ", ".join(f"{p}={info['default']}" for p, info in notebook_parameters(path).items())
-        print(f"{name}\n  parameters: {parameters}")
+        lesson = find_lesson(name)
+        print(f"{name}: {lesson.title}\n  report: {lesson.report}\n  runs on: {', '.join(lesson.accelerators)}"
+              f"\n  parameters: {parameters}")
+        for profile in CONCRETE_PROFILES:
+            print(f"  {describe_shape(lesson, profile)}")
     return 0
 
 
@@ -85,7 +90,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--notebooks", default="notebooks", help="folder holding the lesson notebooks")
     run.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
     run.set_defaults(handler=_run)
-    listing = commands.add_parser("list", help="the lessons and their parameters with defaults")
+    listing = commands.add_parser("list", help="the lessons, their parameters, and what each profile runs")
     listing.add_argument("--notebooks", default="notebooks", help="folder holding the lesson notebooks")
     listing.set_defaults(handler=_list)
     report = commands.add_parser("report", help="one self-contained HTML page for a run's output folder")

@@ -6,25 +6,27 @@ import os
 
 import torch
 
-from trl_clinic.runtime import bf16_supported, detect_device, versions
+from trl_clinic.runtime import FLASH_ATTENTION, best_attention, bf16_supported, versions
+
+PACKAGES = {"flash_attention_2": "flash-attn", "flash_attention_3": "flash-attn-3", "flash_attention_4": "flash-attn-4"}
 
 
-def attention_report() -> dict[str, str]:
+def attention_report(device: torch.device) -> dict[str, str]:
     """Which attention kernels a freshly built model really gets (read from the built model)."""
-    from transformers.utils import is_flash_attn_2_available
+    from transformers.utils import import_utils
 
     from trl_clinic.models import attention_implementation, make_causal_lm
     from trl_clinic.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
     report = {}
-    for wanted in ("sdpa", "eager", "flash_attention_2"):
-        if wanted == "flash_attention_2" and not is_flash_attn_2_available():
-            report[wanted] = "not available (flash-attn not installed or no CUDA)"
+    for wanted in ("sdpa", "eager", *FLASH_ATTENTION):
+        if wanted in FLASH_ATTENTION and not getattr(import_utils, f"is_flash_attn_{wanted[-1]}_available")():
+            report[wanted] = f"not available ({PACKAGES[wanted]} not installed or no CUDA)"
             continue
         try:
-            dtype = torch.bfloat16 if wanted == "flash_attention_2" else torch.float32
-            model = make_causal_lm(tokenizer, attn_implementation=wanted, dtype=dtype)
+            dtype = torch.bfloat16 if wanted in FLASH_ATTENTION else torch.float32
+            model = make_causal_lm(tokenizer, attn_implementation=wanted, dtype=dtype).to(device)
             report[wanted] = f"built model uses {attention_implementation(model)}"
         except (ImportError, ValueError) as error:
             report[wanted] = f"refused: {str(error).splitlines()[0][:120]}"
@@ -56,12 +58,14 @@ def warnings_for(device: torch.device) -> list[str]:
 
 
 def doctor() -> str:
-    device = detect_device()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     lines = ["versions:"] + [f"  {name}: {version}" for name, version in versions().items()]
     name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
     lines += ["device:", f"  {device.type}{name}",
               f"  bf16 supported: {bf16_supported(device)}", f"  torch threads: {torch.get_num_threads()}",
               f"  CPU cores: {os.cpu_count()}", f"  HF_HUB_OFFLINE: {os.environ.get('HF_HUB_OFFLINE', 'not set')}"]
-    lines += ["attention implementations:"] + [f"  {k}: {v}" for k, v in attention_report().items()]
+    lines += ["attention implementations:"] + [f"  {k}: {v}" for k, v in attention_report(device).items()]
+    lines.append(f"  the gpu profile uses: {best_attention(device)}" if device.type == "cuda" else
+                 "  the cpu profile uses: sdpa (FlashAttention needs a CUDA GPU)")
     lines += ["warnings:"] + [f"  - {note}" for note in warnings_for(device)]
     return "\n".join(lines)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import torch
 
 
 def free_port() -> int:
@@ -13,16 +12,26 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def distributed_args(script: str, script_args: list[str], processes: int = 2) -> tuple[list[str], str]:
-    """Python arguments that start ``script`` on ``processes`` processes, and the backend they will use.
+def backend(processes: int, cpu: bool) -> str:
+    """"nccl" when the run is on GPUs and there is one GPU per process, else "gloo" (CPU processes)."""
+    import torch
 
-    With that many GPUs: ``accelerate launch --multi_gpu`` (NCCL). Otherwise CPU processes talking
-    over gloo, started with torchrun (``torch.distributed.run``), the launcher accelerate itself uses:
-    accelerate 1.15's ``launch`` starts multi-CPU jobs only through MPI. Inside, the Trainer's
-    accelerate sees the distributed environment either way.
+    if not cpu and torch.cuda.is_available() and torch.cuda.device_count() >= processes:
+        return "nccl"
+    return "gloo"
+
+
+def distributed_args(python_args: list[str], processes: int = 2, cpu: bool = False) -> list[str]:
+    """Python arguments that start ``python_args`` (a script or ``-m module`` and its arguments) on
+    ``processes`` processes.
+
+    With one GPU per process: ``accelerate launch --multi_gpu`` (NCCL). Otherwise CPU processes
+    talking over gloo, started with torchrun (``torch.distributed.run``), the launcher accelerate
+    itself uses: accelerate 1.15's ``launch`` starts multi-CPU jobs only through MPI. Inside, the
+    Trainer's accelerate sees the distributed environment either way.
     """
-    if torch.cuda.is_available() and torch.cuda.device_count() >= processes:
-        return (["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
-                 "--main_process_port", str(free_port()), "--mixed_precision", "no", script, *script_args], "nccl")
-    return (["-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_addr", "127.0.0.1",
-             "--master_port", str(free_port()), script, *script_args], "gloo")
+    if backend(processes, cpu) == "nccl":
+        return ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+                "--main_process_port", str(free_port()), "--mixed_precision", "no", *python_args]
+    return ["-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_addr", "127.0.0.1",
+            "--master_port", str(free_port()), *python_args]

@@ -137,3 +137,13 @@ def rewards(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: l
     device = next(model.parameters()).device
     batch = tokenizer(texts, return_tensors="pt", padding=True).to(device)
     return model(**batch).logits.squeeze(-1).float().cpu()
+
+
+def trained_model(trainer) -> PreTrainedModel:
+    """The model a trainer trained, as a plain module whose forward runs in its own dtype.
+
+    With ``bf16=True`` accelerate wraps the model's forward in bf16 autocast and leaves it wrapped
+    after training, so a later "fp32" scoring of ``trainer.model`` silently runs in bf16 (3e-3 instead
+    of 0 in lesson 03's reload check). ``unwrap_model(..., keep_fp32_wrapper=False)`` removes it.
+    """
+    return trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)

@@ -28,8 +28,8 @@ def packed_vs_separate(model: PreTrainedModel, sequences: list[list[int]],
                        all_ones_mask: bool = False, tolerance: float = 1e-4) -> dict[str, object]:
     """Per-sequence mean loss one at a time and inside one packed row, and whether they agree.
 
-    ``all_ones_mask=True`` sends the packed row with an attention mask of ones, as TRL 0.19-0.23's
-    padding-free collator did. ``isolated`` is True when every sequence's loss matches within
+    ``all_ones_mask=True`` sends the packed row with an attention mask of ones, as a collator that
+    keeps the per-sequence masks does (``stand_ins.recreated_all_ones_mask`` re-creates TRL's). ``isolated`` is True when every sequence's loss matches within
     ``tolerance`` (relative): the packed sequences did not see each other.
     """
     device = next(model.parameters()).device
@@ -51,19 +51,3 @@ def packed_vs_separate(model: PreTrainedModel, sequences: list[list[int]],
     model.train(was_training)
     worst = max(abs(p - s) / abs(s) for p, s in zip(packed, separate))
     return {"separate": separate, "packed": packed, "max_relative_difference": worst, "isolated": worst < tolerance}
-
-
-def with_all_ones_mask(collator):
-    """Re-creates TRL 0.19-0.23's padding-free collator: the packed row plus an attention mask of ones.
-
-    With that mask transformers builds one causal mask over the whole row and no longer looks for
-    sequence boundaries in ``position_ids``: every token attends to the sequences packed before it.
-    This is a re-creation of an old library behaviour, kept to show the original bug on today's stack.
-    """
-
-    def collate(examples):
-        batch = collator(examples)
-        batch["attention_mask"] = torch.ones_like(batch["input_ids"])
-        return batch
-
-    return collate

@@ -57,25 +57,6 @@ class ForwardAudit:
         self._handle.remove()
 
 
-def emulate_pre_018_cache(model: PreTrainedModel):
-    """EMULATION of what TRL < 0.18 + transformers 4.49-4.52 did in DPO *evaluation*: ask for a KV cache.
-
-    TRL's DPO forward did not pass ``use_cache=False``, the model's config said ``use_cache=True``,
-    and gradient checkpointing switched the cache off only in training. Today TRL turns the cache off
-    in three places, so this pre-hook puts ``use_cache=True`` back on evaluation forwards (training
-    forwards are left as they are). TRL's fused forward still computes without a cache; the hook only
-    recreates the arguments the old guard looked at, for ``ForwardAudit`` to count.
-    Returns the hook handle; ``.remove()`` it afterwards.
-    """
-
-    def ask_for_cache(module, args, kwargs):
-        if not module.training:
-            kwargs = {**kwargs, "use_cache": True}
-        return args, kwargs
-
-    return model.register_forward_pre_hook(ask_for_cache, with_kwargs=True, prepend=True)
-
-
 def _completion_logprob(logits: torch.Tensor, ids: list[int], n_prompt: int) -> float:
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     targets = torch.tensor(ids[n_prompt:], device=logits.device)

@@ -24,6 +24,7 @@ table { border-collapse: collapse; width: 100%; margin: 1rem 0; font-size: 0.9re
 th, td { border: 1px solid #ccc; padding: 0.4rem 0.6rem; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
 .yes { color: #2ca02c; font-weight: bold; } .no { color: #d62728; font-weight: bold; }
+.kind-recreated, .kind-injected { color: #9467bd; font-weight: bold; }
 img { max-width: 100%; border: 1px solid #ddd; margin: 0.5rem 0; }
 code { font-size: 0.85rem; }
 """
@@ -39,10 +40,12 @@ window.addEventListener("load", () => {
 """
 
 
-def _yes_no(value: bool | None) -> str:
+def _yes_no(value: bool | None, kind: str = "measured") -> str:
+    """yes/no, with the kind when the claim rests on a stand-in: "yes (recreated)", never a bare "yes"."""
     if value is None:
         return '<span class="no">no result</span>'
-    return '<span class="yes">yes</span>' if value else '<span class="no">no</span>'
+    label = ("yes" if value else "no") + ("" if kind == "measured" else f" ({html.escape(kind)})")
+    return f'<span class="{"yes" if value else "no"}">{label}</span>'
 
 
 def _key_numbers(numbers: dict, limit: int = 8) -> str:
@@ -50,6 +53,29 @@ def _key_numbers(numbers: dict, limit: int = 8) -> str:
     scalars = [(k, v) for k, v in numbers.items() if isinstance(v, (int, float, str, bool)) and len(str(v)) < 80]
     return "<br>".join(f"<code>{html.escape(k)}</code>: {html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}"
                        for k, v in scalars[:limit])
+
+
+def _verdict(metrics: dict | None, group: str) -> tuple[bool | None, str]:
+    if not metrics:
+        return None, "measured"
+    passed = metrics["symptom_reproduced" if group == "symptom" else "fix_verified"]
+    return passed, metrics[f"{group}_kind"]
+
+
+def _checks_table(metrics: dict) -> str:
+    """Every check with its kind and result, so a reader sees what is measured and what stands in."""
+    rows = "".join(
+        f"<tr><td>{group}</td><td>{html.escape(name)}</td><td class='kind-{check['kind']}'>{check['kind']}</td>"
+        f"<td>{_yes_no(check['passed'])}</td></tr>"
+        for group, checks in metrics["checks"].items() for name, check in checks.items())
+    return ("<table class='checks'><tr><th>group</th><th>check</th><th>kind</th><th>passed</th></tr>"
+            + rows + "</table>")
+
+
+def _sizes(metrics: dict) -> str:
+    sizes = ", ".join(f"<code>{html.escape(str(k))}={html.escape(str(v))}</code>"
+                      for k, v in metrics.get("sizes", {}).items())
+    return f"<p>profile <b>{html.escape(str(metrics['profile']))}</b>, seed {metrics['seed']}: {sizes}</p>"
 
 
 def _render_notebook(path: Path) -> Path:
@@ -84,8 +110,8 @@ def build_report(out: str | Path) -> Path:
         status = run_info.get("status") or ("passed" if metrics and not failed else "error")
         rows.append(
             f"<tr><td><a href='#{name}'>{html.escape(name)}</a></td><td>{html.escape(status)}</td>"
-            f"<td>{_yes_no(metrics and metrics['symptom_reproduced'])}</td>"
-            f"<td>{_yes_no(metrics and metrics['fix_verified'])}</td>"
+            f"<td>{_yes_no(*_verdict(metrics, 'symptom'))}</td>"
+            f"<td>{_yes_no(*_verdict(metrics, 'fix'))}</td>"
             f"<td>{_key_numbers(metrics['numbers']) if metrics else html.escape(run_info.get('error') or '')}</td>"
             f"<td>{run_info.get('seconds', '')}</td><td>{html.escape(str(device))}</td></tr>")
         figures = "".join(
@@ -97,7 +123,8 @@ def build_report(out: str | Path) -> Path:
             f"<section id='{name}'><h2>{html.escape(name)}</h2>"
             f"<p><a href='{notebook_html}'>executed notebook (HTML)</a> · "
             f"<a href='{name}/{name}.ipynb'>.ipynb</a> · <a href='{name}/{METRICS_FILE}'>{METRICS_FILE}</a></p>"
-            + (f"<p>failed checks:</p><ul>{failures}</ul>" if failures else "") + figures + "</section>")
+            + (f"<p>failed checks:</p><ul>{failures}</ul>" if failures else "")
+            + (_sizes(metrics) + _checks_table(metrics) if metrics else "") + figures + "</section>")
     versions, device = environment or ({}, {})
     env_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
                        for k, v in {**versions, **device}.items())

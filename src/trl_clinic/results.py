@@ -1,19 +1,40 @@
 """A lesson's verdict: the numbers it measured and the claims they were checked against.
 
 Every notebook ends by writing ``metrics.json`` (read by the tests and the workbook report) and then
-asserting its checks, so the file records the truth even when a check fails.
+asserting its checks, so the file records the truth even when a check fails. Each check says its
+kind: ``measured`` on today's real code path, ``recreated`` through an old behaviour re-created on
+today's stack, or ``injected`` through a fault put there on purpose (``trl_clinic.stand_ins``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from trl_clinic.parameters import Run
-from trl_clinic.runtime import device_report
+if TYPE_CHECKING:
+    from trl_clinic.parameters import Run
 
 METRICS_FILE = "metrics.json"
+KINDS = ("measured", "recreated", "injected")
+
+
+@dataclass(frozen=True)
+class Check:
+    passed: bool
+    kind: str = "measured"
+
+
+def recreated(passed: bool) -> Check:
+    """A check whose bad behaviour comes from a re-creation of old library code."""
+    return Check(passed, "recreated")
+
+
+def injected(passed: bool) -> Check:
+    """A check whose failure was put there on purpose."""
+    return Check(passed, "injected")
 
 
 def json_safe(value: object) -> object:
@@ -29,23 +50,42 @@ def json_safe(value: object) -> object:
     return value
 
 
-def save_metrics(run: Run, lesson: str, numbers: dict, symptom: dict[str, bool], fix: dict[str, bool]) -> dict:
+def _as_check(name: str, value: object) -> Check:
+    check = value if isinstance(value, Check) else Check(value)
+    if not isinstance(check.passed, bool):
+        raise TypeError(f"check {name!r} must be a bool, got {check.passed!r}")
+    if check.kind not in KINDS:
+        raise ValueError(f"check {name!r} has unknown kind {check.kind!r}: choose one of {', '.join(KINDS)}")
+    return check
+
+
+def _kind_of(checks: dict[str, Check]) -> str:
+    """"measured" only when every check is; otherwise the stand-in kinds involved, so a report never
+    says "reproduced" for a re-created or injected symptom without saying so."""
+    kinds = sorted({check.kind for check in checks.values()} - {"measured"})
+    return " + ".join(kinds) if kinds else "measured"
+
+
+def save_metrics(run: "Run", lesson: str, numbers: dict, symptom: dict[str, bool | Check],
+                 fix: dict[str, bool | Check]) -> dict:
     """Write ``metrics.json``: ``symptom`` holds the checks that the bad run shows the failure,
-    ``fix`` those that the fixed run does not."""
-    checks = {**symptom, **fix}
-    for name, passed in checks.items():
-        if not isinstance(passed, bool):
-            raise TypeError(f"check {name!r} must be a bool, got {passed!r}")
+    ``fix`` those that the fixed run does not. A plain bool is a ``measured`` check."""
+    groups = {"symptom": {name: _as_check(name, value) for name, value in symptom.items()},
+              "fix": {name: _as_check(name, value) for name, value in fix.items()}}
     payload = {
         "lesson": lesson,
-        "profile": run.profile.name,
+        "profile": run.profile,
         "seed": run.seed,
-        "symptom_reproduced": all(symptom.values()),
-        "fix_verified": all(fix.values()),
-        "checks": {"symptom": symptom, "fix": fix},
+        "symptom_reproduced": all(check.passed for check in groups["symptom"].values()),
+        "symptom_kind": _kind_of(groups["symptom"]),
+        "fix_verified": all(check.passed for check in groups["fix"].values()),
+        "fix_kind": _kind_of(groups["fix"]),
+        "checks": {group: {name: {"passed": check.passed, "kind": check.kind} for name, check in checks.items()}
+                   for group, checks in groups.items()},
+        "sizes": dict(run.sizes),
         "numbers": numbers,
         "versions": run.versions,
-        "device": device_report(run.device),
+        "device": run.device_report(),
     }
     payload = json_safe(payload)
     (run.output_dir / METRICS_FILE).write_text(json.dumps(payload, indent=2))
@@ -53,7 +93,7 @@ def save_metrics(run: Run, lesson: str, numbers: dict, symptom: dict[str, bool],
 
 
 def failed_checks(metrics: dict) -> list[str]:
-    return [name for group in metrics["checks"].values() for name, passed in group.items() if not passed]
+    return [name for group in metrics["checks"].values() for name, check in group.items() if not check["passed"]]
 
 
 def load_metrics(output_dir: str | Path) -> dict:

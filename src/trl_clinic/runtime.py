@@ -1,4 +1,5 @@
-"""The machine as the lessons see it: device, precision flags TRL accepts there, threads, seeds, versions."""
+"""The machine as the lessons see it: precision flags TRL accepts there, attention kernels, threads,
+seeds, progress bars, versions."""
 
 from __future__ import annotations
 
@@ -6,31 +7,60 @@ import importlib.metadata
 import os
 import platform
 import random
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used: the runner reads PROGRESS_ENV without it
+    import torch
 
 LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets")
-
-
-def detect_device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+# transformers' names, best first; each needs its own package (flash-attn, flash-attn-3, flash-attn-4)
+FLASH_ATTENTION = ("flash_attention_4", "flash_attention_3", "flash_attention_2")
+# `trl-clinic run` sets it to 0: executed notebooks stay free of progress bars
+PROGRESS_ENV = "TRL_CLINIC_PROGRESS"
 
 
 def bf16_supported(device: torch.device) -> bool:
+    import torch
+
     return device.type == "cuda" and torch.cuda.is_bf16_supported()
 
 
-def precision_flags(device: torch.device) -> dict[str, bool]:
-    """Mixed-precision arguments for a TRL config on ``device``.
+def precision_flags(device: torch.device, precision: str) -> dict[str, bool]:
+    """Mixed-precision arguments for a TRL config: ``precision`` ("bf16" or "fp32") on ``device``.
 
     TRL configs default to ``bf16=True``, which raises on a machine without a GPU, so every lesson
-    passes these instead of relying on the default: bf16 autocast where the GPU supports it, fp32
-    elsewhere (fp16 autocast would need a loss scaler and changes what some lessons measure).
+    passes these instead of relying on the default (fp16 autocast would need a loss scaler and
+    changes what some lessons measure). On the CPU, ``use_cpu=True`` keeps the trainers off a GPU
+    that the machine may have: the cpu profile means the CPU.
     """
-    if device.type == "cuda":
-        return {"bf16": bf16_supported(device), "fp16": False}
-    return {"bf16": False, "fp16": False, "use_cpu": True}
+    if precision not in ("bf16", "fp32"):
+        raise ValueError(f"unknown precision {precision!r}: choose bf16 or fp32")
+    flags = {"bf16": precision == "bf16", "fp16": False}
+    return flags if device.type == "cuda" else {**flags, "use_cpu": True}
+
+
+def best_attention(device: torch.device) -> str:
+    """The best FlashAttention kernel transformers can use here, else sdpa (always on CPU)."""
+    if device.type != "cuda":
+        return "sdpa"
+    from transformers.utils import import_utils
+
+    for name in FLASH_ATTENTION:
+        if getattr(import_utils, f"is_flash_attn_{name[-1]}_available")():
+            return name
+    return "sdpa"
+
+
+def show_progress() -> bool:
+    """Progress bars for learners in JupyterLab; none in notebooks executed by ``trl-clinic run``."""
+    return os.environ.get(PROGRESS_ENV, "1") != "0"
+
+
+def progress(iterable, description: str, total: int | None = None):
+    """One bar for a sweep of runs, saying what it does; silent where ``show_progress()`` is False."""
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, desc=description, total=total, disable=not show_progress(), leave=False)
 
 
 def no_activation_checkpointing() -> dict[str, bool]:
@@ -54,12 +84,17 @@ def quiet_progress_bars() -> None:
 
 
 def set_threads(n: int | None) -> None:
+    import torch
+
     if n is not None:
         torch.set_num_threads(n)
 
 
 def seed_everything(seed: int) -> None:
     """Seed every generator a lesson touches, so two runs that should be identical are."""
+    import numpy as np
+    import torch
+
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -78,6 +113,8 @@ def versions() -> dict[str, str]:
 
 
 def device_report(device: torch.device) -> dict[str, object]:
+    import torch
+
     report: dict[str, object] = {"device": device.type, "torch_threads": torch.get_num_threads()}
     if device.type == "cuda":
         report["gpu"] = torch.cuda.get_device_name(device)
@@ -87,3 +124,17 @@ def device_report(device: torch.device) -> dict[str, object]:
         report["cpu_count"] = os.cpu_count()
     report["hf_hub_offline"] = os.environ.get("HF_HUB_OFFLINE", "0")
     return report
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mib(device: torch.device) -> float | None:
+    """Peak GPU memory since the last reset; None on the CPU, where torch does not track it."""
+    import torch
+
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None

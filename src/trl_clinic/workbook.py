@@ -7,6 +7,7 @@ One output folder per run: ``OUT/<lesson>/`` holds the executed notebook, its fi
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import papermill
 
 from trl_clinic.results import METRICS_FILE, failed_checks, load_metrics
+from trl_clinic.runtime import PROGRESS_ENV
 
 SUMMARY_JSON, SUMMARY_MD = "summary.json", "summary.md"
 
@@ -25,6 +27,7 @@ class LessonResult:
     seconds: float
     notebook: str
     symptom_reproduced: bool | None = None
+    symptom_kind: str | None = None  # "measured", or the stand-ins it rests on ("recreated", "injected")
     fix_verified: bool | None = None
     failed: list[str] | None = None
     error: str | None = None
@@ -71,6 +74,7 @@ def run_lesson(path: Path, out: Path, parameters: dict[str, object], progress_ba
     executed = lesson_dir / path.name
     start = time.perf_counter()
     error = None
+    os.environ[PROGRESS_ENV] = "0"  # the kernel inherits it: no training progress bars in executed notebooks
     try:
         papermill.execute_notebook(str(path), str(executed), parameters={**parameters, "output_dir": str(lesson_dir)},
                                    progress_bar=progress_bar, cwd=str(path.parent))
@@ -82,6 +86,7 @@ def run_lesson(path: Path, out: Path, parameters: dict[str, object], progress_ba
     if (lesson_dir / METRICS_FILE).exists():
         metrics = load_metrics(lesson_dir)
         result.symptom_reproduced = metrics["symptom_reproduced"]
+        result.symptom_kind = metrics["symptom_kind"]
         result.fix_verified = metrics["fix_verified"]
         result.failed = failed_checks(metrics)
         if error is None:
@@ -94,9 +99,11 @@ def run_lesson(path: Path, out: Path, parameters: dict[str, object], progress_ba
 def write_summary(out: Path, results: list[LessonResult], parameters: dict[str, object]) -> None:
     (out / SUMMARY_JSON).write_text(json.dumps(
         {"parameters": parameters, "lessons": [asdict(result) for result in results]}, indent=2))
-    lines = ["| lesson | status | symptom reproduced | fix verified | seconds |", "|---|---|---|---|---|"]
+    lines = ["| lesson | status | symptom reproduced | symptom kind | fix verified | seconds |",
+             "|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {r.lesson} | {r.status} | {r.symptom_reproduced} | {r.fix_verified} | {r.seconds} |")
+        lines.append(f"| {r.lesson} | {r.status} | {r.symptom_reproduced} | {r.symptom_kind} | {r.fix_verified} "
+                     f"| {r.seconds} |")
         if r.error:
-            lines.append(f"| | {r.error.splitlines()[0][:200]} | | | |")
+            lines.append(f"| | {r.error.splitlines()[0][:200]} | | | | |")
     (out / SUMMARY_MD).write_text("\n".join(lines) + "\n")

@@ -1,0 +1,97 @@
+"""Stand-ins: old library behaviour re-created on today's stack, and faults injected on purpose.
+
+Everything a lesson shows that is *not* today's real code path lives here, so that a notebook's
+import line says what is real: ``from trl_clinic.stand_ins import ...`` means "re-created" or
+"injected", and the notebook, ``metrics.json`` and the report label it so. Each stand-in names the
+library version and the code it stands for.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Trainer, TrainerCallback
+from trl import SFTTrainer
+
+from trl_clinic.crash import native_sigfpe
+
+RECREATED, INJECTED = "recreated", "injected"
+
+
+def recreated_all_ones_mask(collator):
+    """RE-CREATED: TRL's padding-free collator that sent the packed row with an attention mask of ones.
+
+    Stands for ``DataCollatorForLanguageModeling.torch_call`` with ``padding_free=True`` in
+    ``trl/trainer/sft_trainer.py`` of TRL 0.19.0-0.23.x, which concatenated the per-sequence masks
+    (all ones) into one row beside ``position_ids`` (0.19.1-0.23 dropped it only for packed
+    datasets; TRL 0.24.0, PR #4170, stopped sending it for every padding-free batch). With a mask present transformers builds one causal
+    mask over the whole row and no longer looks for sequence boundaries in ``position_ids``: every
+    token attends to the sequences packed before it, as under an attention kernel that ignores the
+    boundaries.
+    """
+
+    def collate(examples):
+        batch = collator(examples)
+        batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+        return batch
+
+    return collate
+
+
+def recreate_pre_446_loss(trainer: Trainer) -> Trainer:
+    """RE-CREATED: the gradient-accumulation loss of transformers before 4.46.
+
+    Stands for ``Trainer.training_step`` of transformers 4.45: ``compute_loss(model, inputs)`` returned
+    the model's loss, a mean over the micro-batch's own label tokens, and accelerate's
+    ``Accelerator.backward`` divided it by ``gradient_accumulation_steps`` (``num_items_in_batch`` and
+    ``model_accepts_loss_kwargs`` arrived in 4.46.0). Today's ``Trainer.training_step`` still takes
+    that path when ``model_accepts_loss_kwargs`` is False: no ``num_items_in_batch`` reaches the model,
+    and each micro-batch mean is divided by the accumulation steps.
+    Set after the trainer is built (the trainer sets the attribute in ``__init__``).
+    """
+    trainer.model_accepts_loss_kwargs = False
+    return trainer
+
+
+class MeanPerMicroBatchSFTTrainer(SFTTrainer):
+    """RE-CREATED user code: a custom ``compute_loss`` that ignores ``num_items_in_batch``.
+
+    Stands for the overrides reported in transformers issue #37766: the loss is the mean over this
+    micro-batch's label tokens. Because the override accepts ``num_items_in_batch``, today's Trainer
+    believes the loss is already normalised for accumulation and does not divide by the steps.
+    """
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=None)
+
+
+def recreated_pre_018_dpo_cache(model: torch.nn.Module):
+    """RE-CREATED: the arguments TRL < 0.18 gave the model in DPO *evaluation*: a KV cache asked for.
+
+    Stands for ``DPOTrainer.concatenated_forward`` in ``trl/trainer/dpo_trainer.py`` of TRL 0.16-0.17
+    (``model_kwargs = {}``; PR #3307 made it ``{"use_cache": False}`` in TRL 0.18.0): no ``use_cache``
+    was passed, so the config's ``use_cache=True`` applied, and gradient checkpointing switched the
+    cache off only in training.
+    This pre-hook puts ``use_cache=True`` back on evaluation forwards; TRL's fused forward still
+    computes without a cache, so only what the arguments say changes. Returns the hook handle.
+    """
+
+    def ask_for_cache(module, args, kwargs):
+        if not module.training:
+            kwargs = {**kwargs, "use_cache": True}
+        return args, kwargs
+
+    return model.register_forward_pre_hook(ask_for_cache, with_kwargs=True, prepend=True)
+
+
+class InjectedH20Fault(TrainerCallback):
+    """INJECTED: dies with a native SIGFPE at the first step when ``bf16`` is on.
+
+    Stands in for the crash of TRL issue #2906: bf16 GEMMs on an H20 GPU with the cuBLAS of torch
+    2.5.1+cu121 wheels (pytorch #133548), which cannot happen on other hardware. It reproduces the
+    crash's *shape* (a bf16-only native SIGFPE at the first step) so that crash isolation and
+    bisection can be shown on a real process death; it says nothing about cuBLAS.
+    """
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if args.bf16:
+            native_sigfpe()

@@ -1,0 +1,63 @@
+"""The lesson table (lessons.yaml): complete, consistent, and sized for what each lesson's checks assume.
+
+The gpu profile has rarely run on a GPU, so what its sizes must satisfy is checked here, on any machine.
+"""
+
+import pytest
+
+from trl_clinic import lessons
+from trl_clinic.lessons import CONCRETE_PROFILES, describe_shape, find_lesson, profile_settings
+
+TABLE = lessons.lessons()
+SHAPES = [(key, profile) for key in TABLE for profile in CONCRETE_PROFILES]
+
+
+def test_every_notebook_has_a_lesson_entry_and_back(notebooks):
+    assert [lesson.notebook for lesson in TABLE.values()] == list(notebooks)
+
+
+def test_profiles_declare_device_precision_and_attention():
+    cpu, gpu = profile_settings("cpu"), profile_settings("gpu")
+    assert (cpu.device, cpu.precision, cpu.attention) == ("cpu", "fp32", "sdpa")
+    assert (gpu.device, gpu.precision) == ("cuda", "bf16")
+
+
+@pytest.mark.parametrize("key, profile", SHAPES)
+def test_every_shape_names_its_model_and_is_listed(key, profile):
+    sizes = TABLE[key].sizes(profile)
+    assert sizes.model and sizes.model_size in ("tiny", "small")
+    assert f"model: {sizes.model}" in describe_shape(TABLE[key], profile)
+
+
+def test_a_misspelt_size_is_an_error_naming_the_known_ones():
+    with pytest.raises(AttributeError, match="no size 'grpo_step'.*grpo_steps"):
+        find_lesson("05").sizes("cpu").grpo_step
+
+
+def test_a_size_declared_for_one_profile_only_is_refused():
+    table = lessons._read()
+    table["lessons"]["02"]["gpu"]["extra_steps"] = 3
+    with pytest.raises(ValueError, match="lesson 02 declares different sizes per profile"):
+        lessons._check(table)
+
+
+# What each lesson's checks assume of its sizes, on every profile.
+@pytest.mark.parametrize("profile", CONCRETE_PROFILES)
+def test_sizes_fit_what_the_checks_assume(profile):
+    s01 = TABLE["01"].sizes(profile)
+    assert s01.batch_sizes[0] == 1 and s01.batch_sizes == sorted(s01.batch_sizes) and len(s01.batch_sizes) >= 3
+    assert s01.measure_samples % s01.batch_sizes[-1] == 0 and s01.measure_samples >= 4 * s01.batch_sizes[-1]
+    assert s01.warmup_learning_rate <= 3e-3
+    s02 = TABLE["02"].sizes(profile)
+    assert min(s02.accumulation_sweep) >= 2 and s02.accumulation_sweep == sorted(set(s02.accumulation_sweep))
+    assert s02.curve_accumulation in s02.accumulation_sweep and s02.curve_steps >= 4
+    assert s02.n_train >= s02.curve_steps * s02.curve_accumulation  # one pass, no sample repeated
+    s02b = TABLE["02b"].sizes(profile)
+    assert s02b.processes == 2 and s02b.accumulation[0] == 1 and len(s02b.accumulation) >= 3
+    assert s02b.n_samples >= s02b.processes * max(s02b.accumulation)
+    s03 = TABLE["03"].sizes(profile)
+    assert s03.train_steps >= 25 and s03.eval_pairs >= 64  # the report's first log comes at step 25
+    s04 = TABLE["04"].sizes(profile)
+    assert s04.dpo_steps >= 1 and s04.n_prompts >= 4
+    s05 = TABLE["05"].sizes(profile)
+    assert s05.grpo_steps >= 20 and s05.generations >= 2 and s05.child_timeout_s >= 60
