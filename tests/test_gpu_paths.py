@@ -1,0 +1,73 @@
+"""The gpu profile's failures seen on an H100 (issue 14), each reproduced or guarded without a GPU."""
+
+import copy
+
+import pytest
+import torch
+from trl import SFTConfig, SFTTrainer
+
+from trl_clinic import child, data
+from trl_clinic.models import make_causal_lm, trained_model
+from trl_clinic.parameters import start_run
+
+
+@pytest.fixture
+def run(tmp_path):
+    return start_run("02b", "cpu", 0, tmp_path / "out")
+
+
+def test_trained_model_drops_the_autocast_a_bf16_run_leaves_behind(run, tokenizer):
+    """After training with bf16=True accelerate leaves the forward wrapped in bf16 autocast: "fp32"
+    scoring of trainer.model silently ran in bf16 (lessons 03 and 04 on the GPU). Reproduced on CPU."""
+    model = make_causal_lm(tokenizer)
+    args = SFTConfig(**{**run.trainer_kwargs("bf16", logging=False), "bf16": True}, per_device_train_batch_size=2,
+                     max_steps=1)
+    trainer = SFTTrainer(model=model, args=args, processing_class=tokenizer,
+                         train_dataset=data.instruction_pairs(8, seed=0))
+    trainer.train()
+    reference = copy.deepcopy(model)  # same weights, a forward without any wrapper
+    reference.forward = type(reference).forward.__get__(reference)
+    ids = torch.tensor([tokenizer("alice lives in paris. where does alice live? answer:")["input_ids"]])
+    with torch.no_grad():
+        expected = reference(input_ids=ids).logits
+        leaked = trainer.model(input_ids=ids).logits
+        plain = trained_model(trainer)(input_ids=ids).logits
+    assert (leaked - expected).abs().max() > 1e-4, "the bf16 autocast leak no longer happens: update lesson 03/04"
+    assert torch.equal(plain, expected)
+
+
+def test_a_cpu_runs_children_see_no_gpu(run):
+    """With one GPU, 02b's gloo children asked for cuda:RANK in SFTTrainer's main_process_first barrier."""
+    assert child.child_env(run) == {"CUDA_VISIBLE_DEVICES": ""}
+    probe = run.output_dir / "probe.py"
+    probe.write_text("import os, torch\n"
+                     "def look(run, spec):\n"
+                     "    return {'visible': os.environ['CUDA_VISIBLE_DEVICES'], 'cuda': torch.cuda.is_available(),\n"
+                     "            'device': str(run.device), 'sizes': dict(run.sizes), 'spec': spec}\n")
+    result = child.call(run, f"{probe}:look", {"x": 1}, name="look", timeout=120).result
+    assert result == {"visible": "", "cuda": False, "device": "cpu", "sizes": dict(run.sizes), "spec": {"x": 1}}
+
+
+def test_a_child_that_dies_or_overruns_says_so(run):
+    probe = run.output_dir / "probe.py"
+    probe.write_text("import time\nfrom trl_clinic.crash import native_sigfpe\n"
+                     "def crash(run, spec):\n    native_sigfpe()\n"
+                     "def sleep(run, spec):\n    time.sleep(30)\n")
+    died = child.call(run, f"{probe}:crash", name="crash", timeout=120)
+    assert died.outcome.signal == "SIGFPE" and died.result is None
+    slow = child.call(run, f"{probe}:sleep", name="sleep", timeout=3)
+    assert slow.outcome.status == "timeout" and slow.result is None
+
+
+def test_two_gloo_processes_return_the_main_process_result(run):
+    probe = run.output_dir / "probe.py"
+    probe.write_text("import torch.distributed as dist\n"
+                     "def ranks(run, spec):\n"
+                     "    dist.init_process_group('gloo')\n"
+                     "    out = [None, None]\n"
+                     "    dist.all_gather_object(out, dist.get_rank())\n"
+                     "    dist.destroy_process_group()\n"
+                     "    return out\n")
+    both = child.call(run, f"{probe}:ranks", name="ranks", processes=2, timeout=180)
+    assert both.outcome.status == "finished", both.outcome.stderr[-2000:]
+    assert both.result == [0, 1]
