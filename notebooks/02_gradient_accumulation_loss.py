@@ -14,8 +14,8 @@
 # two should be the same optimisation (SmolLM-135M, Llama 3.2 1B).
 #
 # **What you will see here**, with the real `SFTTrainer`: the accumulated gradient of the old
-# normalisation points somewhere else than the one-big-batch gradient, more so with more
-# accumulation steps; a run trained with it ends worse on held-out data; and today's
+# normalisation points somewhere else than the one-big-batch gradient, at every accumulation count;
+# a run trained with it ends worse on held-out data; and today's
 # `num_items_in_batch` path matches the big batch to float precision.
 #
 # **Time**: about 30 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
@@ -49,9 +49,10 @@ sizes = run.sizes  # this lesson's numbers for the profile (lessons.yaml)
 # %% [markdown]
 # ## 1. The symptom
 #
-# An SFT dataset whose completions have very different lengths: half are one-word answers, half are
-# biographies of one to six people. Every sample's number of label tokens (the completion, since
-# `completion_only_loss` is on for prompt/completion data) ranges from 2 to about 150.
+# An SFT dataset whose completions have very different lengths: one-word answers alternate with
+# biographies of one to six people (`data.instruction_pairs` guarantees the alternation on every
+# seed). Every sample's number of label tokens (the completion, since `completion_only_loss` is on
+# for prompt/completion data) ranges from 2 to about 150.
 
 # %%
 tokenizer = build_tokenizer()
@@ -67,7 +68,9 @@ for row in train_set.select(range(3)):
 # ## 2. Reproduce: the same samples as one batch and as accumulated micro-batches
 #
 # One optimizer step, three ways, each with a fresh model from the same seed (same weights) and
-# the same data order:
+# the same samples: `train_sampling_strategy="sequential"` feeds the first N samples in order, so
+# every window mixes short and long answers by construction (a random draw could, now and then,
+# give a window whose samples hold equal label counts, where the old path happens to be exact):
 #
 # * **big batch**: `per_device_train_batch_size=N`, `gradient_accumulation_steps=1`; the reference.
 # * **accumulated, old normalisation (re-created)**: batch 1 × N. Before transformers 4.46 each
@@ -93,6 +96,7 @@ def accumulated_gradient(batch_size: int, accumulation: int, normalisation: str,
         per_device_train_batch_size=batch_size,
         gradient_accumulation_steps=accumulation,
         max_grad_norm=0,  # no clipping: compare the gradient exactly as accumulation built it
+        train_sampling_strategy="sequential",  # the first N samples, alternating short and long
         max_steps=1,
     )
     trainer = trainer_class(model=make_causal_lm(tokenizer, size=sizes.model_size, seed=run.seed), args=args,
@@ -122,7 +126,8 @@ print(f"batch 1 x {N}, old normalisation vs batch {N}: "
 # %%
 probe = SFTTrainer(model=make_causal_lm(tokenizer, size=sizes.model_size, seed=run.seed), processing_class=tokenizer,
                    train_dataset=train_set,
-                   args=SFTConfig(**run.trainer_kwargs("probe", logging=False), per_device_train_batch_size=1))
+                   args=SFTConfig(**run.trainer_kwargs("probe", logging=False), per_device_train_batch_size=1,
+                                  train_sampling_strategy="sequential"))
 window = [batch for batch, _ in zip(probe.get_train_dataloader(), range(N))]
 counts = [int((batch["labels"][..., 1:] != -100).sum()) for batch in window]
 weight_today = [1 / sum(counts)] * N

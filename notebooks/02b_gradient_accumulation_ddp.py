@@ -86,6 +86,7 @@ def distributed_gradients(run, spec):
                 gradient_accumulation_steps=accumulation,
                 max_grad_norm=0,
                 max_steps=1,
+                train_sampling_strategy="sequential",  # process p gets samples p, p + 2, ...
                 average_tokens_across_devices=setting == "across-processes",  # the flag this lesson is about
             )
             trainer = SFTTrainer(model=make_causal_lm(tokenizer, size=run.sizes.model_size, seed=run.seed),
@@ -93,7 +94,7 @@ def distributed_gradients(run, spec):
             if setting == "old":
                 recreate_pre_446_loss(trainer)
             gradients[(setting, accumulation)] = first_step_gradient(trainer)
-        # the same seeded sampler: this process's micro-batches of the first step
+        # the same sequential sampler: this process's micro-batches of the first step
         window = [batch for batch, _ in zip(trainer.get_train_dataloader(), range(accumulation))]
         mine = [int((batch["labels"][..., 1:] != -100).sum()) for batch in window]
         counts[accumulation] = gather_object([mine])  # one list per process, in rank order
@@ -122,7 +123,9 @@ for acc, per_rank in counts.items():
 # ## 2. Diagnose: against one process with one big batch
 #
 # One process with batch `processes × accumulation` sees exactly the samples of the distributed
-# step (the same seeded sampler deals them out), and its loss is one mean over all their label tokens.
+# step (the same sequential sampler deals them out), and its loss is one mean over all their label
+# tokens. Sequential sampling over `data.instruction_pairs`, whose rows alternate short and long
+# answers on every seed, gives the two processes different label counts by construction.
 
 # %%
 tokenizer = build_tokenizer()
@@ -131,7 +134,8 @@ train_set = data.instruction_pairs(sizes.n_samples, seed=run.subseed("train"))
 
 def reference_gradient(batch_size: int) -> tuple[torch.Tensor, int]:
     args = SFTConfig(**{**run.trainer_kwargs(f"reference-{batch_size}", logging=False), "bf16": False},
-                     per_device_train_batch_size=batch_size, max_grad_norm=0, max_steps=1)
+                     per_device_train_batch_size=batch_size, max_grad_norm=0, max_steps=1,
+                     train_sampling_strategy="sequential")
     trainer = SFTTrainer(model=make_causal_lm(tokenizer, size=sizes.model_size, seed=run.seed), args=args,
                          train_dataset=train_set, processing_class=tokenizer)
     gradient = first_step_gradient(trainer)

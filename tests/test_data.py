@@ -1,5 +1,8 @@
 import re
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from trl_clinic import data
 
 
@@ -43,3 +46,20 @@ def test_preference_pairs_answer_the_question_or_not():
         assert row["chosen"] != row["rejected"]
         (name,) = names_in(row["prompt"])
         assert row["chosen"].strip() in {world.sentence(name, a) for a in data.ATTRIBUTES}
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(min_value=0, max_value=2**32 - 1), max_people=st.integers(min_value=1, max_value=6))
+def test_instruction_pairs_alternate_short_and_long_on_every_seed(seed, max_people):
+    """Lessons 02 and 02b need unequal label counts in every window and on every process."""
+    rows = data.instruction_pairs(12, seed=seed, max_people=max_people)
+    words = [len(row["completion"].split()) for row in rows]
+    assert all(w == 1 for w in words[::2]) and all(w >= 4 for w in words[1::2])
+
+
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(min_value=0, max_value=2**32 - 1))
+def test_consecutive_instruction_pairs_have_unequal_label_counts(tokenizer, seed):
+    counts = [len(tokenizer(row["completion"])["input_ids"]) for row in data.instruction_pairs(16, seed=seed)]
+    assert all(a != b for a, b in zip(counts, counts[1:]))
+    assert max(counts[::2]) < min(counts[1::2])  # every short answer is shorter than every long one

@@ -86,6 +86,17 @@ def test_cpu_profile_passes_its_checks(workbook, name):
 
 
 @pytest.mark.notebook
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_fast_lessons_hold_at_other_seeds(tmp_path, seed):
+    """Every lesson must hold on every seed; the fast ones are checked at two more in every test run
+    (`make seeds` runs any lessons at any seeds)."""
+    code = main(["run", "02", "02b", "--profile", "cpu", "--seed", str(seed), "--out", str(tmp_path), "--no-progress",
+                 "--notebooks", str(NOTEBOOKS_DIR)])
+    summary = json.loads((tmp_path / SUMMARY_JSON).read_text())
+    assert code == 0, [(row["lesson"], row["error"] or row["failed"]) for row in summary["lessons"]]
+
+
+@pytest.mark.notebook
 def test_the_runner_exits_zero_when_every_lesson_passed(workbook):
     assert workbook[1] == 0
 

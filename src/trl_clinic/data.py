@@ -65,14 +65,17 @@ def fixed_world() -> World:
 def instruction_pairs(n: int, seed: int, max_people: int = 6) -> Dataset:
     """Prompt/completion pairs whose completions range from one word to a few hundred characters.
 
-    Half are short questions answered by one word; the rest ask for the biographies of 1 to
-    ``max_people`` people. Strongly varied label counts are what make gradient-accumulation
-    normalisation matter.
+    Guaranteed on every seed, by construction: rows alternate, even rows a short question answered
+    by one word, odd rows the biographies of 1 to ``max_people`` people (a full sentence each, so
+    always several times longer). So any two consecutive rows hold different numbers of label tokens,
+    any window read in order mixes short and long answers, and every set of two rows or more has
+    both kinds: unequal label counts are what make gradient-accumulation normalisation matter, and
+    lessons 02 and 02b must not depend on a lucky draw to show it. The seed picks who and what.
     """
     world, rng = fixed_world(), random.Random(seed)
     rows = []
-    for _ in range(n):
-        if rng.random() < 0.5:
+    for i in range(n):
+        if i % 2 == 0:
             name, attribute = rng.choice(NAMES), rng.choice(list(ATTRIBUTES))
             rows.append({"prompt": QUESTIONS[attribute].format(name=name) + " answer:",
                          "completion": " " + world.facts[name][attribute] + "."})
