@@ -222,9 +222,9 @@ def test_fastest_lesson_runs_all_in_jupyterlab_in_a_real_browser(repo, tmp_path)
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
                 try:
                     last = run_all_in_lab(page, url.format(path=LESSONS[FASTEST].as_posix()))
-                except Exception:
+                except Exception as error:
                     page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
-                    raise
+                    raise AssertionError(f"{error}\n{saved_errors(page, repo / LESSONS[FASTEST])}") from error
                 finally:
                     browser.close()
         except Exception as error:
@@ -262,6 +262,24 @@ def run_all_in_lab(page, url: str) -> str:
         timeout=30_000)
     shown = last.locator(".jp-OutputArea").inner_text()
     assert LAST_LINE in shown, (
-        f"the last cell shows {shown[-2000:]!r}; outputs of every code cell:\n"
+        f"the last cell shows {shown[-2000:]!r}; the code cells on the page:\n"
         + "\n---\n".join(f"{c['prompt']} {c['output'][-1500:]}" for c in state["cells"]))
     return shown
+
+
+def saved_errors(page, notebook: Path) -> str:
+    """JupyterLab only keeps the cells near the view in the page; saving (Ctrl+S, as a learner would)
+    writes every cell's output to the copy's notebook, whose errors then go into the failure message."""
+    try:
+        before = notebook.stat().st_mtime_ns
+        page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").click(position={"x": 5, "y": 5})
+        page.keyboard.press("Escape")
+        page.keyboard.press("Control+s")
+        deadline = time.monotonic() + 15
+        while notebook.stat().st_mtime_ns == before and time.monotonic() < deadline:
+            page.wait_for_timeout(250)
+        errors = [f"cell {i}: " + "\n".join(output.traceback) for i, cell in enumerate(nbformat.read(notebook, 4).cells)
+                  for output in cell.get("outputs", []) if output.output_type == "error"]
+    except Exception as error:  # the message must still say what failed first
+        return f"(could not save the notebook from the page: {error})"
+    return f"saved as {notebook}; errors in it:\n" + ("\n".join(errors)[-4000:] if errors else "none")
