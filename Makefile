@@ -54,10 +54,12 @@ browser:
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks
 
-# Each lesson's source is notebooks/NN_*.py (percent format); this rebuilds every .ipynb from it, without
-# outputs (a test checks that the two agree). JupyterLab with jupytext keeps both in step on save.
+# Each lesson's source is notebooks/NN_*.py (percent format); this rebuilds every .ipynb from it, keeping
+# cell ids (--update) and clearing outputs (a test checks that the two agree and that no output is
+# committed). JupyterLab with jupytext keeps both in step on save.
 notebooks: $(STAMP)
-	$(BIN)/jupytext --quiet --to notebook notebooks/[0-9]*_*.py
+	$(BIN)/jupytext --quiet --update --to notebook notebooks/[0-9]*_*.py
+	$(BIN)/jupyter nbconvert --log-level WARN --clear-output --inplace notebooks/[0-9]*_*.ipynb
 
 clean:
 	rm -rf $(OUT) outputs
