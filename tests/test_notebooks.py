@@ -50,6 +50,15 @@ def test_notebook_matches_its_text_source(path):
         f"{path.name} and {source.name} disagree: edit the .py and run `make notebooks`")
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS.values(), ids=NOTEBOOKS.keys())
+def test_sizes_come_from_the_profile_not_from_the_device(path):
+    """A notebook reads its numbers from run.sizes (lessons.yaml); it never asks which device it is on."""
+    source = path.with_suffix(".py").read_text()
+    for branch in ("on_gpu", "cuda.is_available", "is_flash_attn"):
+        assert branch not in source, f"{path.stem} decides something by the device ({branch}): put it in lessons.yaml"
+    assert f'start_run("{path.stem.split("_")[0]}", profile, seed, output_dir)' in source
+
+
 def test_every_text_source_has_its_notebook():
     sources = {path.stem for path in NOTEBOOKS_DIR.glob("[0-9][0-9]*_*.py")}
     assert sources == set(NOTEBOOKS)
