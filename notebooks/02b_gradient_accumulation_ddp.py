@@ -186,6 +186,8 @@ for setting in SETTINGS:
 plotting.label(ax_err, "accumulation steps per process (batch 1)", "relative error vs big batch",
                f"gradient error ({BACKEND})", log_y=True)
 plotting.label(ax_cos, "accumulation steps per process (batch 1)", "cosine with big-batch gradient", "direction")
+for ax in (ax_err, ax_cos):
+    ax.set_xticks(sizes.accumulation)  # accumulation counts are integers
 plotting.save(fig, run.output_dir, "ddp_accumulation")
 
 # %% [markdown]

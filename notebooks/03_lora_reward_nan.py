@@ -39,7 +39,7 @@ from trl_clinic import data, plotting
 from trl_clinic.models import make_reward_model, rewards, trained_model
 from trl_clinic.nonfinite import NonFiniteProbe
 from trl_clinic.parameters import start_run
-from trl_clinic.recording import StepRecorder
+from trl_clinic.recording import StepRecorder, replay_nan_filter
 from trl_clinic.results import failed_checks, save_metrics
 from trl_clinic.tokenizer import build_tokenizer
 
@@ -209,14 +209,20 @@ print(f"after the report run: {len(poisoned)} of {len(trainable)} trainable tens
 # **Why the log says 1e+34 and then 0.** With `logging_nan_inf_filter=True` (the default), when a
 # micro-batch loss is NaN/inf the Trainer adds `running_sum / (1 + steps since last log)` instead.
 # At step *s* that multiplies the running sum by `1 + 1/s`, once per micro-batch: 32 times per step.
-# From step 2 to 25 the first step's loss is multiplied by `(26/2)³² = 13³²`, then divided by 25 steps.
-# After the log the running sum restarts at 0, and `0 · (1 + 1/s)` stays 0: every later log says 0.0.
+# If only step 1 was finite, its loss is multiplied by `(26/2)³² = 13³²` by step 25, then divided by
+# 25 steps. After the log the running sum restarts at 0, and `0 · (1 + 1/s)` stays 0: every later log
+# says 0.0. `replay_nan_filter` (from `trl_clinic.recording`) replays that arithmetic on this run's
+# own raw losses, whichever step went bad first:
 
 # %%
-first_raw = report.history[0]["raw_loss"]
-predicted_log = first_raw * 13 ** 32 / 25
-logged_25 = report.series("loss")[1][0]
-print(f"raw loss at step 1: {first_raw:.4f} -> predicted log at step 25: {predicted_log:.4g}; logged: {logged_25:.4g}")
+raw_losses = report.series("raw_loss")[1]
+predicted_logs = replay_nan_filter(raw_losses, report_trainer.args.gradient_accumulation_steps,
+                                   report_trainer.args.logging_steps)
+logged_losses = report.series("loss")[1]
+logged_25 = logged_losses[0]
+finite_steps = sum(math.isfinite(v) for v in raw_losses)
+print(f"finite raw losses: the first {finite_steps} step(s); replayed logs {[f'{v:.4g}' for v in predicted_logs]}; "
+      f"logged {[f'{v:.4g}' for v in logged_losses]}")
 
 
 # %% [markdown]
@@ -379,7 +385,7 @@ metrics = save_metrics(
         "report_logged_loss": report.series("loss")[1],
         "report_logged_grad_norm": report.series("grad_norm")[1],
         "report_first_nonfinite_raw_step": bad_steps[0] if bad_steps else None,
-        "predicted_log_at_25": predicted_log,
+        "replayed_logs": predicted_logs,
         "first_nonfinite_tensor": probe.finding.names if probe.finding else None,
         "first_nonfinite_where": probe.finding.where if probe.finding else None,
         "underflowed_weights": int(underflowed.sum()),
@@ -406,7 +412,8 @@ metrics = save_metrics(
         "the fp16 underflow threshold separates the inf weights from the others":
             largest_underflowed <= threshold * 1.01 and smallest_kept >= threshold * 0.99,
         "the NaN spread to every trainable tensor": len(poisoned) == len(trainable),
-        "the NaN filter explains the logged number (within 1e-2)": abs(logged_25 / predicted_log - 1) < 1e-2,
+        "the NaN filter's replay gives every logged number (within 1e-2)": len(predicted_logs) == len(logged_losses)
+            and all(abs(p - l) <= 1e-2 * abs(p) for p, l in zip(predicted_logs, logged_losses)),
         "without SEQ_CLS the head is frozen and not saved":
             not heads["without SEQ_CLS"]["head_trainable"] and not heads["without SEQ_CLS"]["score_saved"],
         "without SEQ_CLS a reload under another seed changes the rewards":

@@ -115,3 +115,13 @@ def test_nonfinite_probe_stays_silent_on_a_healthy_run(run, tokenizer):
     trainer.add_callback(probe)
     trainer.train()
     assert probe.finding is None and trainer.state.global_step == 3
+
+
+def test_replay_nan_filter_follows_trainer_arithmetic():
+    from trl_clinic.recording import replay_nan_filter
+
+    # lesson 03's report: step 1 finite, then NaN; 32 micro-batches a step, a log every 25 steps
+    logs = replay_nan_filter([2.0] + [math.nan] * 49, accumulation=32, logging_steps=25)
+    assert logs[0] == pytest.approx(2.0 * 13 ** 32 / 25, rel=1e-12) and logs[1] == 0.0
+    # finite losses are logged as their mean over the logging window
+    assert replay_nan_filter([1.0, 3.0, 5.0, 7.0], accumulation=4, logging_steps=2) == [2.0, 6.0]

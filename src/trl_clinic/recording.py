@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -80,3 +81,24 @@ class StepRecorder(TrainerCallback):
     def save(self, path: str | Path) -> None:
         # JSON has no NaN/inf: json_safe writes them as strings, so the file stays valid and says what happened
         Path(path).write_text(json.dumps(json_safe(self.history), indent=1))
+
+
+def replay_nan_filter(step_losses: list[float], accumulation: int, logging_steps: int) -> list[float]:
+    """What Trainer logs every ``logging_steps`` optimizer steps, replayed from each step's raw loss.
+
+    With ``logging_nan_inf_filter=True`` (the default) ``Trainer._inner_training_loop`` adds, for a
+    non-finite micro-batch loss, ``running_sum / (1 + global_step - last_logged_step)`` instead of the
+    loss; a log divides the running sum by the steps since the last log and restarts it at 0. This
+    replays that arithmetic micro-batch by micro-batch, so a lesson can show that the logged numbers
+    follow from the raw ones. A finite step counts as ``accumulation`` equal parts of its raw loss,
+    a non-finite step as ``accumulation`` non-finite micro-batches.
+    """
+    logged, running, last_logged = [], 0.0, 0
+    for step, loss in enumerate(step_losses, start=1):
+        for _ in range(accumulation):
+            # during optimizer step `step`, Trainer's global_step is still step - 1
+            running += loss / accumulation if math.isfinite(loss) else running / (1 + (step - 1) - last_logged)
+        if step % logging_steps == 0:
+            logged.append(running / (step - last_logged))
+            running, last_logged = 0.0, step
+    return logged
