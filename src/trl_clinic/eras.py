@@ -146,7 +146,7 @@ class EraRun:
         versions = ", ".join(f"{k} {v}" for k, v in self.versions.items() if k != "torch")
         if self.finished:
             return f"era {self.era} ({versions}): {self.script} finished in {self.seconds:.1f} s"
-        return f"{self.status}: {self.message}"
+        return self.message  # it starts with the status: "skipped: ..." or "failed: ..."
 
     def to_metrics(self) -> dict:
         """A JSON-safe record for ``metrics.json``: the era's results come from the real old code."""
