@@ -181,7 +181,7 @@ def run_in_era(era: str, script: str | Path, spec: dict, workdir: str | Path, *,
         if not ready:
             return EraRun(era, name, "skipped", f"skipped: {why}", versions=versions)
         if not path.is_file():
-            return EraRun(era, name, "failed", f"no era script {path}", versions=versions)
+            return EraRun(era, name, "failed", f"failed: no era script {path}", versions=versions)
         from trl_clinic.child import run_child
 
         workdir = Path(workdir).resolve()
@@ -189,7 +189,7 @@ def run_in_era(era: str, script: str | Path, spec: dict, workdir: str | Path, *,
         spec_path = workdir / f"{name}.{era}.spec.json"
         result_path = workdir / f"{name}.{era}.result.json"
         result_path.unlink(missing_ok=True)
-        spec_path.write_text(json.dumps(spec, indent=1))
+        spec_path.write_text(json.dumps(spec, indent=1, default=str))  # Paths as strings
         outcome = run_child([str(path), str(spec_path), str(result_path)], timeout=timeout, cwd=workdir,
                             env=CHILD_ENV, python=str(_python_in(era_dir(era, root))))
         if outcome.crashed:
