@@ -360,38 +360,46 @@ plotting.save(fig, run.output_dir, "loss_ratio_by_setting")
 #
 # ## Checks
 
-# %%
-metrics = save_metrics(
-    run,
-    lesson="01",
-    numbers={"batch_sizes": BATCH_SIZES, "sweep": sweep, "loss_ratio": ratios, "grad_norm_ratio": grad_ratios,
-             "fixed_vs_padded_max_relative": fixed_vs_padded, "most_affected": worst, "mrc_worst": mrc_worse,
-             "probes": {name: {k: v for k, v in r.items() if k in ("isolated", "max_relative_difference")}
-                        for name, r in probes.items()},
-             "family_gap_padding_free": family_gap, "speed_attention": run.attention, "fa2": fa2_outcome,
-             "throughput": speed, "padding_free_speedup": speedup},
-    symptom={
+# %% tags=["checks"]
+def checks(n: dict) -> tuple[dict, dict]:
+    """The claims above as functions of the numbers alone (a test feeds them runs without the bug)."""
+    ratios, grad_ratios, probes, gap = n["loss_ratio"], n["grad_norm_ratio"], n["probes"], n["family_gap_padding_free"]
+    largest = n["batch_sizes"][-1]
+    worst = max(ratios, key=lambda name: ratios[name][-1])
+    symptom = {
         "contaminated/padded loss ratio grows with batch size in every setting":
             recreated(all(a <= b for r in ratios.values() for a, b in zip(r, r[1:]))),
-        f"ratio above 1 at batch {BATCH_SIZES[-1]} (> 1.1) in every setting":
+        f"ratio above 1 at batch {largest} (> 1.1) in every setting":
             recreated(all(r[-1] > 1.1 for r in ratios.values())),
-        f"ratio well above 1 at batch {BATCH_SIZES[-1]} (> 1.5) where it hurts most": recreated(ratios[worst][-1] > 1.5),
+        f"ratio well above 1 at batch {largest} (> 1.5) where it hurts most": recreated(ratios[worst][-1] > 1.5),
         "no difference at batch 1 (< 1e-6)": recreated(all(abs(r[0] - 1) < 1e-6 for r in ratios.values())),
-        f"grad norm at batch {BATCH_SIZES[-1]} is over 1.5x padded in every setting":
+        f"grad norm at batch {largest} is over 1.5x padded in every setting":
             recreated(all(g[-1] > 1.5 for g in grad_ratios.values())),
         "probe flags an all-ones mask on a packed row":
             recreated(not probes["llama, position_ids + all-ones mask"]["isolated"]),
         "probe flags OPT as contaminated": not probes["opt, position_ids only"]["isolated"],
-        "TRL's padding-free path changes OPT's loss (by > 10%)": family_gap["opt"] > 0.1,
-        "model_init_kwargs is ignored for a model instance": attention_implementation(instance_trainer.model) != "eager",
-    },
-    fix={
-        "fixed equals padded (relative difference < 1e-3)": fixed_vs_padded < 1e-3,
+        "TRL's padding-free path changes OPT's loss (by > 10%)": gap["opt"] > 0.1,
+        "model_init_kwargs is ignored for a model instance": n["attention_model_instance"] != "eager",
+    }
+    fix = {
+        "fixed equals padded (relative difference < 1e-3)": n["fixed_vs_padded_max_relative"] < 1e-3,
         "probe finds Llama isolated with position_ids": probes["llama, position_ids only"]["isolated"],
-        "TRL's padding-free path leaves Llama's loss unchanged (< 1e-5)": family_gap["llama"] < 1e-5,
-        "model_init_kwargs applies for a model path": attention_implementation(path_trainer.model) == "eager",
-        "padding-free computes no pad tokens": speed["padding_free"]["padding_share"] == 0,
-    },
-)
+        "TRL's padding-free path leaves Llama's loss unchanged (< 1e-5)": gap["llama"] < 1e-5,
+        "model_init_kwargs applies for a model path": n["attention_model_path"] == "eager",
+        "padding-free computes no pad tokens": n["throughput"]["padding_free"]["padding_share"] == 0,
+    }
+    return symptom, fix
+
+
+# %%
+numbers = {"batch_sizes": BATCH_SIZES, "sweep": sweep, "loss_ratio": ratios, "grad_norm_ratio": grad_ratios,
+           "fixed_vs_padded_max_relative": fixed_vs_padded, "most_affected": worst, "mrc_worst": mrc_worse,
+           "probes": {name: {k: v for k, v in r.items() if k in ("isolated", "max_relative_difference")}
+                      for name, r in probes.items()},
+           "family_gap_padding_free": family_gap,
+           "attention_model_instance": attention_implementation(instance_trainer.model),
+           "attention_model_path": attention_implementation(path_trainer.model),
+           "speed_attention": run.attention, "fa2": fa2_outcome, "throughput": speed, "padding_free_speedup": speedup}
+metrics = save_metrics(run, "01", numbers, checks)
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
 print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")

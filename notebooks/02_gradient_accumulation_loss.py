@@ -265,35 +265,34 @@ plotting.save(fig, run.output_dir, "gradient_accumulation")
 #
 # The claims above, checked on this run's numbers and written to `metrics.json`.
 
-# %%
-today_errors = [row["relative_error"] for row in sweep["today"]]
-old_errors = [row["relative_error"] for row in sweep["old"]]
-metrics = save_metrics(
-    run,
-    lesson="02",
-    numbers={
-        "sweep": sweep,
-        "max_relative_error_today": max(today_errors),
-        "min_relative_error_old": min(old_errors),
-        "token_weight_spread_old": token_weight_spread,
-        "held_out_loss": held_out,
-        "held_out_short_long_ratio": short_long,
-        "curve_accumulation": N,
-        "curve_steps": sizes.curve_steps,
-    },
-    symptom={
-        "old normalisation misses the big-batch gradient (relative error > 1e-2)": recreated(min(old_errors) > 1e-2),
-        "custom mean-per-micro-batch loss misses it too": min(r["relative_error"] for r in sweep["custom"]) > 1e-2,
+# %% tags=["checks"]
+def checks(n: dict) -> tuple[dict, dict]:
+    """The claims above as functions of the numbers alone (a test feeds them runs without the bug)."""
+    old, custom, today = (n["sweep"][path] for path in ("old", "custom", "today"))
+    held_out, short_long = n["held_out_loss"], n["held_out_short_long_ratio"]
+    symptom = {
+        "old normalisation misses the big-batch gradient (relative error > 1e-2)":
+            recreated(min(r["relative_error"] for r in old) > 1e-2),
+        "custom mean-per-micro-batch loss misses it too": min(r["relative_error"] for r in custom) > 1e-2,
         "custom loss has the old path's direction (cosines equal within 1e-6)": recreated(all(
-            abs(c["cosine"] - o["cosine"]) < 1e-6 for c, o in zip(sweep["custom"], sweep["old"]))),
+            abs(c["cosine"] - o["cosine"]) < 1e-6 for c, o in zip(custom, old))),
         "custom loss error grows with accumulation": all(
-            a["relative_error"] < b["relative_error"] for a, b in zip(sweep["custom"], sweep["custom"][1:])),
+            a["relative_error"] < b["relative_error"] for a, b in zip(custom, custom[1:])),
         "old normalisation ends with a higher held-out loss":
             recreated(held_out["old"]["all"] > held_out["today"]["all"]),
         "old normalisation favours short answers (its short/long held-out loss ratio is below today's)":
             recreated(short_long["old"] < short_long["today"]),
-    },
-    fix={"num_items_in_batch matches the big batch (relative error < 1e-4)": max(today_errors) < 1e-4},
-)
+    }
+    fix = {"num_items_in_batch matches the big batch (relative error < 1e-4)":
+           max(r["relative_error"] for r in today) < 1e-4}
+    return symptom, fix
+
+
+# %%
+numbers = {"max_relative_error_today": max(r["relative_error"] for r in sweep["today"]),
+           "min_relative_error_old": min(r["relative_error"] for r in sweep["old"]),
+           "sweep": sweep, "token_weight_spread_old": token_weight_spread, "held_out_loss": held_out,
+           "held_out_short_long_ratio": short_long, "curve_accumulation": N, "curve_steps": sizes.curve_steps}
+metrics = save_metrics(run, "02", numbers, checks)
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
 print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")

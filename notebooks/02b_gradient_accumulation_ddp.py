@@ -210,26 +210,29 @@ plotting.save(fig, run.output_dir, "ddp_accumulation")
 #
 # ## Checks
 
-# %%
-errors = {s: [r["relative_error"] for r in comparison[s]] for s in SETTINGS}
-# the per-process path is exact when the processes happen to hold equal token counts: judge it where they differ
-unequal = [i for i, acc in enumerate(sizes.accumulation) if len({sum(c) for c in counts[acc]}) > 1]
-metrics = save_metrics(
-    run,
-    lesson="02b",
-    numbers={"unequal_accumulation": [sizes.accumulation[i] for i in unequal], "backend": BACKEND,
-             "label_counts": counts, "comparison": comparison},
-    symptom={
+# %% tags=["checks"]
+def checks(n: dict) -> tuple[dict, dict]:
+    """The claims above as functions of the numbers alone (a test feeds them runs without the bug)."""
+    errors = {s: [r["relative_error"] for r in rows] for s, rows in n["comparison"].items()}
+    accumulation = [r["accumulation"] for r in n["comparison"]["old"]]
+    # the per-process path is exact when the processes hold equal token counts: judge it where they differ
+    unequal = [i for i, acc in enumerate(accumulation) if len({sum(c) for c in n["label_counts"][str(acc)]}) > 1]
+    symptom = {
         "the processes saw different numbers of label tokens at two accumulation counts or more": len(unequal) >= 2,
         "where they did, the old per-process mean misses the big batch (> 1e-2)":
-            recreated(all(errors["old"][i] > 1e-2 for i in unequal)),
+            recreated(bool(unequal) and all(errors["old"][i] > 1e-2 for i in unequal)),
         "where they did, per-process num_items_in_batch misses it (> 1e-2)":
-            all(errors["per-process"][i] > 1e-2 for i in unequal),
-    },
-    fix={
-        "the distributed step saw the reference's samples": same_samples,
+            bool(unequal) and all(errors["per-process"][i] > 1e-2 for i in unequal),
+    }
+    fix = {
+        "the distributed step saw the reference's samples": n["same_samples"],
         "counts across processes match the big batch (< 1e-4)": max(errors["across-processes"]) < 1e-4,
-    },
-)
+    }
+    return symptom, fix
+
+
+# %%
+numbers = {"backend": BACKEND, "same_samples": same_samples, "label_counts": counts, "comparison": comparison}
+metrics = save_metrics(run, "02b", numbers, checks)
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
 print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")

@@ -376,58 +376,67 @@ plotting.save(fig, run.output_dir, "reward_nan")
 #
 # ## Checks
 
-# %%
-logged_after_blowup = [row["loss"] for row in report.history if "loss" in row][1:]
-metrics = save_metrics(
-    run,
-    lesson="03",
-    numbers={
-        "report_logged_loss": report.series("loss")[1],
-        "report_logged_grad_norm": report.series("grad_norm")[1],
-        "report_first_nonfinite_raw_step": bad_steps[0] if bad_steps else None,
-        "replayed_logs": predicted_logs,
-        "first_nonfinite_tensor": probe.finding.names if probe.finding else None,
-        "first_nonfinite_where": probe.finding.where if probe.finding else None,
-        "underflowed_weights": int(underflowed.sum()),
-        "underflow_threshold": threshold, "largest_underflowed_gradient": largest_underflowed,
-        "smallest_kept_gradient": smallest_kept,
-        "poisoned_tensors": len(poisoned), "trainable_tensors": len(trainable),
-        "eval_accuracy": accuracy,
-        "heads": heads,
-        "fused_adamw_raw_loss": fused_raw,
-        "legacy_spellings": spellings,
-        "gpu_fp16_amp": amp_outcome,
-    },
-    symptom={
-        "fp16 run has a non-finite raw loss": bool(bad_steps),
-        "first log is a huge finite number (> 1e30)": 1e30 < logged_25 < float("inf"),
-        "logged loss is exactly 0 after the blow-up": bool(logged_after_blowup) and all(v == 0.0 for v in logged_after_blowup),
-        "logged grad norm is NaN": all(v != v for v in report.series("grad_norm")[1]),
-        "fp16 run's eval accuracy is 0": report_eval["eval_accuracy"] == 0.0,
+# %% tags=["checks"]
+def checks(n: dict) -> tuple[dict, dict]:
+    """The claims above as functions of the numbers alone (a test feeds them runs without the bug)."""
+    logged, raw, replayed = n["report_logged_loss"], n["report_raw_loss"], n["replayed_logs"]
+    heads, accuracy, spellings = n["heads"], n["eval_accuracy"], n["legacy_spellings"]
+    symptom = {
+        "fp16 run has a non-finite raw loss": not all(math.isfinite(v) for v in raw),
+        "first log is a huge finite number (> 1e30)": bool(logged) and 1e30 < logged[0] < math.inf,
+        "logged loss is exactly 0 after the blow-up": len(logged) > 1 and all(v == 0.0 for v in logged[1:]),
+        "logged grad norm is NaN": bool(n["report_logged_grad_norm"])
+            and all(math.isnan(v) for v in n["report_logged_grad_norm"]),
+        "fp16 run's eval accuracy is 0": accuracy["fp16 weights (report)"] == 0.0,
         "the first bad tensor is the fp16 score head, made so by the update":
-            probe.finding is not None and probe.finding.where == "weight"
-            and all("score" in n for n in probe.finding.names),
-        "the inf weights are exactly those whose Adam second moment underflowed":
-            torch.equal(~torch.isfinite(score), underflowed),
+            n["first_nonfinite_where"] == "weight" and bool(n["first_nonfinite_tensor"])
+            and all("score" in name for name in n["first_nonfinite_tensor"]),
+        "the inf weights are exactly those whose Adam second moment underflowed": n["inf_weights_are_underflowed"],
         "the fp16 underflow threshold separates the inf weights from the others":
-            largest_underflowed <= threshold * 1.01 and smallest_kept >= threshold * 0.99,
-        "the NaN spread to every trainable tensor": len(poisoned) == len(trainable),
-        "the NaN filter's replay gives every logged number (within 1e-2)": len(predicted_logs) == len(logged_losses)
-            and all(abs(p - l) <= 1e-2 * abs(p) for p, l in zip(predicted_logs, logged_losses)),
+            n["largest_underflowed_gradient"] <= n["underflow_threshold"] * 1.01
+            and n["smallest_kept_gradient"] >= n["underflow_threshold"] * 0.99,
+        "the NaN spread to every trainable tensor": n["poisoned_tensors"] == n["trainable_tensors"],
+        "the NaN filter's replay gives every logged number (within 1e-2)": len(replayed) == len(logged)
+            and all(abs(p - l) <= 1e-2 * abs(p) for p, l in zip(replayed, logged)),
         "without SEQ_CLS the head is frozen and not saved":
             not heads["without SEQ_CLS"]["head_trainable"] and not heads["without SEQ_CLS"]["score_saved"],
         "without SEQ_CLS a reload under another seed changes the rewards":
             heads["without SEQ_CLS"]["reload_max_reward_change"] > 1e-3,
         "legacy torch_dtype is silently ignored": "float32" in spellings["{'torch_dtype': 'float16'}"],
         "'half' is rejected": spellings["{'dtype': 'half'}"].startswith("ValueError"),
-    },
-    fix={
-        "fused AdamW keeps fp16 weights finite": all(math.isfinite(v) for v in fused_raw),
-        "fixed run finite throughout": all(math.isfinite(v) for v in fixed_raw),
+    }
+    fix = {
+        "fused AdamW keeps fp16 weights finite": all(math.isfinite(v) for v in n["fused_adamw_raw_loss"]),
+        "fixed run finite throughout": all(math.isfinite(v) for v in n["fixed_raw_loss"]),
         "fixed head is trained and saved": heads["with SEQ_CLS"]["head_trainable"] and heads["with SEQ_CLS"]["score_saved"],
         "fixed reload reproduces the rewards (within 1e-4)": heads["with SEQ_CLS"]["reload_max_reward_change"] < 1e-4,
-        "fixed eval accuracy above the frozen-head run": accuracy["fp32 + SEQ_CLS (fixed)"] > accuracy["fp32, no SEQ_CLS (frozen head)"],
-    },
-)
+        "fixed eval accuracy above the frozen-head run":
+            accuracy["fp32 + SEQ_CLS (fixed)"] > accuracy["fp32, no SEQ_CLS (frozen head)"],
+    }
+    return symptom, fix
+
+
+# %%
+numbers = {
+    "report_logged_loss": report.series("loss")[1],
+    "report_logged_grad_norm": report.series("grad_norm")[1],
+    "report_raw_loss": raw_losses,
+    "report_first_nonfinite_raw_step": bad_steps[0] if bad_steps else None,
+    "replayed_logs": predicted_logs,
+    "first_nonfinite_tensor": probe.finding.names if probe.finding else None,
+    "first_nonfinite_where": probe.finding.where if probe.finding else None,
+    "inf_weights_are_underflowed": torch.equal(~torch.isfinite(score), underflowed),
+    "underflowed_weights": int(underflowed.sum()),
+    "underflow_threshold": threshold, "largest_underflowed_gradient": largest_underflowed,
+    "smallest_kept_gradient": smallest_kept,
+    "poisoned_tensors": len(poisoned), "trainable_tensors": len(trainable),
+    "eval_accuracy": accuracy,
+    "heads": heads,
+    "fused_adamw_raw_loss": fused_raw,
+    "fixed_raw_loss": fixed_raw,
+    "legacy_spellings": spellings,
+    "gpu_fp16_amp": amp_outcome,
+}
+metrics = save_metrics(run, "03", numbers, checks)
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
 print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")

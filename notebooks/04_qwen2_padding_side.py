@@ -297,28 +297,34 @@ plotting.save(fig, run.output_dir, "padding_side")
 #
 # ## Checks
 
-# %%
-today = [a for name, a in audits.items() if "today" in name]
-metrics = save_metrics(
-    run,
-    lesson="04",
-    numbers={"audits": audits, "scoring": scoring, "generation": generation, "changed_outputs": changed,
-             "smollm2_changed_outputs": smol_changed, "smollm2_first_token_logit_shift": smol_shift,
-             "dpo_padding_free_honoured": padding_free_trainer.padding_free, "flash_attention_2": flash},
-    symptom={
-        "DPO evaluation at batch size 1 has right-padded forwards": audits[names[0]]["eval"]["right_padded"] > 0,
+# %% tags=["checks"]
+def checks(n: dict) -> tuple[dict, dict]:
+    """The claims above as functions of the numbers alone (a test feeds them runs without the bug)."""
+    today = [audit for name, audit in n["audits"].items() if "today" in name]
+    changed, smol_changed, smol_shift = n["changed_outputs"], n["smollm2_changed_outputs"], n["smollm2_first_token_logit_shift"]
+    symptom = {
+        "DPO evaluation at batch size 1 has right-padded forwards":
+            n["audits"]["eval batch 1, today"]["eval"]["right_padded"] > 0,
         "right-padded batched generation differs from unbatched": changed["right"] > 0,
         **({"SmolLM2: right padding shifts the first-token logits (> 1e-2)": smol_shift["right"] > 1e-2}
-           if PRETRAINED else {}),
-        "DPOConfig(padding_free=True) is accepted but not honoured": padding_free_trainer.padding_free is False,
-    },
-    fix={
+           if smol_shift is not None else {}),
+        "DPOConfig(padding_free=True) is accepted but not honoured": n["dpo_padding_free_honoured"] is False,
+    }
+    fix = {
         "today's TRL asks for no cache in any DPO forward":
-            all(row["cache_on"] == 0 for a in today for row in a.values()),
-        "scoring differences below 1e-5 in fp32 for every padding mode": max(scoring["fp32"].values()) < 1e-5,
+            bool(today) and all(row["cache_on"] == 0 for audit in today for row in audit.values()),
+        "scoring differences below 1e-5 in fp32 for every padding mode": max(n["scoring"]["fp32"].values()) < 1e-5,
         "left-padded batched generation equals unbatched": changed["left"] == 0,
-        **({"SmolLM2: left-padded generation equals unbatched": smol_changed["left"] == 0} if PRETRAINED else {}),
-    },
-)
+        **({"SmolLM2: left-padded generation equals unbatched": smol_changed["left"] == 0}
+           if smol_changed is not None else {}),
+    }
+    return symptom, fix
+
+
+# %%
+numbers = {"audits": audits, "scoring": scoring, "generation": generation, "changed_outputs": changed,
+           "smollm2_changed_outputs": smol_changed, "smollm2_first_token_logit_shift": smol_shift,
+           "dpo_padding_free_honoured": padding_free_trainer.padding_free, "flash_attention": flash}
+metrics = save_metrics(run, "04", numbers, checks)
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
 print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")

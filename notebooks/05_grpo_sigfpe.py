@@ -303,39 +303,44 @@ plotting.save(fig, run.output_dir, "grpo_sigfpe")
 #
 # ## Checks
 
-# %%
-metrics = save_metrics(
-    run,
-    lesson="05",
-    numbers={
-        "config_walk": walk,
-        "native_crash": {"returncode": traced.returncode, "signal": traced.signal,
-                         "stderr_without_faulthandler": plain.stderr},
-        "bisection": [{"settings": t.settings, "phase": t.phase, "status": t.outcome.status,
-                       "signal": t.outcome.signal, "seconds": t.outcome.seconds} for t in bisection.trials],
-        "culprits": bisection.culprits,
-        "workaround": workaround.status,
-        "reward_start": reward_start, "reward_end": reward_end,
-        "final_kl": healthy_rows[-1]["kl"],
-        "silent_frac_reward_zero_std": silent_zero_std, "silent_max_grad_norm": silent_grad,
-    },
-    symptom={
+# %% tags=["checks"]
+def checks(n: dict) -> tuple[dict, dict]:
+    """The claims above as functions of the numbers alone (a test feeds them runs without the bug)."""
+    crash, trials = n["native_crash"], n["bisection"]
+    symptom = {
         "today's TRL rejects the report's config in three steps, then accepts it":
-            [w["error"] is not None for w in walk] == [True, True, True, False],
+            [w["error"] is not None for w in n["config_walk"]] == [True, True, True, False],
         "the child's native crash is detected as SIGFPE (return code -8)":
-            traced.signal == "SIGFPE" and traced.returncode == -8,
-        "without faulthandler the crash leaves no message": "Fatal Python error" not in plain.stderr,
-        "faulthandler shows the Python stack": "native_sigfpe" in traced.stderr,
-        "bisection names the guilty setting (bf16, the injected stand-in)": injected(bisection.culprits == ["bf16"]),
+            crash["signal"] == "SIGFPE" and crash["returncode"] == -8,
+        "without faulthandler the crash leaves no message": "Fatal Python error" not in crash["stderr_without_faulthandler"],
+        "faulthandler shows the Python stack": "native_sigfpe" in crash["stderr_with_faulthandler"],
+        "bisection names the guilty setting (bf16, the injected stand-in)": injected(n["culprits"] == ["bf16"]),
         "equal-reward groups teach nothing (frac_reward_zero_std 1, grad norm 0)":
-            silent_zero_std == 1.0 and silent_grad == 0.0,
-    },
-    fix={
-        "the minimal config runs": not bisection.trials[0].outcome.crashed,
-        "the user's config with bf16=False runs": workaround.status == "finished",
-        "the healthy run finished": healthy.outcome.status == "finished",
-        "reward improves over training (by > 0.1)": reward_end > reward_start + 0.1,
-    },
-)
+            n["silent_frac_reward_zero_std"] == 1.0 and n["silent_max_grad_norm"] == 0.0,
+    }
+    fix = {
+        "the minimal config runs": bool(trials) and trials[0]["status"] == "finished",
+        "the user's config with bf16=False runs": n["workaround"] == "finished",
+        "the healthy run finished": n["healthy"] == "finished",
+        "reward improves over training (by > 0.1)": n["reward_end"] > n["reward_start"] + 0.1,
+    }
+    return symptom, fix
+
+
+# %%
+numbers = {
+    "config_walk": walk,
+    "native_crash": {"returncode": traced.returncode, "signal": traced.signal,
+                     "stderr_without_faulthandler": plain.stderr, "stderr_with_faulthandler": traced.stderr},
+    "bisection": [{"settings": t.settings, "phase": t.phase, "status": t.outcome.status,
+                   "signal": t.outcome.signal, "seconds": t.outcome.seconds} for t in bisection.trials],
+    "culprits": bisection.culprits,
+    "workaround": workaround.status,
+    "healthy": healthy.outcome.status,
+    "reward_start": reward_start, "reward_end": reward_end,
+    "final_kl": healthy_rows[-1]["kl"],
+    "silent_frac_reward_zero_std": silent_zero_std, "silent_max_grad_norm": silent_grad,
+}
+metrics = save_metrics(run, "05", numbers, checks)
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
 print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")

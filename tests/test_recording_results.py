@@ -49,11 +49,18 @@ def test_gradient_capture_stops_after_one_step(run, tokenizer):
 
 
 def test_metrics_file_records_checks_and_non_finite_numbers(run):
-    metrics = save_metrics(run, "00", {"loss": math.inf, "nested": [1.0, math.nan]},
-                           symptom={"bad is bad": True}, fix={"fixed is fine": False})
+    seen = {}
+
+    def checks(numbers):
+        seen.update(numbers)
+        return {"bad is bad": numbers["loss"] == math.inf}, {"fixed is fine": False}
+
+    metrics = save_metrics(run, "00", {"loss": math.inf, "nested": [1.0, math.nan], "pair": (1, 2), 3: "x"}, checks)
+    # the checks see the numbers as stored: non-finite floats kept, tuples as lists, keys as strings
+    assert seen["pair"] == [1, 2] and seen["3"] == "x" and math.isnan(seen["nested"][1])
     assert metrics == load_metrics(run.output_dir)
     assert metrics["symptom_reproduced"] and not metrics["fix_verified"]
-    assert metrics["numbers"] == {"loss": "inf", "nested": [1.0, "nan"]}
+    assert metrics["numbers"] == {"loss": "inf", "nested": [1.0, "nan"], "pair": [1, 2], "3": "x"}
     assert failed_checks(metrics) == ["fixed is fine"]
     assert metrics["versions"]["trl"] and metrics["device"]["device"] == "cpu"
     assert metrics["checks"]["symptom"]["bad is bad"] == {"passed": True, "kind": "measured"}
@@ -61,17 +68,17 @@ def test_metrics_file_records_checks_and_non_finite_numbers(run):
 
 
 def test_checks_say_their_kind_and_the_verdict_names_stand_ins(run):
-    metrics = save_metrics(run, "00", {}, symptom={"real": True, "old code": recreated(True)},
-                           fix={"fault gone": injected(True)})
+    metrics = save_metrics(run, "00", {}, lambda n: ({"real": True, "old code": recreated(True)},
+                                                     {"fault gone": injected(True)}))
     assert metrics["checks"]["symptom"]["old code"] == {"passed": True, "kind": "recreated"}
     assert metrics["symptom_kind"] == "recreated" and metrics["fix_kind"] == "injected"
 
 
 def test_checks_must_be_bools(run):
     with pytest.raises(TypeError, match="must be a bool"):
-        save_metrics(run, "00", {}, symptom={"x": 1.0}, fix={})
+        save_metrics(run, "00", {}, lambda n: ({"x": 1.0}, {}))
     with pytest.raises(TypeError, match="must be a bool"):
-        save_metrics(run, "00", {}, symptom={"x": recreated(None)}, fix={})
+        save_metrics(run, "00", {}, lambda n: ({"x": recreated(None)}, {}))
 
 
 def test_plot_style(run):

@@ -60,7 +60,7 @@ def test_a_failing_lesson_does_not_stop_the_others(tmp_path, capsys):
         "from trl_clinic.parameters import start_run",
         "from trl_clinic.results import save_metrics",
         "run = start_run('02', profile, seed, output_dir)",
-        "save_metrics(run, '02', {'x': 1.0}, symptom={'shown': True}, fix={'fixed': True})"]))
+        "save_metrics(run, '02', {'x': 1.0}, lambda n: ({'shown': n['x'] > 0}, {'fixed': True}))"]))
     out = tmp_path / "out"
     assert main(["run", "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks", str(lessons)]) == 1
     printed = capsys.readouterr().out

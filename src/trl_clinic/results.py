@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,6 +51,27 @@ def json_safe(value: object) -> object:
     return value
 
 
+NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def from_json_safe(value: object) -> object:
+    """The inverse of ``json_safe`` for numbers: "nan", "inf" and "-inf" strings become floats again."""
+    if isinstance(value, dict):
+        return {k: from_json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_json_safe(v) for v in value]
+    return NON_FINITE.get(value, value) if isinstance(value, str) else value
+
+
+def stored(numbers: dict) -> dict:
+    """The numbers exactly as ``metrics.json`` holds them (tuples as lists, keys as strings), non-finite
+    floats kept: what a lesson's ``checks`` function sees, in the notebook and in the tests alike."""
+    return from_json_safe(json.loads(json.dumps(json_safe(numbers))))
+
+
+Checks = Callable[[dict], "tuple[dict[str, bool | Check], dict[str, bool | Check]]"]
+
+
 def _as_check(name: str, value: object) -> Check:
     check = value if isinstance(value, Check) else Check(value)
     if not isinstance(check.passed, bool):
@@ -66,10 +88,16 @@ def _kind_of(checks: dict[str, Check]) -> str:
     return " + ".join(kinds) if kinds else "measured"
 
 
-def save_metrics(run: "Run", lesson: str, numbers: dict, symptom: dict[str, bool | Check],
-                 fix: dict[str, bool | Check]) -> dict:
-    """Write ``metrics.json``: ``symptom`` holds the checks that the bad run shows the failure,
-    ``fix`` those that the fixed run does not. A plain bool is a ``measured`` check."""
+def save_metrics(run: "Run", lesson: str, numbers: dict, checks: Checks) -> dict:
+    """Write ``metrics.json`` with the verdict of ``checks(numbers)``: a pair of dicts, the checks that
+    the bad run shows the failure (symptom) and those that the fixed run does not (fix). A plain bool
+    is a ``measured`` check.
+
+    ``checks`` sees nothing but the numbers as ``metrics.json`` stores them, so a test can feed it the
+    numbers of a run without the bug, or without the fix, and see it report failure: a check that
+    cannot fail is not a check.
+    """
+    symptom, fix = checks(stored(numbers))
     groups = {"symptom": {name: _as_check(name, value) for name, value in symptom.items()},
               "fix": {name: _as_check(name, value) for name, value in fix.items()}}
     payload = {

@@ -1,0 +1,167 @@
+"""Every check can fail: each lesson's ``checks`` function, fed the numbers of a run without the bug
+(or without the fix), reports that check as failed.
+
+The ``checks`` cell of each notebook (tag ``checks``) is read from its percent-format source and run
+on its own, so it can use nothing but the numbers. The numbers of a real cpu run at the default seed
+are kept in ``tests/fixtures/numbers/`` (refresh them with ``python tests/fixtures/refresh.py OUT``
+after a workbook run); each mutation below changes them the way a run without the bug, or without the
+fix, would, and the test asserts that exactly that check now fails. A check made constant, or a new
+check without a mutation, fails here loudly.
+"""
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import jupytext
+import pytest
+
+from trl_clinic.results import from_json_safe, injected, recreated
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "numbers"
+LESSONS = {"01": "01_padding_free_high_loss", "02": "02_gradient_accumulation_loss",
+           "02b": "02b_gradient_accumulation_ddp", "03": "03_lora_reward_nan", "04": "04_qwen2_padding_side",
+           "05": "05_grpo_sigfpe"}
+
+
+def lesson_checks(notebook: str):
+    """The notebook's ``checks`` function, defined with nothing but math and the check kinds at hand."""
+    cells = [cell for cell in jupytext.read(ROOT / "notebooks" / f"{notebook}.py").cells
+             if "checks" in cell.metadata.get("tags", [])]
+    assert len(cells) == 1, f"{notebook} must have exactly one cell tagged 'checks'"
+    namespace = {"math": math, "recreated": recreated, "injected": injected}
+    exec(cells[0].source, namespace)
+    return namespace["checks"]
+
+
+def baseline(key: str) -> dict:
+    return from_json_safe(json.loads((FIXTURES / f"{key}.json").read_text()))
+
+
+def verdict(key: str, numbers: dict) -> dict[str, bool]:
+    symptom, fix = lesson_checks(LESSONS[key])(numbers)
+    return {name: getattr(check, "passed", check) for name, check in {**symptom, **fix}.items()}
+
+
+def set_all(rows, field, value):
+    for row in rows:
+        row[field] = value
+
+
+def _01_reverse_first(n):
+    first = next(iter(n["loss_ratio"]))
+    n["loss_ratio"][first] = n["loss_ratio"][first][::-1]
+
+
+# check name (a unique part of it) -> how a run without the bug, or without the fix, changes the numbers
+MUTATIONS = {
+    "01": {
+        "grows with batch size": _01_reverse_first,
+        "(> 1.1) in every setting": lambda n: n["loss_ratio"][next(iter(n["loss_ratio"]))].__setitem__(-1, 1.0),
+        "where it hurts most": lambda n: [r.__setitem__(-1, 1.2) for r in n["loss_ratio"].values()],
+        "no difference at batch 1": lambda n: [r.__setitem__(0, 1.01) for r in n["loss_ratio"].values()],
+        "grad norm at batch": lambda n: [r.__setitem__(-1, 1.0) for r in n["grad_norm_ratio"].values()],
+        "probe flags an all-ones mask": lambda n: n["probes"]["llama, position_ids + all-ones mask"].update(isolated=True),
+        "probe flags OPT": lambda n: n["probes"]["opt, position_ids only"].update(isolated=True),
+        "changes OPT's loss": lambda n: n["family_gap_padding_free"].update(opt=0.0),
+        "ignored for a model instance": lambda n: n.update(attention_model_instance="eager"),
+        "fixed equals padded": lambda n: n.update(fixed_vs_padded_max_relative=0.1),
+        "probe finds Llama isolated": lambda n: n["probes"]["llama, position_ids only"].update(isolated=False),
+        "leaves Llama's loss unchanged": lambda n: n["family_gap_padding_free"].update(llama=0.1),
+        "applies for a model path": lambda n: n.update(attention_model_path="sdpa"),
+        "no pad tokens": lambda n: n["throughput"]["padding_free"].update(padding_share=0.2),
+    },
+    "02": {
+        "old normalisation misses": lambda n: set_all(n["sweep"]["old"], "relative_error", 1e-7),
+        "custom mean-per-micro-batch loss misses": lambda n: set_all(n["sweep"]["custom"], "relative_error", 1e-7),
+        "custom loss has the old path's direction": lambda n: [r.update(cosine=r["cosine"] - 0.05)
+                                                               for r in n["sweep"]["custom"]],
+        "custom loss error grows": lambda n: n["sweep"].update(custom=n["sweep"]["custom"][::-1]),
+        "higher held-out loss": lambda n: n["held_out_loss"]["old"].update(all=n["held_out_loss"]["today"]["all"] - 0.1),
+        "favours short answers": lambda n: n["held_out_short_long_ratio"].update(
+            old=n["held_out_short_long_ratio"]["today"] + 0.1),
+        "num_items_in_batch matches": lambda n: set_all(n["sweep"]["today"], "relative_error", 0.5),
+    },
+    "02b": {
+        "different numbers of label tokens": lambda n: [n["label_counts"].update({acc: [[5] * len(c[0])] * len(c)})
+                                                        for acc, c in list(n["label_counts"].items())],
+        "old per-process mean misses": lambda n: set_all(n["comparison"]["old"], "relative_error", 1e-7),
+        "per-process num_items_in_batch misses": lambda n: set_all(n["comparison"]["per-process"],
+                                                                   "relative_error", 1e-7),
+        "saw the reference's samples": lambda n: n.update(same_samples=False),
+        "counts across processes match": lambda n: set_all(n["comparison"]["across-processes"],
+                                                           "relative_error", 0.3),
+    },
+    "03": {
+        "non-finite raw loss": lambda n: n.update(report_raw_loss=[1.0] * len(n["report_raw_loss"])),
+        "huge finite number": lambda n: n["report_logged_loss"].__setitem__(0, 0.7),
+        "exactly 0 after the blow-up": lambda n: n.update(report_logged_loss=[n["report_logged_loss"][0]]
+                                                          + [0.5] * (len(n["report_logged_loss"]) - 1)),
+        "grad norm is NaN": lambda n: n.update(report_logged_grad_norm=[1.0] * len(n["report_logged_grad_norm"])),
+        "eval accuracy is 0": lambda n: n["eval_accuracy"].update({"fp16 weights (report)": 0.5}),
+        "first bad tensor is the fp16 score head": lambda n: n.update(first_nonfinite_where="gradient"),
+        "exactly those whose Adam second moment": lambda n: n.update(inf_weights_are_underflowed=False),
+        "threshold separates": lambda n: n.update(largest_underflowed_gradient=2 * n["underflow_threshold"]),
+        "spread to every trainable tensor": lambda n: n.update(poisoned_tensors=n["trainable_tensors"] - 1),
+        "replay gives every logged number": lambda n: n["replayed_logs"].__setitem__(0, 2 * n["replayed_logs"][0]),
+        "head is frozen and not saved": lambda n: n["heads"]["without SEQ_CLS"].update(head_trainable=True),
+        "reload under another seed changes": lambda n: n["heads"]["without SEQ_CLS"].update(reload_max_reward_change=0.0),
+        "legacy torch_dtype": lambda n: n["legacy_spellings"].update(
+            {"{'torch_dtype': 'float16'}": "loads with weights in torch.float16"}),
+        "'half' is rejected": lambda n: n["legacy_spellings"].update(
+            {"{'dtype': 'half'}": "loads with weights in torch.float16"}),
+        "fused AdamW keeps": lambda n: n["fused_adamw_raw_loss"].__setitem__(-1, math.nan),
+        "fixed run finite": lambda n: n["fixed_raw_loss"].__setitem__(-1, math.inf),
+        "fixed head is trained and saved": lambda n: n["heads"]["with SEQ_CLS"].update(score_saved=False),
+        "fixed reload reproduces": lambda n: n["heads"]["with SEQ_CLS"].update(reload_max_reward_change=0.1),
+        "accuracy above the frozen-head": lambda n: n["eval_accuracy"].update(
+            {"fp32 + SEQ_CLS (fixed)": n["eval_accuracy"]["fp32, no SEQ_CLS (frozen head)"]}),
+    },
+    "04": {
+        "has right-padded forwards": lambda n: n["audits"]["eval batch 1, today"]["eval"].update(right_padded=0),
+        "right-padded batched generation differs": lambda n: n["changed_outputs"].update(right=0),
+        "right padding shifts the first-token": lambda n: n["smollm2_first_token_logit_shift"].update(right=0.0),
+        "accepted but not honoured": lambda n: n.update(dpo_padding_free_honoured=True),
+        "no cache in any DPO forward": lambda n: n["audits"]["eval batch 2, today"]["eval"].update(cache_on=1),
+        "scoring differences below": lambda n: n["scoring"]["fp32"].update(right=1e-3),
+        "left-padded batched generation equals": lambda n: n["changed_outputs"].update(left=1),
+        "SmolLM2: left-padded generation": lambda n: n["smollm2_changed_outputs"].update(left=1),
+    },
+    "05": {
+        "rejects the report's config": lambda n: n["config_walk"][0].update(error=None),
+        "detected as SIGFPE": lambda n: n["native_crash"].update(signal=None, returncode=1),
+        "leaves no message": lambda n: n["native_crash"].update(stderr_without_faulthandler="Fatal Python error: x"),
+        "faulthandler shows the Python stack": lambda n: n["native_crash"].update(stderr_with_faulthandler=""),
+        "bisection names the guilty setting": lambda n: n.update(culprits=["learning_rate", "bf16"]),
+        "equal-reward groups teach nothing": lambda n: n.update(silent_frac_reward_zero_std=0.5),
+        "minimal config runs": lambda n: n["bisection"][0].update(status="signal"),
+        "bf16=False runs": lambda n: n.update(workaround="signal"),
+        "healthy run finished": lambda n: n.update(healthy="timeout"),
+        "reward improves": lambda n: n.update(reward_end=n["reward_start"]),
+    },
+}
+
+
+@pytest.mark.parametrize("key", LESSONS)
+def test_the_real_runs_numbers_pass_every_check(key):
+    verdicts = verdict(key, baseline(key))
+    assert all(verdicts.values()), [name for name, passed in verdicts.items() if not passed]
+
+
+@pytest.mark.parametrize("key", LESSONS)
+def test_every_check_has_a_mutation(key):
+    names = verdict(key, baseline(key))
+    for part in MUTATIONS[key]:
+        assert sum(part in name for name in names) == 1, f"{part!r} must name exactly one check of lesson {key}"
+    unmatched = [name for name in names if not any(part in name for part in MUTATIONS[key])]
+    assert not unmatched, f"lesson {key}: checks without a mutation that makes them fail: {unmatched}"
+
+
+@pytest.mark.parametrize("key, part", [(key, part) for key, parts in MUTATIONS.items() for part in parts])
+def test_each_check_fails_on_a_run_without_the_bug_or_the_fix(key, part):
+    numbers = copy.deepcopy(baseline(key))
+    MUTATIONS[key][part](numbers)
+    failed = [name for name, passed in verdict(key, numbers).items() if not passed]
+    assert any(part in name for name in failed), f"lesson {key}: the check {part!r} still passes: {failed}"
