@@ -134,10 +134,10 @@ class _Collator:
         import torch
 
         width = max(len(row["input_ids"]) for row in rows)
-        return {"input_ids": torch.tensor([r["input_ids"] + [self.pad_id] * (width - len(r["input_ids"])) for r in rows]),
-                "labels": torch.tensor([r["labels"] + [NO_LOSS] * (width - len(r["labels"])) for r in rows]),
-                "attention_mask": torch.tensor([[1] * len(r["input_ids"]) + [0] * (width - len(r["input_ids"]))
-                                                for r in rows])}
+        gaps = [width - len(row["input_ids"]) for row in rows]
+        return {"input_ids": torch.tensor([r["input_ids"] + [self.pad_id] * gap for r, gap in zip(rows, gaps)]),
+                "labels": torch.tensor([r["labels"] + [NO_LOSS] * gap for r, gap in zip(rows, gaps)]),
+                "attention_mask": torch.tensor([[1] * (width - gap) + [0] * gap for gap in gaps])}
 
 
 def today_gradient(spec: dict, workdir: str | Path, *, recreate_old: bool = True,

@@ -174,8 +174,9 @@ def main(spec_path: str, result_path: str) -> None:
         "accumulation": spec["accumulation"],
         "label_counts": manual["label_counts"].tolist(),
         "paths": paths,
-        "mean_of_means_vs_full_batch": {"relative_error": relative_error(gradients["mean_of_means"], gradients["full_batch"]),
-                                        "cosine": cosine(gradients["mean_of_means"], gradients["full_batch"])},
+        "mean_of_means_vs_full_batch": {
+            "relative_error": relative_error(gradients["mean_of_means"], gradients["full_batch"]),
+            "cosine": cosine(gradients["mean_of_means"], gradients["full_batch"])},
         # the evidence in the library's own code: the old training_step has no token count to divide by
         "training_step_knows_num_items_in_batch": "num_items_in_batch" in inspect.getsource(Trainer.training_step),
         "trainer_file": inspect.getsourcefile(Trainer),

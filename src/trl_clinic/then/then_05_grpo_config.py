@@ -104,7 +104,8 @@ def main(spec_path: str, result_path: str) -> None:
                                       train_dataset=Dataset.from_dict({"prompt": prompts}),
                                       processing_class=tokenizer)
                 trainer.train()
-            log = [{k: v for k, v in entry.items() if isinstance(v, (int, float))} for entry in trainer.state.log_history]
+            log = [{k: v for k, v in entry.items() if isinstance(v, (int, float))}
+                   for entry in trainer.state.log_history]
             steps = [entry for entry in log if "loss" in entry]
     result = {
         "era_versions": {name: importlib.metadata.version(name)
