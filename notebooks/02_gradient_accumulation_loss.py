@@ -32,7 +32,7 @@ output_dir = None  # None: outputs/02_gradient_accumulation_loss at the reposito
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from trl_clinic import data, plotting
+from trl_clinic import data, eras, handshake, plotting
 from trl_clinic.gradients import cosine, first_step_gradient, relative_error
 from trl_clinic.models import make_causal_lm
 from trl_clinic.parameters import start_run
@@ -244,7 +244,37 @@ plotting.label(ax_curve, "optimizer step", "held-out loss (nats/token)", f"train
 plotting.save(fig, run.output_dir, "gradient_accumulation")
 
 # %% [markdown]
-# ## 6. What to remember
+# ## 6. Then: the same step on transformers 4.45.2 and TRL 0.11.4, for real
+#
+# The old normalisation above is a re-creation on today's `Trainer`. Here the real old code runs in
+# its own environment, an *era* (`make eras` builds it once under `.eras/`): the first window of
+# section 3 (the same token ids) and the same initial weights go through transformers 4.45.2's
+# `Trainer` and TRL 0.11.4's `SFTTrainer` with batch 1 × N. Its gradient is compared with the mean of
+# per-micro-batch means, with the full-batch gradient, and with today's re-creation on the same weights.
+
+# %%
+then_dir = run.output_dir / "then"
+then_spec = handshake.accumulation_spec(
+    then_dir, model=make_causal_lm(tokenizer, size=sizes.model_size, seed=run.seed), accumulation=N,
+    examples=[{"input_ids": b["input_ids"][0].tolist(), "labels": b["labels"][0].tolist()} for b in window])
+then = eras.run_in_era("02-transformers-4.45", "then_02_accumulation", then_spec, then_dir)
+print(then.describe())
+then_numbers = {"status": then.status}
+if then.finished:
+    era_gradients = handshake.load_era_gradients(then.result["gradients_file"])
+    recreation = handshake.compare_gradients(handshake.today_gradient(then_spec, then_dir, recreate_old=True),
+                                             era_gradients["sft_trainer"])
+    then_numbers.update(paths=then.result["paths"], recreation_vs_era=recreation,
+                        label_counts=then.result["label_counts"])
+    for path, numbers in then.result["paths"].items():
+        print(f"{path:>11} (real 4.45 code): vs mean of per-micro-batch means {numbers['vs_mean_of_means']:.1e}, "
+              f"vs full batch {numbers['vs_full_batch']:.2f} (cosine {numbers['cosine_full_batch']:.3f})")
+    print(f"today's re-creation vs the real 4.45 SFTTrainer: relative error {recreation['relative_error']:.1e}")
+else:
+    print("the era part is skipped; the lesson's other sections stand on their own")
+
+# %% [markdown]
+# ## 7. What to remember
 #
 # * Accumulating per-micro-batch *means* is not the mean of the big batch when micro-batches hold
 #   different numbers of label tokens: short samples get weighted up.
@@ -254,7 +284,7 @@ plotting.save(fig, run.output_dir, "gradient_accumulation")
 #   same weights and data (`first_step_gradient(trainer)`, as above). The relative error should be ~1e-7.
 # * Compare held-out losses or gradients, not logged training losses: the paths log on different scales.
 #
-# ## 7. Exercise
+# ## 8. Exercise
 #
 # 1. Run `accumulated_gradient(2, N // 2, "old")`: is 2 × 4 closer to the big batch than 1 × 8? Why?
 # 2. Make every completion the same length (`data.instruction_pairs(..., max_people=1)` and keep only
@@ -285,6 +315,14 @@ def checks(n: dict) -> tuple[dict, dict]:
     }
     fix = {"num_items_in_batch matches the big batch (relative error < 1e-4)":
            max(r["relative_error"] for r in today) < 1e-4}
+    then = n["then"]
+    if then["status"] == "finished":  # the real transformers 4.45.2 / TRL 0.11.4 (checks absent when skipped)
+        old_sft = then["paths"]["sft_trainer"]
+        symptom["on transformers 4.45.2, SFTTrainer's gradient is the mean of per-micro-batch means (< 1e-5)"] = (
+            old_sft["vs_mean_of_means"] < 1e-5)
+        symptom["on transformers 4.45.2, it misses the full-batch gradient (> 1e-2)"] = old_sft["vs_full_batch"] > 1e-2
+        fix["today's re-creation gives the real 4.45.2 gradient (relative error < 1e-5)"] = (
+            then["recreation_vs_era"]["relative_error"] < 1e-5)
     return symptom, fix
 
 
@@ -292,7 +330,8 @@ def checks(n: dict) -> tuple[dict, dict]:
 numbers = {"max_relative_error_today": max(r["relative_error"] for r in sweep["today"]),
            "min_relative_error_old": min(r["relative_error"] for r in sweep["old"]),
            "sweep": sweep, "token_weight_spread_old": token_weight_spread, "held_out_loss": held_out,
-           "held_out_short_long_ratio": short_long, "curve_accumulation": N, "curve_steps": sizes.curve_steps}
-metrics = save_metrics(run, "02", numbers, checks)
+           "held_out_short_long_ratio": short_long, "curve_accumulation": N, "curve_steps": sizes.curve_steps,
+           "then": then_numbers}
+metrics = save_metrics(run, "02", numbers, checks, eras=[then.to_metrics()])
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
 print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")

@@ -164,7 +164,8 @@ print("the reference saw the same label tokens as the processes together:", same
 #
 # * **per-process** `num_items_in_batch`: each process computes `Sₚ / Nₚ`; DDP gives
 #   `(S₀/N₀ + S₁/N₁) / 2`: right only when both processes hold the same number of tokens. Within a
-#   process accumulation is already fixed, so this path is closer than the old one.
+#   process accumulation is already fixed, so this path is usually closer than the old one (the plot shows
+#   where it is at this seed).
 # * **old**: a mean per micro-batch, as in lesson 02, *and* a mean per process: wrong twice.
 # * **across-processes**: every process divides by the gathered `N₀ + N₁` and multiplies by *W*; DDP's
 #   average removes the *W*: `(S₀ + S₁) / (N₀ + N₁)`. Exact.

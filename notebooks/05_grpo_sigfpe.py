@@ -40,7 +40,7 @@ output_dir = None  # None: outputs/05_grpo_sigfpe at the repository root
 # %%
 from trl import GRPOConfig, SFTConfig, SFTTrainer
 
-from trl_clinic import child, data, plotting
+from trl_clinic import child, data, eras, plotting
 from trl_clinic.crash import bisect_settings
 from trl_clinic.models import make_causal_lm
 from trl_clinic.parameters import start_run
@@ -92,6 +92,26 @@ for _ in range(len(FIXES) + 1):
         if fix is None:
             break
         config = fix[1](config)
+
+# %% [markdown]
+# ### Then: the same config on TRL 0.14.0, the report's version
+#
+# The report was written for TRL 0.14.0, where `per_device_train_batch_size` counted prompts and
+# `warmup_ratio` and `max_prompt_length` still existed. An *era* (a side environment built once by
+# `make eras`) runs the real `GRPOConfig` and `GRPOTrainer` of 0.14.0 with the report's arguments as
+# written (only `max_steps`, and `report_to` as tensorboard is not installed there, change), on a
+# tiny random Qwen2 policy. On this CPU it does not crash: the crash needs an H20 and the old cuBLAS.
+
+# %%
+then = eras.run_in_era("01-trl-0.14", "then_05_grpo_config", {"reported": reported, "max_steps": 2,
+                                                             "seed": run.subseed("then")}, run.output_dir / "then")
+print(then.describe())
+then_numbers = {"status": then.status}
+if then.finished:
+    then_numbers.update(accepted=then.result["config_accepted_as_written"], error=then.result["error"],
+                        optimizer_steps=then.result["optimizer_steps"], changed=then.result["changed_for_the_run"])
+    print(f"TRL 0.14.0 accepts the report's config as written: {then.result['config_accepted_as_written']}; "
+          f"{then.result['optimizer_steps']} real GRPO steps ran (changed for the run: {then.result['changed_for_the_run']})")
 
 # %% [markdown]
 # ## 2. A real GRPO run
@@ -324,6 +344,9 @@ def checks(n: dict) -> tuple[dict, dict]:
         "the healthy run finished": n["healthy"] == "finished",
         "reward improves over training (by > 0.1)": n["reward_end"] > n["reward_start"] + 0.1,
     }
+    if n["then"]["status"] == "finished":  # the real TRL 0.14.0 (checks absent when skipped)
+        symptom["TRL 0.14.0 accepts the report's config as written and trains with it"] = (
+            n["then"]["accepted"] and n["then"]["optimizer_steps"] >= 1)
     return symptom, fix
 
 
@@ -340,7 +363,8 @@ numbers = {
     "reward_start": reward_start, "reward_end": reward_end,
     "final_kl": healthy_rows[-1]["kl"],
     "silent_frac_reward_zero_std": silent_zero_std, "silent_max_grad_norm": silent_grad,
+    "then": then_numbers,
 }
-metrics = save_metrics(run, "05", numbers, checks)
+metrics = save_metrics(run, "05", numbers, checks, eras=[then.to_metrics()])
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
 print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")

@@ -3,7 +3,6 @@ import torch
 
 from trl_clinic import data
 from trl_clinic.models import make_causal_lm
-from trl_clinic.stand_ins import recreated_pre_018_dpo_cache
 from trl_clinic.padding import (
     ForwardAudit,
     generation_check,
@@ -47,12 +46,10 @@ def test_generation_left_matches_and_restores_padding_side(qwen, tokenizer):
     assert tokenizer.padding_side == "right"
 
 
-def test_audit_counts_and_emulation(qwen, tokenizer):
+def test_audit_counts_right_padding_and_the_cache(qwen, tokenizer):
     batch = tokenizer(["alice lives in paris.", "bruno"], return_tensors="pt", padding=True)
     audit = ForwardAudit(qwen)
     qwen(**batch, use_cache=False)
-    handle = recreated_pre_018_dpo_cache(qwen)
-    qwen(**batch, use_cache=False)
-    handle.remove()
+    qwen(**batch, use_cache=True)
     audit.remove()
     assert audit.summary() == {"eval": {"forwards": 2, "right_padded": 2, "cache_on": 1, "right_padded_with_cache": 1}}

@@ -151,6 +151,7 @@ def today_gradient(spec: dict, workdir: str | Path, *, recreate_old: bool = True
     from transformers import Trainer, TrainingArguments
 
     from trl_clinic.gradients import first_step_gradient
+    from trl_clinic.stand_ins import recreate_pre_446_loss
 
     examples = [{"input_ids": list(row["input_ids"]), "labels": list(row["labels"])} for row in spec["examples"]]
     accumulation = max(1, spec.get("accumulation", len(examples)) // batch_size)
@@ -162,7 +163,7 @@ def today_gradient(spec: dict, workdir: str | Path, *, recreate_old: bool = True
     trainer = Trainer(model=build_from_spec(spec), args=args, train_dataset=examples,
                       data_collator=_Collator(spec.get("pad_token_id", 0)))
     if recreate_old:
-        trainer.model_accepts_loss_kwargs = False
+        recreate_pre_446_loss(trainer)
     return first_step_gradient(trainer)
 
 

@@ -72,6 +72,16 @@ def _checks_table(metrics: dict) -> str:
             + rows + "</table>")
 
 
+def _eras(metrics: dict) -> str:
+    """The lesson's runs of real old code: finished, or skipped/failed with the reason."""
+    rows = "".join(
+        f"<li>{html.escape(era['era'])} ({html.escape(', '.join(f'{k} {v}' for k, v in era['versions'].items()))}):"
+        f" <b>{html.escape(era['status'])}</b>"
+        + ("" if era["status"] == "finished" else f" ({html.escape(era['message'])})") + "</li>"
+        for era in metrics.get("eras", []))
+    return f"<p>then, on the versions where the bug lived:</p><ul class='eras'>{rows}</ul>" if rows else ""
+
+
 def _sizes(metrics: dict) -> str:
     sizes = ", ".join(f"<code>{html.escape(str(k))}={html.escape(str(v))}</code>"
                       for k, v in metrics.get("sizes", {}).items())
@@ -124,7 +134,8 @@ def build_report(out: str | Path) -> Path:
             f"<p><a href='{notebook_html}'>executed notebook (HTML)</a> · "
             f"<a href='{name}/{name}.ipynb'>.ipynb</a> · <a href='{name}/{METRICS_FILE}'>{METRICS_FILE}</a></p>"
             + (f"<p>failed checks:</p><ul>{failures}</ul>" if failures else "")
-            + (_sizes(metrics) + _checks_table(metrics) if metrics else "") + figures + "</section>")
+            + (_sizes(metrics) + _eras(metrics) + _checks_table(metrics) if metrics else "") + figures
+            + "</section>")
     versions, device = environment or ({}, {})
     env_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
                        for k, v in {**versions, **device}.items())

@@ -88,14 +88,15 @@ def _kind_of(checks: dict[str, Check]) -> str:
     return " + ".join(kinds) if kinds else "measured"
 
 
-def save_metrics(run: "Run", lesson: str, numbers: dict, checks: Checks) -> dict:
+def save_metrics(run: "Run", lesson: str, numbers: dict, checks: Checks, eras: list[dict] | None = None) -> dict:
     """Write ``metrics.json`` with the verdict of ``checks(numbers)``: a pair of dicts, the checks that
     the bad run shows the failure (symptom) and those that the fixed run does not (fix). A plain bool
     is a ``measured`` check.
 
     ``checks`` sees nothing but the numbers as ``metrics.json`` stores them, so a test can feed it the
     numbers of a run without the bug, or without the fix, and see it report failure: a check that
-    cannot fail is not a check.
+    cannot fail is not a check. ``eras``: the records of the lesson's runs of real old code
+    (``EraRun.to_metrics()``); a skipped or failed era is listed as such, and its checks are absent.
     """
     symptom, fix = checks(stored(numbers))
     groups = {"symptom": {name: _as_check(name, value) for name, value in symptom.items()},
@@ -110,6 +111,8 @@ def save_metrics(run: "Run", lesson: str, numbers: dict, checks: Checks) -> dict
         "fix_kind": _kind_of(groups["fix"]),
         "checks": {group: {name: {"passed": check.passed, "kind": check.kind} for name, check in checks.items()}
                    for group, checks in groups.items()},
+        "eras": [{key: record[key] for key in ("era", "script", "status", "message", "versions")}
+                 for record in eras or []],
         "sizes": dict(run.sizes),
         "numbers": numbers,
         "versions": run.versions,

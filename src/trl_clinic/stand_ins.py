@@ -64,25 +64,6 @@ class MeanPerMicroBatchSFTTrainer(SFTTrainer):
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=None)
 
 
-def recreated_pre_018_dpo_cache(model: torch.nn.Module):
-    """RE-CREATED: the arguments TRL < 0.18 gave the model in DPO *evaluation*: a KV cache asked for.
-
-    Stands for ``DPOTrainer.concatenated_forward`` in ``trl/trainer/dpo_trainer.py`` of TRL 0.16-0.17
-    (``model_kwargs = {}``; PR #3307 made it ``{"use_cache": False}`` in TRL 0.18.0): no ``use_cache``
-    was passed, so the config's ``use_cache=True`` applied, and gradient checkpointing switched the
-    cache off only in training.
-    This pre-hook puts ``use_cache=True`` back on evaluation forwards; TRL's fused forward still
-    computes without a cache, so only what the arguments say changes. Returns the hook handle.
-    """
-
-    def ask_for_cache(module, args, kwargs):
-        if not module.training:
-            kwargs = {**kwargs, "use_cache": True}
-        return args, kwargs
-
-    return model.register_forward_pre_hook(ask_for_cache, with_kwargs=True, prepend=True)
-
-
 class InjectedH20Fault(TrainerCallback):
     """INJECTED: dies with a native SIGFPE at the first step when ``bf16`` is on.
 
