@@ -97,5 +97,6 @@ def test_report_needs_a_run(tmp_path, capsys):
 def test_doctor_reports_versions_device_and_traps(capsys):
     assert main(["doctor"]) == 0
     text = capsys.readouterr().out
-    for needle in ("trl:", "bf16 supported", "sdpa: built model uses sdpa", "flash_attention_2", "warnings:"):
+    for needle in ("trl:", "bf16 supported", "sdpa: built model uses sdpa", "flash_attention_2", "flash_attention_4",
+                   "the cpu profile uses: sdpa", "warnings:"):
         assert needle in text
