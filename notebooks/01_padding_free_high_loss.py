@@ -389,6 +389,13 @@ plotting.save(fig, run.output_dir, "loss_ratio_by_setting")
 #   without `position_ids` (OPT, Falcon, Bloom, MPT...), breaks it silently on sdpa/eager.
 # * Padding-free pays off with FlashAttention varlen kernels; on CPU sdpa measure before you assume.
 #
+# **The fix in your script**: build the model with the kernel, then check it on the built model:
+#
+# ```python
+# model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="flash_attention_2", dtype=torch.bfloat16)
+# assert model.config._attn_implementation == "flash_attention_2"  # before SFTConfig(padding_free=True)
+# ```
+#
 # ## 8. Exercise
 #
 # 1. Add batch size 32 to `BATCH_SIZES`. Predict the contaminated/padded ratio first.

@@ -284,6 +284,13 @@ else:
 #   same weights and data (`first_step_gradient(trainer)`, as above). The relative error should be ~1e-7.
 # * Compare held-out losses or gradients, not logged training losses: the paths log on different scales.
 #
+# **The fix in your script**: transformers 4.46 or newer, and a custom loss that passes the count on:
+#
+# ```python
+# def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+#     return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+# ```
+#
 # ## 8. Exercise
 #
 # 1. Run `accumulated_gradient(2, N // 2, "old")`: is 2 × 4 closer to the big batch than 1 × 8? Why?

@@ -204,6 +204,9 @@ plotting.save(fig, run.output_dir, "ddp_accumulation")
 # **Running any lesson's training on several GPUs**: put the trainer code in a script and start it
 # with `accelerate launch --multi_gpu --num_processes N script.py` (see the README).
 #
+# **The fix in your script**: `SFTConfig(..., average_tokens_across_devices=True)` (the default: do
+# not turn it off), with a loss that uses `num_items_in_batch`.
+#
 # ## 5. Exercise
 #
 # 1. Make every sample the same length (`max_people=1`, biographies only): which settings match now?

@@ -314,6 +314,9 @@ plotting.save(fig, run.output_dir, "padding_side")
 # * Generation must pad left. Right-padded batched `generate()` silently changes outputs.
 # * Check behaviour, not flags: `scoring_check` and `generation_check` take any model and tokenizer.
 #
+# **The fix in your script**: `pip install "trl>=0.18"`; on an older TRL, `model.config.use_cache = False`
+# before `DPOTrainer(...)`; for your own batched `generate()`, `tokenizer.padding_side = "left"`.
+#
 # ## 8. Exercise
 #
 # 1. Run `generation_check` with prompts of equal length. What changes, and why?
