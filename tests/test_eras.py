@@ -277,13 +277,22 @@ def test_04_dpo_evaluate_raises_the_real_qwen2_padding_error_on_transformers_4_5
     assert result["direct_forward"]["right"]["padding_guard"] and result["direct_forward"]["left"]["passed_guard"]
 
 
-@pytest.mark.era
-def test_01_padding_free_on_trl_0_14_and_transformers_4_55(tmp_path):
+@pytest.fixture(scope="module")
+def era_01_runs(tmp_path_factory):
+    """then_01_padding_free run once in each of lesson 01's eras (the old one takes ~30 s), shared by
+    the tests below."""
     need_era("01-trl-0.14")
     need_era("01-transformers-4.55")
-    old = eras.run_in_era("01-trl-0.14", "then_01_padding_free", {}, tmp_path)
-    later = eras.run_in_era("01-transformers-4.55", "then_01_padding_free", {}, tmp_path)
-    assert old.finished and later.finished, f"{old.message}\n{later.message}"
+    workdir = tmp_path_factory.mktemp("then_01")
+    old = eras.run_in_era("01-trl-0.14", "then_01_padding_free", {}, workdir)
+    later = eras.run_in_era("01-transformers-4.55", "then_01_padding_free", {}, workdir)
+    assert old.finished and later.finished, f"{old.message}\n{old.stderr}\n{later.message}\n{later.stderr}"
+    return old, later
+
+
+@pytest.mark.era
+def test_01_padding_free_on_trl_0_14_and_transformers_4_55(era_01_runs):
+    old, later = era_01_runs
     assert old.result["collator"]["has_attention_mask"] is False  # trl 0.14: position_ids only
     assert "position_ids" in old.result["collator"]["keys"]
     for implementation in ("eager", "sdpa"):
@@ -293,6 +302,19 @@ def test_01_padding_free_on_trl_0_14_and_transformers_4_55(tmp_path):
         assert not isolated["train, config use_cache=True, no mask"]  # the cache turns the block mask off
         assert not isolated["train, the era's collator batch"]  # trl 0.21 sends an all-ones mask
     assert later.result["collator"]["attention_mask_all_ones"] is True
+
+
+@pytest.mark.era
+def test_01_padding_free_loss_grows_with_the_batch_through_the_real_sft_trainer_on_trl_0_14(era_01_runs):
+    old, later = era_01_runs
+    losses = old.result["loss_by_batch_size"]
+    assert losses["batch_sizes"] == [1, 4, 16] and losses["attn_implementation"] in ("eager", "sdpa")
+    assert len(losses["padded"]) == len(losses["padding_free"]) == len(losses["ratio"]) == 3
+    for padded, free, ratio in zip(losses["padded"], losses["padding_free"], losses["ratio"]):
+        assert padded > 0 and ratio == pytest.approx(free / padded)
+    assert abs(losses["ratio"][0] - 1) < 1e-3  # one sequence per batch: nothing to leak
+    assert losses["ratio"][-1] > losses["ratio"][0]  # more packed neighbours, more contamination
+    assert later.result["loss_by_batch_size"] is None  # trl 0.21 has no DataCollatorForCompletionOnlyLM
 
 
 @pytest.mark.era
