@@ -31,6 +31,7 @@ output_dir = None  # None: outputs/03_lora_reward_nan at the repository root
 import math
 
 import torch
+from IPython.display import Markdown, display
 from peft import LoraConfig, PeftModel
 from safetensors import safe_open
 from trl import RewardConfig, RewardTrainer
@@ -80,9 +81,10 @@ def lora(task_type: str | None) -> LoraConfig:
 
 
 def reward_config(name: str, **overrides) -> RewardConfig:
-    return RewardConfig(**{**run.trainer_kwargs(name), **overrides},
-                        per_device_train_batch_size=1, gradient_accumulation_steps=32,
-                        learning_rate=5e-3, per_device_eval_batch_size=64)
+    """The report's shape (batch 1 x accumulation 32); a lesson section overrides what it studies."""
+    return RewardConfig(**{**run.trainer_kwargs(name), "per_device_train_batch_size": 1,
+                           "gradient_accumulation_steps": 32, "learning_rate": 5e-3, "per_device_eval_batch_size": 64,
+                           **overrides})
 
 
 report_trainer = RewardTrainer(
@@ -123,12 +125,18 @@ fused_raw = fused.series("raw_loss")[1]
 print("fp16 weights with the default fused AdamW, raw loss per step:", [f"{v:.4f}" for v in fused_raw])
 
 # The report's way to ask for fp16 goes through model_init_kwargs, which TRL uses when the model is
-# given as a path: save the fp16-free model locally and try the old spellings.
-checkpoint = run.output_dir / "checkpoint"
-make_reward_model(tokenizer, size=MODEL_SIZE, seed=run.seed).save_pretrained(checkpoint)
-tokenizer.save_pretrained(checkpoint)
+# given as a path: save the model locally, once in fp32 and once in fp16 (as many published
+# checkpoints are stored), and try the old spellings and "auto".
+checkpoints = {}
+for stored_dtype in (torch.float32, torch.float16):
+    checkpoints[stored_dtype] = run.output_dir / f"checkpoint-{str(stored_dtype).split('.')[-1]}"
+    make_reward_model(tokenizer, size=MODEL_SIZE, seed=run.seed, dtype=stored_dtype).save_pretrained(
+        checkpoints[stored_dtype])
+    tokenizer.save_pretrained(checkpoints[stored_dtype])
 spellings = {}
-for init_kwargs in ({"dtype": "half"}, {"torch_dtype": "float16"}, {"dtype": "float16"}):
+for init_kwargs, stored_dtype in (({"dtype": "half"}, torch.float32), ({"torch_dtype": "float16"}, torch.float32),
+                                  ({"dtype": "float16"}, torch.float32), ({"dtype": "auto"}, torch.float16)):
+    checkpoint = checkpoints[stored_dtype]
     try:
         trainer = RewardTrainer(model=str(checkpoint), args=reward_config("spelling", model_init_kwargs=init_kwargs),
                                 train_dataset=train_pairs, processing_class=tokenizer, peft_config=lora("SEQ_CLS"))
@@ -136,16 +144,21 @@ for init_kwargs in ({"dtype": "half"}, {"torch_dtype": "float16"}, {"dtype": "fl
     except ValueError as error:
         outcome = f"ValueError: {str(error)[:110]}..."
     spellings[str(init_kwargs)] = outcome
-    print(f"model_init_kwargs={init_kwargs}: {outcome}")
+    print(f"model_init_kwargs={init_kwargs} on the {checkpoint.name}: {outcome}")
 
 # %% [markdown]
 # 1. **Fused AdamW** (`adamw_torch_fused`, the default since torch 2.8) computes the update in fp32
 #    even for fp16 parameters: the same fp16 model trains normally.
 # 2. **`"half"` is rejected**: `dtype` must be `"auto"` or a `torch.dtype` name.
-# 3. **The legacy key `torch_dtype` is silently ignored** (the model loads in fp32): the run is
+# 3. **The legacy key `torch_dtype` is ignored** (the model loads in fp32; transformers only says the
+#    key is deprecated, not that it was not applied): the run is
 #    healthy, and nobody knows their config is not doing what it says.
 #
-# Only `dtype="float16"` (or a model built in fp16, as here) plus the non-fused optimizer shows the bug.
+# 4. **`"auto"` keeps the checkpoint's dtype**: on a checkpoint stored in fp16 (many are) it gives fp16
+#    trainable weights, the report's situation without anyone asking for half precision.
+#
+# `dtype="float16"`, `"auto"` on an fp16 checkpoint, or a model built in fp16 (as here), plus the
+# non-fused optimizer shows the bug.
 #
 # ## 3. Diagnose: the first non-finite tensor
 #
@@ -224,6 +237,35 @@ finite_steps = sum(math.isfinite(v) for v in raw_losses)
 print(f"finite raw losses: the first {finite_steps} step(s); replayed logs {[f'{v:.4g}' for v in predicted_logs]}; "
       f"logged {[f'{v:.4g}' for v in logged_losses]}")
 
+
+# %% [markdown]
+# **Does gradient accumulation cause it?** The report blames accumulation for amplifying fp16
+# problems. The same fp16 set-up with accumulation 1, 8 and 32, 25 steps each, one log at step 25:
+
+# %%
+by_accumulation = {}
+for accumulation in (1, 8, 32):
+    trainer = RewardTrainer(
+        model=make_reward_model(tokenizer, size=MODEL_SIZE, seed=run.seed, dtype=torch.float16),
+        args=reward_config(f"fp16-accumulation-{accumulation}", optim="adamw_torch", logging_steps=25, max_steps=25,
+                           gradient_accumulation_steps=accumulation, bf16=False, fp16=False),
+        train_dataset=train_pairs, processing_class=tokenizer, peft_config=lora("SEQ_CLS"),
+    )
+    recorder = StepRecorder().watch(trainer)
+    trainer.train()
+    raw = recorder.series("raw_loss")[1]
+    by_accumulation[accumulation] = {
+        "first_nonfinite_step": next((step for step, v in enumerate(raw, start=1) if not math.isfinite(v)), None),
+        "first_log": recorder.series("loss")[1][0]}
+first_bad = {acc: row["first_nonfinite_step"] for acc, row in by_accumulation.items()}
+display(Markdown(
+    "Raw loss first non-finite at step " + ", ".join(f"**{step}** (accumulation {acc})" for acc, step in first_bad.items())
+    + "; first logged loss " + ", ".join(f"**{row['first_log']:.3g}** (accumulation {acc})"
+                                          for acc, row in by_accumulation.items())
+    + ". " + ("Every accumulation count breaks: accumulation does not cause the NaN, fp16 Adam does. "
+              if all(first_bad.values()) else "Not every accumulation count broke in 25 steps here. ")
+    + "What accumulation changes is the number in the log: the NaN filter multiplies the running sum once "
+      "per micro-batch, so more micro-batches per step inflate the logged loss, not the damage."))
 
 # %% [markdown]
 # ## 4. The second, silent bug: a reward head that never trains
@@ -366,7 +408,14 @@ plotting.save(fig, run.output_dir, "reward_nan")
 #   (`NonFiniteProbe`).
 # * A LoRA reward model needs `task_type="SEQ_CLS"` or `modules_to_save=["score"]`; check that
 #   `score` is trainable and in the saved adapter, and reload under another seed to be sure.
-# * Defaults move: fused AdamW hides this bug today; a legacy `torch_dtype` key is silently ignored.
+# * Defaults move: fused AdamW hides this bug today; a legacy `torch_dtype` key is ignored.
+#
+# **The fix in your script**: fp32 (or bf16) weights and a trainable, saved head:
+#
+# ```python
+# model = AutoModelForSequenceClassification.from_pretrained(name, num_labels=1, dtype=torch.float32)
+# peft_config = LoraConfig(task_type="SEQ_CLS", r=8, lora_alpha=16)
+# ```
 #
 # ## 8. Exercise
 #
@@ -381,6 +430,7 @@ def checks(n: dict) -> tuple[dict, dict]:
     """The claims above as functions of the numbers alone (a test feeds them runs without the bug)."""
     logged, raw, replayed = n["report_logged_loss"], n["report_raw_loss"], n["replayed_logs"]
     heads, accuracy, spellings = n["heads"], n["eval_accuracy"], n["legacy_spellings"]
+    first_logs = [row["first_log"] for row in n["fp16_by_accumulation"].values()]  # accumulation 1, 8, 32
     symptom = {
         "fp16 run has a non-finite raw loss": not all(math.isfinite(v) for v in raw),
         "first log is a huge finite number (> 1e30)": bool(logged) and 1e30 < logged[0] < math.inf,
@@ -402,8 +452,13 @@ def checks(n: dict) -> tuple[dict, dict]:
             not heads["without SEQ_CLS"]["head_trainable"] and not heads["without SEQ_CLS"]["score_saved"],
         "without SEQ_CLS a reload under another seed changes the rewards":
             heads["without SEQ_CLS"]["reload_max_reward_change"] > 1e-3,
-        "legacy torch_dtype is silently ignored": "float32" in spellings["{'torch_dtype': 'float16'}"],
+        "legacy torch_dtype is ignored (the weights stay fp32)": "float32" in spellings["{'torch_dtype': 'float16'}"],
         "'half' is rejected": spellings["{'dtype': 'half'}"].startswith("ValueError"),
+        "dtype='auto' on an fp16 checkpoint gives fp16 weights": "float16" in spellings["{'dtype': 'auto'}"],
+        "fp16 breaks at every accumulation count (1, 8, 32): accumulation does not cause the NaN":
+            all(row["first_nonfinite_step"] is not None for row in n["fp16_by_accumulation"].values()),
+        "more accumulation inflates the first logged loss (the NaN filter works per micro-batch)":
+            all(a < b for a, b in zip(first_logs, first_logs[1:])),
     }
     fix = {
         "fused AdamW keeps fp16 weights finite": all(math.isfinite(v) for v in n["fused_adamw_raw_loss"]),
@@ -435,6 +490,7 @@ numbers = {
     "fused_adamw_raw_loss": fused_raw,
     "fixed_raw_loss": fixed_raw,
     "legacy_spellings": spellings,
+    "fp16_by_accumulation": by_accumulation,
     "gpu_fp16_amp": amp_outcome,
 }
 metrics = save_metrics(run, "03", numbers, checks)

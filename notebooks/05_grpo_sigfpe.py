@@ -38,6 +38,7 @@ seed = 0
 output_dir = None  # None: outputs/05_grpo_sigfpe at the repository root
 
 # %%
+from IPython.display import Markdown, display
 from trl import GRPOConfig, SFTConfig, SFTTrainer
 
 from trl_clinic import child, data, eras, plotting
@@ -198,6 +199,40 @@ print(f"KL at the end: {healthy_rows[-1]['kl']:.3f}; frac_reward_zero_std over t
       f"{sum(r['frac_reward_zero_std'] for r in healthy_rows) / len(healthy_rows):.2f}")
 
 # %% [markdown]
+# ### The report's suspects: learning rate and `max_grad_norm`
+#
+# The report suspected its learning rate (5e-6) and its `max_grad_norm` (0.1). Each goes into the
+# healthy config on its own, in a real GRPO run of a few dozen steps from the same warm policy:
+
+
+# %%
+def reward_gain(rows: list[dict]) -> float:
+    """Mean reward over the last tenth of the run minus the first tenth."""
+    window = max(1, len(rows) // 10)
+    return sum(r["reward"] for r in rows[-window:]) / window - sum(r["reward"] for r in rows[:window]) / window
+
+
+suspects = {"healthy": {}, "report's learning_rate": {"learning_rate": config["learning_rate"]},
+            "report's max_grad_norm": {"max_grad_norm": config["max_grad_norm"]}}
+suspect_runs = {}
+for name, change in suspects.items():
+    tried = grpo_in_child(f"suspect-{len(suspect_runs)}", {**healthy_config, **change, "max_steps": sizes.suspect_steps})
+    suspect_runs[name] = {"change": change, "status": tried.outcome.status,
+                          "reward_gain": reward_gain(tried.result) if tried.result else None,
+                          "max_grad_norm_seen": max(r["grad_norm"] for r in tried.result) if tried.result else None}
+    print(f"{name:>24} {change or ''}: {tried.outcome.describe()}; reward gain "
+          f"{suspect_runs[name]['reward_gain']:+.3f}" if tried.result else f"{name}: {tried.outcome.describe()}")
+gains = {name: row["reward_gain"] for name, row in suspect_runs.items()}
+lr_gain, clip_gain = gains["report's learning_rate"], gains["report's max_grad_norm"]
+display(Markdown(
+    ("Neither suspect crashes the run: " if all(r["status"] == "finished" for r in suspect_runs.values())
+     else "A suspect crashed the run: ")
+    + f"in {sizes.suspect_steps} steps the reward gains {gains['healthy']:+.3f} with the healthy settings, "
+    f"{lr_gain:+.3f} with the report's learning rate and {clip_gain:+.3f} with its `max_grad_norm`. A learning "
+    "rate or a clipping threshold changes how fast a run learns; neither makes a process die with a floating "
+    "point exception."))
+
+# %% [markdown]
 # ## 3. What a native crash looks like
 #
 # A SIGFPE raised inside a C++ kernel is not a Python exception: no `try` catches it, the process
@@ -313,6 +348,9 @@ plotting.save(fig, run.output_dir, "grpo_sigfpe")
 #   and the per-device batch counts completions, so it must be divisible by `num_generations`.
 # * Watch `frac_reward_zero_std`: groups with equal rewards teach nothing, silently.
 #
+# **The fix in your script** (H20 with torch 2.5.1+cu121): `pip install nvidia-cublas-cu12==12.4.5.8`
+# or a newer torch; until then `GRPOConfig(..., bf16=False)`.
+#
 # ## 8. Exercise
 #
 # 1. Change `InjectedH20Fault` in your copy to fire only when `max_grad_norm < 1`. Which set does the
@@ -342,6 +380,8 @@ def checks(n: dict) -> tuple[dict, dict]:
         "the minimal config runs": bool(trials) and trials[0]["status"] == "finished",
         "the user's config with bf16=False runs": n["workaround"] == "finished",
         "the healthy run finished": n["healthy"] == "finished",
+        "neither the report's learning rate nor its max_grad_norm crashes a run":
+            all(row["status"] == "finished" for row in n["suspects"].values()),
         "reward improves over training (by > 0.1)": n["reward_end"] > n["reward_start"] + 0.1,
     }
     if n["then"]["status"] == "finished":  # the real TRL 0.14.0 (checks absent when skipped)
@@ -363,6 +403,7 @@ numbers = {
     "reward_start": reward_start, "reward_end": reward_end,
     "final_kl": healthy_rows[-1]["kl"],
     "silent_frac_reward_zero_std": silent_zero_std, "silent_max_grad_norm": silent_grad,
+    "suspects": suspect_runs,
     "then": then_numbers,
 }
 metrics = save_metrics(run, "05", numbers, checks, eras=[then.to_metrics()])

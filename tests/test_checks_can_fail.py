@@ -127,6 +127,12 @@ MUTATIONS = {
             {"{'torch_dtype': 'float16'}": "loads with weights in torch.float16"}),
         "'half' is rejected": lambda n: n["legacy_spellings"].update(
             {"{'dtype': 'half'}": "loads with weights in torch.float16"}),
+        "dtype='auto' on an fp16 checkpoint": lambda n: n["legacy_spellings"].update(
+            {"{'dtype': 'auto'}": "loads with weights in torch.float32"}),
+        "fp16 breaks at every accumulation count": lambda n: n["fp16_by_accumulation"]["1"].update(
+            first_nonfinite_step=None),
+        "more accumulation inflates the first logged loss": lambda n: n["fp16_by_accumulation"]["32"].update(
+            first_log=0.5),
         "fused AdamW keeps": lambda n: n["fused_adamw_raw_loss"].__setitem__(-1, math.nan),
         "fixed run finite": lambda n: n["fixed_raw_loss"].__setitem__(-1, math.inf),
         "fixed head is trained and saved": lambda n: n["heads"]["with SEQ_CLS"].update(score_saved=False),
@@ -159,6 +165,7 @@ MUTATIONS = {
         "healthy run finished": lambda n: n.update(healthy="timeout"),
         "reward improves": lambda n: n.update(reward_end=n["reward_start"]),
         "accepts the report's config as written": lambda n: n["then"].update(accepted=False),
+        "nor its max_grad_norm crashes a run": lambda n: n["suspects"]["report's max_grad_norm"].update(status="signal"),
     },
 }
 
