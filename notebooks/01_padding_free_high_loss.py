@@ -273,7 +273,8 @@ print("model path + flash_attention_2           ->", fa2_outcome)
 #
 # * TRL 0.14.0 + transformers 4.48.3, the report's time: `DataCollatorForCompletionOnlyLM(padding_free=True)`
 #   sends `position_ids` and no attention mask, and that transformers' sdpa/eager attention does not
-#   look for boundaries in `position_ids`;
+#   look for boundaries in `position_ids`; and the real old `SFTTrainer` at lr 0, padded against
+#   padding-free, on a model trained briefly on a copy task, gives the report's loss by batch size;
 # * TRL 0.21.0 + transformers 4.55.4: block masks from `position_ids` exist, but only without a
 #   cache, and TRL's padding-free collator sends an all-ones mask (what `recreated_all_ones_mask` adds).
 
@@ -290,6 +291,11 @@ for era in ("01-trl-0.14", "01-transformers-4.55"):
                                  collator_mask_all_ones=collator["attention_mask_all_ones"],
                                  differences=then.result["max_abs_logit_difference"])
         print(f"  collator: {collator['collator']} -> keys {collator['keys']}")
+        by_batch = then.result.get("loss_by_batch_size")
+        if by_batch:  # the real old SFTTrainer at lr 0, padded vs padding-free, on a model trained briefly
+            then_numbers[era]["loss_ratio_by_batch_size"] = dict(zip(by_batch["batch_sizes"], by_batch["ratio"]))
+            print("  real SFTTrainer, padding-free / padded loss by batch size: " + ", ".join(
+                f"batch {b}: {r:.2f}" for b, r in zip(by_batch["batch_sizes"], by_batch["ratio"])))
         for implementation, rows in then.result["max_abs_logit_difference"].items():
             for mode, difference in rows.items():
                 verdict = "isolated" if difference < then.result["isolated_below"] else "CONTAMINATED"
@@ -438,6 +444,9 @@ def checks(n: dict) -> tuple[dict, dict]:
         symptom["on TRL 0.14 + transformers 4.48.3 the real collator's packed batch is contaminated (sdpa, eager)"] = (
             not old["collator_has_mask"]
             and all(rows["train, the era's collator batch"] > 1e-4 for rows in old["differences"].values()))
+        old_ratios = list(old["loss_ratio_by_batch_size"].values())
+        symptom["on TRL 0.14's real SFTTrainer the padding-free/padded loss ratio is 1 at batch 1, then grows"] = (
+            abs(old_ratios[0] - 1) < 1e-3 and all(a < b for a, b in zip(old_ratios, old_ratios[1:])))
     if late["status"] == "finished":  # real TRL 0.21 + transformers 4.55.4
         symptom["on transformers 4.55.4 a packed row is contaminated in train mode with the config's cache"] = all(
             rows["train, config use_cache=True, no mask"] > 1e-4 for rows in late["differences"].values())

@@ -75,6 +75,8 @@ MUTATIONS = {
         "no pad tokens": lambda n: n["throughput"]["padding_free"].update(padding_share=0.2),
         "real collator's packed batch is contaminated": lambda n: [
             rows.update({"train, the era's collator batch": 0.0}) for rows in n["then"]["01-trl-0.14"]["differences"].values()],
+        "padding-free/padded loss ratio is 1 at batch 1, then grows": lambda n: n["then"]["01-trl-0.14"].update(
+            loss_ratio_by_batch_size={"1": 1.0, "4": 1.0, "16": 1.0}),
         "contaminated in train mode with the config's cache": lambda n: [
             rows.update({"train, config use_cache=True, no mask": 0.0})
             for rows in n["then"]["01-transformers-4.55"]["differences"].values()],
