@@ -21,6 +21,14 @@ def right_padded(attention_mask: torch.Tensor) -> bool:
     return bool((attention_mask[:, -1] == 0).any())
 
 
+def _checkpointing(model: PreTrainedModel) -> bool:
+    """transformers 5.23 renamed ``is_gradient_checkpointing`` (deprecated, warns) to
+    ``is_activation_checkpointing``; older 5.x releases know only the old name."""
+    if hasattr(type(model), "is_activation_checkpointing"):
+        return model.is_activation_checkpointing
+    return model.is_gradient_checkpointing
+
+
 class ForwardAudit:
     """Counts a model's forwards by mode (train/eval), right padding and whether a KV cache is built.
 
@@ -38,7 +46,7 @@ class ForwardAudit:
         use_cache = kwargs.get("use_cache")
         if use_cache is None:
             use_cache = bool(module.config.use_cache)
-        if module.training and module.is_gradient_checkpointing:
+        if module.training and _checkpointing(module):
             use_cache = False
         padded = mask is not None and mask.dim() == 2 and right_padded(mask)
         self.counts[("train" if module.training else "eval", padded, use_cache)] += 1
