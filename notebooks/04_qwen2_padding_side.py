@@ -39,13 +39,15 @@ output_dir = None  # None: outputs/04_qwen2_padding_side at the repository root
 use_pretrained = True  # also check SmolLM2-135M-Instruct (shipped on PyPI) when it is installed
 
 # %%
+import copy
+
 import torch
 from transformers import AutoModelForCausalLM
 from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
 from trl_clinic import data, eras, plotting
 from trl_clinic.models import load_smollm2, make_causal_lm, smollm2_gguf, trained_model
-from trl_clinic.padding import ForwardAudit, generation_check, scoring_check
+from trl_clinic.padding import ForwardAudit, generation_check, right_padded, scoring_check
 from trl_clinic.parameters import start_run
 from trl_clinic.recording import StepRecorder
 from trl_clinic.results import failed_checks, save_metrics
@@ -164,6 +166,26 @@ for eval_batch_size in (1, 2):
 # %% [markdown]
 # Evaluation still feeds right-padded rows, even at eval batch size 1, because chosen and rejected
 # share the batch; but no forward asks for a cache any more, so nothing would raise.
+#
+# The report also says DPO ignores the tokenizer's `padding_side`. A tokenizer set to pad on the left,
+# given to the real `DPOTrainer`, and the first evaluation batch its collator builds:
+
+# %%
+left_tokenizer = copy.deepcopy(tokenizer)
+left_tokenizer.padding_side = "left"
+left_trainer = DPOTrainer(
+    model=str(checkpoint), processing_class=left_tokenizer,
+    train_dataset=data.preference_pairs(8, seed=run.subseed("dpo train")),
+    eval_dataset=data.preference_pairs(sizes.dpo_eval_pairs, seed=run.subseed("dpo eval")),
+    args=DPOConfig(**run.trainer_kwargs("dpo-left-tokenizer", logging=False), per_device_eval_batch_size=2, max_steps=1),
+)
+left_batch = next(iter(left_trainer.get_eval_dataloader()))
+dpo_ignores_padding_side = right_padded(left_batch["attention_mask"])
+print(f"tokenizer.padding_side = {left_tokenizer.padding_side!r} -> DPO's evaluation batch "
+      f"({tuple(left_batch['attention_mask'].shape)}, chosen and rejected stacked) is "
+      f"{'right-padded: the setting is ignored' if dpo_ignores_padding_side else 'not right-padded'}")
+
+# %% [markdown]
 #
 # The old workaround, `DPOConfig(padding_free=True)`, is accepted today but not honoured:
 
@@ -338,6 +360,7 @@ def checks(n: dict) -> tuple[dict, dict]:
         **({"SmolLM2: right padding shifts the first-token logits (> 1e-2)": smol_shift["right"] > 1e-2}
            if smol_shift is not None else {}),
         "DPOConfig(padding_free=True) is accepted but not honoured": n["dpo_padding_free_honoured"] is False,
+        "DPO pads its batches on the right even with a left-padding tokenizer": n["dpo_ignores_padding_side"],
     }
     fix = {
         "today's TRL asks for no cache in any DPO forward":
@@ -362,6 +385,7 @@ def checks(n: dict) -> tuple[dict, dict]:
 numbers = {"audits": audits, "scoring": scoring, "generation": generation, "changed_outputs": changed,
            "smollm2_changed_outputs": smol_changed, "smollm2_first_token_logit_shift": smol_shift,
            "dpo_padding_free_honoured": padding_free_trainer.padding_free, "flash_attention": flash,
+           "dpo_ignores_padding_side": dpo_ignores_padding_side,
            "then": then_numbers}
 metrics = save_metrics(run, "04", numbers, checks, eras=[then.to_metrics()])
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
