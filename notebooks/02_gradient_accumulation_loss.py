@@ -18,7 +18,7 @@
 # a run trained with it ends worse on held-out data; and today's
 # `num_items_in_batch` path matches the big batch to float precision.
 #
-# **Time**: about 30 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
+# **Time**: about 40 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
 #
 # The old normalisation is **re-created** on today's `Trainer` (`trl_clinic.stand_ins`, which names
 # the transformers 4.45 code it stands for); the custom-loss trap and the fix are today's real code.

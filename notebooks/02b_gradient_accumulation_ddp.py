@@ -19,7 +19,7 @@
 # today's per-process `num_items_in_batch`, and counts summed across processes
 # (`average_tokens_across_devices=True`, the default in `TrainingArguments`). Only one matches.
 #
-# **Time**: about 30 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
+# **Time**: about 20 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
 #
 # The old per-process mean is **re-created** on today's `Trainer` (`trl_clinic.stand_ins`); the other
 # two settings are today's real code paths.

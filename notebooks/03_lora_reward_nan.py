@@ -18,7 +18,7 @@
 # spreads to all of them; why the logged loss lies; a second, silent bug in the same setup (a reward
 # head that never trains and is never saved); and the fix.
 #
-# **Time**: about 65 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
+# **Time**: about 60 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
 #
 # Everything here is today's real code path: no stand-ins.
 
@@ -341,6 +341,13 @@ for name, value in accuracy.items():
     print(f"{name:>32}: eval pair accuracy {value:.3f}")
 fixed_raw = fixed.series("raw_loss")[1]
 print("fixed run: every raw loss finite:", all(math.isfinite(v) for v in fixed_raw))
+gap = accuracy["fp32 + SEQ_CLS (fixed)"] - accuracy["fp32, no SEQ_CLS (frozen head)"]
+display(Markdown(
+    f"At this seed the fixed model ranks {accuracy['fp32 + SEQ_CLS (fixed)']:.1%} of the held-out pairs right and the "
+    f"frozen-head one {accuracy['fp32, no SEQ_CLS (frozen head)']:.1%} ({gap:+.1%}). That gap is small and changes sign "
+    "from seed to seed, so it is shown, not checked: LoRA on the attention learns to move the hidden states along "
+    "whatever direction the random frozen head reads, which ranks pairs almost as well. The frozen head's damage is "
+    "the one checked above: it is not saved, so the reloaded model scores with another random head."))
 
 # %% [markdown]
 # On a GPU, turning on fp16 mixed precision with fp16 weights does not rescue the report's set-up:
@@ -465,8 +472,6 @@ def checks(n: dict) -> tuple[dict, dict]:
         "fixed run finite throughout": all(math.isfinite(v) for v in n["fixed_raw_loss"]),
         "fixed head is trained and saved": heads["with SEQ_CLS"]["head_trainable"] and heads["with SEQ_CLS"]["score_saved"],
         "fixed reload reproduces the rewards (within 1e-4)": heads["with SEQ_CLS"]["reload_max_reward_change"] < 1e-4,
-        "fixed eval accuracy above the frozen-head run":
-            accuracy["fp32 + SEQ_CLS (fixed)"] > accuracy["fp32, no SEQ_CLS (frozen head)"],
     }
     return symptom, fix
 

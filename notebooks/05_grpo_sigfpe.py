@@ -26,7 +26,7 @@
 # bisecting the config. Along the way: the report's config on today's TRL, a real GRPO run, and the
 # *silent* GRPO failure that sits next to the loud one.
 #
-# **Time**: about 95 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
+# **Time**: about 2 minutes on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
 #
 # The H20 crash itself cannot happen here: the bisection runs against a fault **injected** on purpose
 # (`trl_clinic.stand_ins.InjectedH20Fault`, labelled wherever it appears). The config errors, the
@@ -185,8 +185,8 @@ def grpo_in_child(name: str, config: dict, policy: str = "warm", reward: str = "
 
 
 healthy_config = {"num_generations": GENERATIONS, "per_device_train_batch_size": 4 * GENERATIONS,
-                  "max_completion_length": sizes.max_completion_length, "learning_rate": 1e-3, "beta": 0.04,
-                  "max_steps": sizes.grpo_steps}
+                  "max_completion_length": sizes.max_completion_length, "learning_rate": sizes.grpo_learning_rate,
+                  "beta": 0.04, "max_steps": sizes.grpo_steps}
 healthy = grpo_in_child("healthy", healthy_config)
 print("healthy run:", healthy.outcome.describe())
 assert not healthy.outcome.crashed, healthy.outcome.stderr[-3000:]

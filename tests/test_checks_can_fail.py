@@ -139,14 +139,13 @@ MUTATIONS = {
         "fixed run finite": lambda n: n["fixed_raw_loss"].__setitem__(-1, math.inf),
         "fixed head is trained and saved": lambda n: n["heads"]["with SEQ_CLS"].update(score_saved=False),
         "fixed reload reproduces": lambda n: n["heads"]["with SEQ_CLS"].update(reload_max_reward_change=0.1),
-        "accuracy above the frozen-head": lambda n: n["eval_accuracy"].update(
-            {"fp32 + SEQ_CLS (fixed)": n["eval_accuracy"]["fp32, no SEQ_CLS (frozen head)"]}),
     },
     "04": {
         "has right-padded forwards": lambda n: n["audits"]["eval batch 1, today"]["eval"].update(right_padded=0),
         "right-padded batched generation differs": lambda n: n["changed_outputs"].update(right=0),
         "right padding shifts the first-token": lambda n: n["smollm2_first_token_logit_shift"].update(right=0.0),
         "accepted but not honoured": lambda n: n.update(dpo_padding_free_honoured=True),
+        "even with a left-padding tokenizer": lambda n: n.update(dpo_ignores_padding_side=False),
         "no cache in any DPO forward": lambda n: n["audits"]["eval batch 2, today"]["eval"].update(cache_on=1),
         "scoring differences below": lambda n: n["scoring"]["fp32"].update(right=1e-3),
         "left-padded batched generation equals": lambda n: n["changed_outputs"].update(left=1),
