@@ -8,6 +8,7 @@ calls its lesson is about:
 * the probes: ``recording``, ``nonfinite``, ``gradients``, ``packing``, ``padding``, ``crash``;
 * processes: ``child`` (a lesson's function in a child process), ``launch`` (several processes);
 * stand-ins: ``stand_ins`` (old behaviour re-created, faults injected, each labelled);
+* the past, for real: ``eras`` (side environments with old versions), ``handshake``, ``then/`` scripts;
 * the output: ``plotting``, ``results``;
 * the ``trl-clinic`` command: ``workbook``, ``report``, ``doctor``, ``cli``.
 """
