@@ -184,6 +184,13 @@ def grpo_in_child(name: str, config: dict, policy: str = "warm", reward: str = "
                       timeout=sizes.child_timeout_s)
 
 
+def reward_ends(rows: list[dict]) -> tuple[float, float, int]:
+    """Mean reward over the first and the last tenth of a run, and how many steps a tenth is."""
+    window = max(1, len(rows) // 10)
+    return (sum(r["reward"] for r in rows[:window]) / window, sum(r["reward"] for r in rows[-window:]) / window,
+            window)
+
+
 healthy_config = {"num_generations": GENERATIONS, "per_device_train_batch_size": 4 * GENERATIONS,
                   "max_completion_length": sizes.max_completion_length, "learning_rate": sizes.grpo_learning_rate,
                   "beta": 0.04, "max_steps": sizes.grpo_steps}
@@ -192,8 +199,7 @@ print("healthy run:", healthy.outcome.describe())
 assert not healthy.outcome.crashed, healthy.outcome.stderr[-3000:]
 healthy_rows = healthy.result
 rewards = [row["reward"] for row in healthy_rows]
-window = max(1, len(rewards) // 10)
-reward_start, reward_end = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
+reward_start, reward_end, window = reward_ends(healthy_rows)
 print(f"mean reward, first {window} steps: {reward_start:.3f}; last {window} steps: {reward_end:.3f}")
 print(f"KL at the end: {healthy_rows[-1]['kl']:.3f}; frac_reward_zero_std over the run: "
       f"{sum(r['frac_reward_zero_std'] for r in healthy_rows) / len(healthy_rows):.2f}")
@@ -206,22 +212,18 @@ print(f"KL at the end: {healthy_rows[-1]['kl']:.3f}; frac_reward_zero_std over t
 
 
 # %%
-def reward_gain(rows: list[dict]) -> float:
-    """Mean reward over the last tenth of the run minus the first tenth."""
-    window = max(1, len(rows) // 10)
-    return sum(r["reward"] for r in rows[-window:]) / window - sum(r["reward"] for r in rows[:window]) / window
-
-
 suspects = {"healthy": {}, "report's learning_rate": {"learning_rate": config["learning_rate"]},
             "report's max_grad_norm": {"max_grad_norm": config["max_grad_norm"]}}
 suspect_runs = {}
 for name, change in suspects.items():
     tried = grpo_in_child(f"suspect-{len(suspect_runs)}", {**healthy_config, **change, "max_steps": sizes.suspect_steps})
+    print(f"{name:>24} {change or ''}: {tried.outcome.describe()}")
+    start, end, _ = reward_ends(tried.result) if tried.result else (None, None, None)
     suspect_runs[name] = {"change": change, "status": tried.outcome.status,
-                          "reward_gain": reward_gain(tried.result) if tried.result else None,
+                          "reward_gain": end - start if tried.result else None,
                           "max_grad_norm_seen": max(r["grad_norm"] for r in tried.result) if tried.result else None}
-    print(f"{name:>24} {change or ''}: {tried.outcome.describe()}; reward gain "
-          f"{suspect_runs[name]['reward_gain']:+.3f}" if tried.result else f"{name}: {tried.outcome.describe()}")
+    if tried.result:
+        print(f"{'':>24} reward gain {end - start:+.3f}")
 gains = {name: row["reward_gain"] for name, row in suspect_runs.items()}
 lr_gain, clip_gain = gains["report's learning_rate"], gains["report's max_grad_norm"]
 display(Markdown(
