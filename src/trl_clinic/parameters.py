@@ -19,6 +19,7 @@ from trl_clinic.profiles import resolve_profile
 from trl_clinic.runtime import (
     best_attention,
     bf16_supported,
+    cpu_flags,
     device_report,
     no_activation_checkpointing,
     precision_flags,
@@ -72,9 +73,8 @@ class Run:
         }
 
     def cpu_flags(self) -> dict[str, bool]:
-        """``use_cpu=True`` on the cpu profile: what a config that sets its own precision still needs
-        to stay on the CPU (TRL's bf16 default raises there without it)."""
-        return {"use_cpu": True} if self.device.type == "cpu" else {}
+        """``use_cpu=True`` on the cpu profile, for a config that sets its own precision."""
+        return cpu_flags(self.device)
 
     def device_report(self) -> dict[str, object]:
         return {"profile": self.profile, "precision": self.precision, "attention": self.attention,

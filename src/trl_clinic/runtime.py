@@ -35,8 +35,13 @@ def precision_flags(device: torch.device, precision: str) -> dict[str, bool]:
     """
     if precision not in ("bf16", "fp32"):
         raise ValueError(f"unknown precision {precision!r}: choose bf16 or fp32")
-    flags = {"bf16": precision == "bf16", "fp16": False}
-    return flags if device.type == "cuda" else {**flags, "use_cpu": True}
+    return {"bf16": precision == "bf16", "fp16": False, **cpu_flags(device)}
+
+
+def cpu_flags(device: torch.device) -> dict[str, bool]:
+    """``use_cpu=True`` on the CPU: keeps a trainer off a GPU the machine may have (the cpu profile
+    means the CPU), and lets a config that sets its own precision pass TRL's bf16 default there."""
+    return {"use_cpu": True} if device.type == "cpu" else {}
 
 
 def best_attention(device: torch.device) -> str:
