@@ -182,9 +182,9 @@ def start_lab(root: Path, state: Path, log) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("JupyterLab did not answer within 120 s")
 
 
-# Reads the notebook's state from the page: the kernel status in its toolbar, each code cell's prompt
-# ("[ ]:", "[*]:", "[3]:") and output text. innerText is what a learner sees; textContent also covers
-# cells JupyterLab has not rendered because they are scrolled away.
+# Reads the notebook's state from the page: the kernel status and name in its toolbar, the text of any
+# open dialog, each code cell's prompt ("[ ]:", "[*]:", "[3]:") and output text. innerText is what a
+# learner sees; textContent also covers cells JupyterLab has not rendered because they are scrolled away.
 PAGE_STATE = """() => {
   const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
   if (!panel) return null;
@@ -193,7 +193,11 @@ PAGE_STATE = """() => {
     prompt: (cell.querySelector('.jp-InputPrompt') || {}).textContent || '',
     output: (cell.querySelector('.jp-OutputArea') || {}).textContent || '',
   }));
-  return {kernel: indicator ? indicator.getAttribute('data-status') : null, cells};
+  const name = panel.querySelector('.jp-Toolbar-kernelName');
+  const dialog = document.querySelector('.jp-Dialog');
+  return {kernel: indicator ? indicator.getAttribute('data-status') : null,
+          kernelName: name ? name.textContent.trim() : null,
+          dialog: dialog ? dialog.innerText : null, cells};
 }"""
 
 
@@ -248,21 +252,28 @@ def run_all_in_lab(page, url: str) -> str:
     kernel is idle with no cell queued, and return the last cell's output text as the page shows it."""
     page.goto(url)
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
-    wait_for(page, lambda s: s["kernel"] == "idle", 180, "kernel idle after opening the notebook")
+    # The toolbar says "idle" before the session has its kernel; Run All then asks "Select Kernel".
+    wait_for(page, lambda s: s["kernel"] == "idle" and s["kernelName"] not in (None, "", "No Kernel"), 180,
+             "kernel idle and named after opening the notebook")
     # Run All queues every cell at once ("[*]:"), then they run one by one. On a cold start (a fresh
     # virtual environment, CI) the first click was once taken while the kernel's connection was still
-    # settling and queued nothing, with the kernel idle: click again, as a learner would.
+    # settling and queued nothing, with the kernel idle: click again, as a learner would. A dialog in
+    # between is answered as a learner would answer it (Select Kernel: the one offered), or named.
     for attempt in range(1, RUN_ALL_ATTEMPTS + 1):
         page.locator(".lm-MenuBar-item", has_text="Run").first.click()
         label = page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$"))
         page.locator(".lm-Menu-item:visible").filter(has=label).click()
         try:
-            wait_for(page, lambda s: any(any(ch in c["prompt"] for ch in "*0123456789") for c in s["cells"]), 30,
-                     f"cells queued by Run All (attempt {attempt})")
-            break
+            state = wait_for(page, lambda s: s["dialog"] or queued(s), 30, f"cells queued by Run All (attempt {attempt})")
         except TimeoutError:
             if attempt == RUN_ALL_ATTEMPTS:
                 raise
+            continue
+        finally:
+            answer_dialog(page)
+        if not queued(state):  # a dialog came first
+            wait_for(page, lambda s: not s["dialog"] and queued(s), 60, "cells queued after the dialog")
+        break
     state = wait_for(page, lambda s: s["kernel"] == "idle" and not any("*" in c["prompt"] for c in s["cells"]),
                      CELL_TIMEOUT_S, "Run All finished")
     last = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell.jp-CodeCell").last
@@ -278,10 +289,29 @@ def run_all_in_lab(page, url: str) -> str:
     return shown
 
 
+def queued(state: dict) -> bool:
+    return any(any(ch in c["prompt"] for ch in "*0123456789") for c in state["cells"])
+
+
+def answer_dialog(page) -> None:
+    """Answers an open dialog as a learner would. Select Kernel is what JupyterLab asks when Run All
+    finds the session without a kernel yet: keep the kernel it offers. Any other dialog is unexpected
+    and fails the test with its words."""
+    state = page.evaluate(PAGE_STATE)
+    if not (state and state["dialog"]):
+        return
+    if not state["dialog"].lstrip().startswith("Select Kernel"):
+        raise AssertionError(f"JupyterLab opened a dialog during Run All: {state['dialog']!r}")
+    page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept").click()
+
+
 def saved_errors(page, notebook: Path) -> str:
     """JupyterLab only keeps the cells near the view in the page; saving (Ctrl+S, as a learner would)
     writes every cell's output to the copy's notebook, whose errors then go into the failure message."""
+    state = page.evaluate(PAGE_STATE) or {}
+    dialog = f"an open dialog said: {state['dialog']!r}\n" if state.get("dialog") else ""
     try:
+        page.keyboard.press("Escape")  # closes a dialog that would take the clicks below
         before = notebook.stat().st_mtime_ns
         page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").click(position={"x": 5, "y": 5})
         page.keyboard.press("Escape")
@@ -292,5 +322,5 @@ def saved_errors(page, notebook: Path) -> str:
         errors = [f"cell {i}: " + "\n".join(output.traceback) for i, cell in enumerate(nbformat.read(notebook, 4).cells)
                   for output in cell.get("outputs", []) if output.output_type == "error"]
     except Exception as error:  # the message must still say what failed first
-        return f"(could not save the notebook from the page: {error})"
-    return f"saved as {notebook}; errors in it:\n" + ("\n".join(errors)[-4000:] if errors else "none")
+        return f"{dialog}(could not save the notebook from the page: {error})"
+    return f"{dialog}saved as {notebook}; errors in it:\n" + ("\n".join(errors)[-4000:] if errors else "none")
