@@ -428,7 +428,10 @@ plotting.save(fig, run.output_dir, "reward_nan")
 #
 # 1. Rerun the report with `logging_nan_inf_filter=False` in `reward_config`. What is logged now?
 # 2. Use `modules_to_save=["score"]` instead of `task_type="SEQ_CLS"`: does the head train and save?
-# 3. Predict the logged loss at step 25 with `gradient_accumulation_steps=8`, then measure it.
+# 3. Build the report's model with `dtype=torch.bfloat16` instead of fp16, same non-fused AdamW. Does
+#    the `score` head go infinite? Why (or why not)?
+#
+# Worked solutions: [`solutions/03_lora_reward_nan.py`](solutions/03_lora_reward_nan.py) (a test runs them).
 #
 # ## Checks
 
