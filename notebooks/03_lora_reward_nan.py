@@ -40,7 +40,7 @@ from trl_clinic import data, plotting
 from trl_clinic.models import make_reward_model, rewards, trained_model
 from trl_clinic.nonfinite import NonFiniteProbe
 from trl_clinic.parameters import start_run
-from trl_clinic.recording import StepRecorder, replay_nan_filter
+from trl_clinic.recording import StepRecorder, quiet, replay_nan_filter
 from trl_clinic.results import failed_checks, save_metrics
 from trl_clinic.tokenizer import build_tokenizer
 
@@ -142,7 +142,7 @@ for init_kwargs, stored_dtype in (({"dtype": "half"}, torch.float32), ({"torch_d
                                 train_dataset=train_pairs, processing_class=tokenizer, peft_config=lora("SEQ_CLS"))
         outcome = f"loads with weights in {trainer.model.get_base_model().score.weight.dtype}"
     except ValueError as error:
-        outcome = f"ValueError: {str(error)[:110]}..."
+        outcome = f"ValueError: {error}"
     spellings[str(init_kwargs)] = outcome
     print(f"model_init_kwargs={init_kwargs} on the {checkpoint.name}: {outcome}")
 
@@ -166,15 +166,17 @@ for init_kwargs, stored_dtype in (({"dtype": "half"}, torch.float32), ({"torch_d
 # optimizer step and its value after it, and stops at the first NaN/inf, naming the tensor.
 
 # %%
-probe_trainer = RewardTrainer(
+probe_trainer = quiet(RewardTrainer(
     model=make_reward_model(tokenizer, size=MODEL_SIZE, seed=run.seed, dtype=torch.float16),
     args=reward_config("probe", optim="adamw_torch", max_steps=50, bf16=False, fp16=False, logging_strategy="no"),
     train_dataset=train_pairs, processing_class=tokenizer, peft_config=lora("SEQ_CLS"),
-)
+))
 probe = NonFiniteProbe()
 probe_trainer.add_callback(probe)
 probe_trainer.train()
-print(probe.finding)
+finding = probe.finding
+print(f"first non-finite {finding.where} after optimizer step {finding.step}: {', '.join(finding.names)}"
+      if finding else "no non-finite tensor in 50 steps")
 for name, param in probe_trainer.model.named_parameters():
     if param.requires_grad:
         print(f"  trainable {name}: {param.dtype}")
@@ -317,7 +319,8 @@ def head_report(trainer: RewardTrainer, name: str) -> dict:
 heads = {"without SEQ_CLS": head_report(frozen_trainer, "frozen_head"),
          "with SEQ_CLS": head_report(fixed_trainer, "fixed")}
 for name, facts in heads.items():
-    print(f"{name:>16}: {facts}")
+    print(f"{name}: head trainable {facts['head_trainable']}, saved in the adapter {facts['score_saved']}, "
+          f"largest reward change after a reload {facts['reload_max_reward_change']:.2e}")
 
 # %% [markdown]
 # Without SEQ_CLS the head is not among the trainable parameters, is not in the saved adapter, and
@@ -374,20 +377,21 @@ else:
 # ## 6. Compare
 
 # %%
-fig, (ax_log, ax_raw, ax_grad, ax_acc) = plotting.figure(
-    4, title="fp16 weights + non-fused AdamW: NaN from step 2, logged as 1e+34 then 0", width=4.4)
+raw_steps, raw_values = report.series("raw_loss")
+bad_steps = [s for s, v in zip(raw_steps, raw_values) if not math.isfinite(v)]
 steps, logged = report.series("loss")
+fig, (ax_log, ax_raw, ax_grad, ax_acc) = plotting.figure(
+    4, width=4.4, title=f"fp16 weights + non-fused AdamW: NaN from step {bad_steps[0] if bad_steps else '-'}, "
+                        f"logged as {logged[0]:.0e}" + (" then 0" if logged[1:] and not any(logged[1:]) else ""))
 plotting.line(ax_log, steps, logged, "bad", "fp16: logged loss")
 plotting.line(ax_log, *fixed.series("loss"), "fixed", "fixed: logged loss")
 ax_log.set_yscale("symlog", linthresh=1.0)
 plotting.label(ax_log, "optimizer step", "logged loss (symlog)", "what the log says")
 
-raw_steps, raw_values = report.series("raw_loss")
 finite = [(s, v) for s, v in zip(raw_steps, raw_values) if math.isfinite(v)]
 plotting.line(ax_raw, *fixed.series("raw_loss"), "fixed", "fixed: raw loss")
 if finite:
     plotting.line(ax_raw, *zip(*finite), "bad", "fp16: raw loss (finite)")
-bad_steps = [s for s, v in zip(raw_steps, raw_values) if not math.isfinite(v)]
 ax_raw.scatter(bad_steps, [max(fixed_raw) * 1.1] * len(bad_steps), marker="x", color=plotting.BAD,
                label="fp16: raw loss NaN")
 plotting.label(ax_raw, "optimizer step", "raw loss", "what the model returned")

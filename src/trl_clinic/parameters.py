@@ -23,7 +23,7 @@ from trl_clinic.runtime import (
     device_report,
     no_activation_checkpointing,
     precision_flags,
-    quiet_progress_bars,
+    quiet_library_noise,
     seed_everything,
     set_threads,
     show_progress,
@@ -116,7 +116,7 @@ def default_output_dir(notebook: str, start: Path | None = None) -> Path:
 def _prepare(run: Run) -> None:
     set_threads(profile_settings(run.profile).torch_threads)
     seed_everything(run.seed)
-    quiet_progress_bars()
+    quiet_library_noise()
 
 
 def start_run(lesson: str, profile: object, seed: object, output_dir: object = None) -> Run:

@@ -12,6 +12,13 @@ from transformers import PrinterCallback, Trainer, TrainerCallback
 from trl_clinic.results import json_safe
 
 
+def quiet(trainer: Trainer) -> Trainer:
+    """Without progress bars (``trl-clinic run``, sweeps) Trainer prints every log row, and the final
+    train metrics, as a raw dict that buries the notebook's own one-line summaries."""
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
 class StepRecorder(TrainerCallback):
     """One row per optimizer step: the raw loss of every step, and what Trainer logged at that step.
 
@@ -37,8 +44,7 @@ class StepRecorder(TrainerCallback):
 
         trainer.training_step = recorded_training_step
         trainer.add_callback(self)
-        # the recorder keeps every log row; printing them as well buries the notebook's own output
-        trainer.remove_callback(PrinterCallback)
+        quiet(trainer)  # the recorder keeps every log row
         return self
 
     def _row(self, step: int) -> dict[str, float]:

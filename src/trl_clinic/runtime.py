@@ -81,11 +81,19 @@ def no_activation_checkpointing() -> dict[str, bool]:
     return {"gradient_checkpointing": False}
 
 
-def quiet_progress_bars() -> None:
-    """Dataset preprocessing bars repeat for every trainer a lesson builds and bury its output."""
+def quiet_library_noise() -> None:
+    """Dataset preprocessing and weight loading/saving bars repeat for every trainer and checkpoint a
+    lesson builds and bury its output; training bars (Trainer's own tqdm) stay. TRL and peft still read
+    ``is_gradient_checkpointing``, which transformers 5 deprecates with a FutureWarning a learner can do
+    nothing about."""
+    import warnings
+
     import datasets
+    from transformers.utils import logging as transformers_logging
 
     datasets.disable_progress_bars()
+    transformers_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 def set_threads(n: int | None) -> None:
