@@ -28,9 +28,10 @@
 # stack**: this notebook raises it where it lived, on the real transformers 4.51.3 and TRL 0.17.0
 # (an era, a side environment), shows each fix there, counts today's real DPO forwards, and then
 # measures what is physically true about padding sides: harmless for scoring without a cache,
-# harmful for batched generation with one.
+# harmful for batched generation with one. It also tests the report's second claim, that SFT
+# evaluation of a Llama model failed at eval batch > 1.
 #
-# **Time**: about 55 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
+# **Time**: about 65 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
@@ -47,9 +48,17 @@ from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
 from trl_clinic import data, eras, plotting
 from trl_clinic.models import load_smollm2, make_causal_lm, smollm2_gguf, trained_model
-from trl_clinic.padding import ForwardAudit, generation_check, right_padded, scoring_check
+from trl_clinic.padding import (
+    ForwardAudit,
+    batched_eval_loss,
+    generation_check,
+    per_row_eval_losses,
+    right_padded,
+    scoring_check,
+    sequence_logprobs,
+)
 from trl_clinic.parameters import start_run
-from trl_clinic.recording import StepRecorder
+from trl_clinic.recording import StepRecorder, quiet
 from trl_clinic.results import failed_checks, save_metrics
 from trl_clinic.runtime import no_activation_checkpointing
 from trl_clinic.tokenizer import build_tokenizer
@@ -197,6 +206,57 @@ padding_free_trainer = DPOTrainer(
 print("DPOConfig(padding_free=True) -> trainer.padding_free =", padding_free_trainer.padding_free)
 
 # %% [markdown]
+# ### The report's other claim: SFT evaluation of a Llama model at eval batch > 1
+#
+# The reporter also saw SFT evaluation of Llama 3.1 stop with a padding-side error when the eval
+# batch was larger than 1, and pass at 1. Today's real `SFTTrainer` with a tiny Llama trained briefly,
+# then `evaluate()` at eval batch 1 and 2. The evaluation rows alternate one-word answers and
+# biographies (`data.instruction_pairs` guarantees it), so every batch of 2 holds rows of different
+# lengths and must be padded. The audit now also reads what the attention layers receive. This
+# comparison runs in fp32 on every profile, so rounding cannot blur it (section 4 measures bf16's).
+
+# %%
+llama_sft = quiet(SFTTrainer(
+    model=make_causal_lm(tokenizer, "llama", size=MODEL_SIZE, seed=run.seed),
+    args=SFTConfig(**{**run.trainer_kwargs("llama-sft", logging=False), "bf16": False}, learning_rate=3e-3,
+                   per_device_train_batch_size=sizes.sft_batch_size, max_steps=sizes.llama_sft_steps),
+    train_dataset=data.instruction_pairs(sizes.sft_batch_size * sizes.llama_sft_steps, seed=run.subseed("llama sft"),
+                                         max_people=2),
+    eval_dataset=data.instruction_pairs(sizes.sft_eval_rows, seed=run.subseed("llama eval"), max_people=2),
+    processing_class=tokenizer,
+))
+llama_sft.train()
+sft_eval = {}
+for eval_batch_size in (1, 2):
+    llama_sft.args.per_device_eval_batch_size = eval_batch_size
+    audit = ForwardAudit(llama_sft.model)
+    eval_loss = llama_sft.evaluate()["eval_loss"]
+    audit.remove()
+    sft_eval[eval_batch_size] = {"eval_loss": eval_loss, **audit.summary()["eval"]}
+    row = sft_eval[eval_batch_size]
+    print(f"SFT, Llama, eval batch {eval_batch_size}: eval_loss {eval_loss:.6f} | {row['forwards']} forwards, "
+          f"{row['right_padded']} right-padded, {row['cache_on']} with cache, {row['mask_to_attention']} hand "
+          f"attention a padding mask ({llama_sft.model.config._attn_implementation})")
+
+# %% [markdown]
+# No error, no cache, and padding on the right at batch 2. But the two losses differ: is that padding?
+# `Trainer.evaluate()` averages one loss per batch, and SFT's loss of a batch is the mean over its
+# label tokens. At batch 1 every row counts the same; at batch 2 a pair's rows count by their label
+# tokens. `per_row_eval_losses` scores every row alone with the trainer's own `prediction_step`;
+# `batched_eval_loss` (both from `trl_clinic.padding`) averages them the way evaluate() does at
+# batch 2. If padding changed a row's loss, that prediction would miss.
+
+# %%
+eval_rows_alone = per_row_eval_losses(llama_sft)
+predicted = {size: batched_eval_loss(eval_rows_alone, size) for size in (1, 2)}
+sft_eval_gap = {size: abs(sft_eval[size]["eval_loss"] - predicted[size]) for size in (1, 2)}
+batch_effect = sft_eval[2]["eval_loss"] - sft_eval[1]["eval_loss"]
+print(f"eval batch 2 vs 1: {batch_effect:+.2e}; predicted from rows scored alone: {predicted[2] - predicted[1]:+.2e}")
+print(f"evaluate() vs the prediction: batch 1 off by {sft_eval_gap[1]:.1e}, batch 2 (right-padded) off by "
+      f"{sft_eval_gap[2]:.1e}: the padding changes {'nothing' if sft_eval_gap[2] < 1e-5 else 'the loss'}; "
+      f"the {abs(batch_effect):.1e} difference is {'how evaluate() weights rows' if sft_eval_gap[2] < 1e-5 else 'not explained by the weighting'}")
+
+# %% [markdown]
 # ## 4. Diagnose: what padding really does
 #
 # ### Scoring (training, DPO and reward evaluation): no cache, padding is harmless
@@ -216,9 +276,28 @@ for precision, diffs in scoring.items():
     print(f"{precision}: " + ", ".join(f"{mode} {diff:.1e}" for mode, diff in diffs.items()) + " (nats)")
 
 # %% [markdown]
-# In fp32 every mode matches one-at-a-time scoring to float precision; in bf16 the modes differ by
-# bf16 rounding (different batch shapes take different kernel paths), not by anything padding does.
-#
+# bf16 shows differences that fp32 does not. A padding bug would show in both precisions; rounding
+# shows in proportion to the precision. bf16 keeps 8 significant bits (unit roundoff 2^-8), fp32 24
+# (2^-24). A batch of another shape is computed with other matrix tiles and reductions in another
+# order, so the rounding lands differently. The yardstick: how far the same bf16 model is from its fp32
+# self, one sequence at a time, with no batching at all.
+
+# %%
+reference_fp32 = sequence_logprobs(model, tokenizer, prompts, completions, "single")
+bf16_error = max(abs(a - b) for a, b in zip(sequence_logprobs(bf16_model, tokenizer, prompts, completions, "single"),
+                                           reference_fp32))
+typical_logprob = sum(abs(v) for v in reference_fp32) / len(reference_fp32)
+worst = {precision: max(diffs.values()) for precision, diffs in scoring.items()}
+print(f"largest batching difference: fp32 {worst['fp32']:.1e} nats, bf16 {worst['bf16']:.1e} nats "
+      f"({worst['bf16'] / max(worst['fp32'], 1e-12):.0f}x more), on completions of {typical_logprob:.1f} nats on average")
+print(f"relative to the completion's log-prob: fp32 {worst['fp32'] / typical_logprob:.1e} (unit roundoff "
+      f"{2**-24:.1e}), bf16 {worst['bf16'] / typical_logprob:.1e} (unit roundoff {2**-8:.1e})")
+print(f"bf16 vs fp32, the same sequences one at a time: up to {bf16_error:.1e} nats; batching moves bf16 "
+      f"log-probs by {worst['bf16'] / bf16_error:.1f}x that: "
+      + ("the size of bf16's own rounding, not a padding bug" if worst["bf16"] <= 2 * bf16_error
+         else "more than bf16's own rounding explains"))
+
+# %% [markdown]
 # ### Generation: with a cache, right padding is harmful
 #
 # `generate()` predicts each row's next token at its **last** position. In a right-padded batch the
@@ -332,7 +411,11 @@ plotting.save(fig, run.output_dir, "padding_side")
 #
 # * The old error fired on FA2 + mask + KV cache + right padding. DPO evaluation met all four because
 #   chosen and rejected share a batch and only training turned the cache off.
-# * Scoring passes should run with `use_cache=False`; then left, right and padding-free agree.
+# * Scoring passes should run with `use_cache=False`; then left, right and padding-free agree. In
+#   bf16 they agree only to bf16's rounding: compare in fp32 before calling a difference a bug.
+# * SFT evaluation of a Llama model at eval batch > 1 pads on the right and runs today. Its
+#   `eval_loss` moves with the eval batch size because `evaluate()` averages per-batch token means,
+#   not because of padding: `batched_eval_loss` predicts the number from rows scored alone.
 # * Generation must pad left. Right-padded batched `generate()` silently changes outputs.
 # * Check behaviour, not flags: `scoring_check` and `generation_check` take any model and tokenizer.
 #
@@ -345,6 +428,10 @@ plotting.save(fig, run.output_dir, "padding_side")
 # 2. Set `per_device_eval_batch_size=4` in `dpo_audit`. How many evaluation forwards are right-padded?
 # 3. Score with `use_cache=True` in a hand-written forward of a right-padded batch: does the
 #    log-probability change? (It should not; the cache only matters for the *next* forward.)
+# 4. Predict the Llama SFT `eval_loss` at eval batch 4 with `batched_eval_loss` from the rows scored
+#    alone, then run `evaluate()` at batch 4. How close is the prediction?
+#
+# Worked solutions: [`solutions/04_qwen2_padding_side.py`](solutions/04_qwen2_padding_side.py) (a test runs them).
 #
 # ## Checks
 
@@ -361,11 +448,24 @@ def checks(n: dict) -> tuple[dict, dict]:
            if smol_shift is not None else {}),
         "DPOConfig(padding_free=True) is accepted but not honoured": n["dpo_padding_free_honoured"] is False,
         "DPO pads its batches on the right even with a left-padding tokenizer": n["dpo_ignores_padding_side"],
+        "SFT evaluation of Llama at eval batch 2 pads every batch on the right":
+            0 < n["sft_eval"]["2"]["right_padded"] == n["sft_eval"]["2"]["forwards"],
+        "SFT eval batch 2 hands attention a padding mask, batch 1 none":
+            n["sft_eval"]["2"]["mask_to_attention"] == n["sft_eval"]["2"]["forwards"]
+            and n["sft_eval"]["1"]["mask_to_attention"] == 0,
+        "bf16 batching differences vanish in fp32 (> 100x smaller)":
+            100 * max(n["scoring"]["fp32"].values()) < max(n["scoring"]["bf16"].values()),
     }
     fix = {
         "today's TRL asks for no cache in any DPO forward":
             bool(today) and all(row["cache_on"] == 0 for audit in today for row in audit.values()),
         "scoring differences below 1e-5 in fp32 for every padding mode": max(n["scoring"]["fp32"].values()) < 1e-5,
+        "bf16 batching differences are within 2x bf16's own rounding error":
+            max(n["scoring"]["bf16"].values()) <= 2 * n["bf16_error"],
+        "today's SFTTrainer asks for no cache in evaluation":
+            all(row["cache_on"] == 0 for row in n["sft_eval"].values()),
+        "SFT eval loss at batch 2 matches the one predicted from rows scored alone (< 1e-5)":
+            n["sft_eval_gap"]["2"] < 1e-5,
         "left-padded batched generation equals unbatched": changed["left"] == 0,
         **({"SmolLM2: left-padded generation equals unbatched": smol_changed["left"] == 0}
            if smol_changed is not None else {}),
@@ -386,6 +486,9 @@ numbers = {"audits": audits, "scoring": scoring, "generation": generation, "chan
            "smollm2_changed_outputs": smol_changed, "smollm2_first_token_logit_shift": smol_shift,
            "dpo_padding_free_honoured": padding_free_trainer.padding_free, "flash_attention": flash,
            "dpo_ignores_padding_side": dpo_ignores_padding_side,
+           "sft_eval": {str(size): row for size, row in sft_eval.items()},
+           "sft_eval_predicted": {str(size): loss for size, loss in predicted.items()},
+           "sft_eval_gap": {str(size): gap for size, gap in sft_eval_gap.items()}, "bf16_error": bf16_error,
            "then": then_numbers}
 metrics = save_metrics(run, "04", numbers, checks, eras=[then.to_metrics()])
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"

@@ -153,6 +153,12 @@ MUTATIONS = {
         "raises the padding_side='right' ValueError": lambda n: n["then"]["as_reported"].update(error=None),
         "a left-padding tokenizer does not avoid it": lambda n: n["then"]["tokenizer_left"].update(passed_guard=True),
         "use_cache=False gets past the check": lambda n: n["then"]["use_cache_false"].update(passed_guard=False),
+        "eval batch 2 pads every batch on the right": lambda n: n["sft_eval"]["2"].update(right_padded=0),
+        "hands attention a padding mask": lambda n: n["sft_eval"]["2"].update(mask_to_attention=0),
+        "vanish in fp32": lambda n: n["scoring"].update(bf16=dict(n["scoring"]["fp32"])),
+        "within 2x bf16's own rounding error": lambda n: n.update(bf16_error=max(n["scoring"]["bf16"].values()) / 3),
+        "SFTTrainer asks for no cache in evaluation": lambda n: n["sft_eval"]["2"].update(cache_on=1),
+        "matches the one predicted from rows scored alone": lambda n: n["sft_eval_gap"].update({"2": 1e-3}),
     },
     "05": {
         "rejects the report's config": lambda n: n["config_walk"][0].update(error=None),

@@ -52,4 +52,5 @@ def test_audit_counts_right_padding_and_the_cache(qwen, tokenizer):
     qwen(**batch, use_cache=False)
     qwen(**batch, use_cache=True)
     audit.remove()
-    assert audit.summary() == {"eval": {"forwards": 2, "right_padded": 2, "cache_on": 1, "right_padded_with_cache": 1}}
+    assert audit.summary() == {"eval": {"forwards": 2, "right_padded": 2, "cache_on": 1, "right_padded_with_cache": 1,
+                                       "mask_to_attention": 2}}

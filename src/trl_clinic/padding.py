@@ -1,6 +1,7 @@
 """Padding side, KV cache and batching: does a batch give the same answers as one sequence at a time?
 
-Two reusable checks (scoring and generation) and an audit of the forwards a trainer really makes.
+Two reusable checks (scoring and generation), an audit of the forwards a trainer really makes, and
+the evaluation loss a trainer should report at a batch size if padding changed nothing.
 """
 
 from __future__ import annotations
@@ -8,12 +9,12 @@ from __future__ import annotations
 from collections import Counter
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
 
 from trl_clinic.packing import pack
 
 SCORING_MODES = ("left", "right", "padding_free")
-AUDIT_COLUMNS = ("forwards", "right_padded", "cache_on", "right_padded_with_cache")
+AUDIT_COLUMNS = ("forwards", "right_padded", "cache_on", "right_padded_with_cache", "mask_to_attention")
 
 
 def right_padded(attention_mask: torch.Tensor) -> bool:
@@ -30,16 +31,24 @@ def _checkpointing(model: PreTrainedModel) -> bool:
 
 
 class ForwardAudit:
-    """Counts a model's forwards by mode (train/eval), right padding and whether a KV cache is built.
+    """Counts a model's forwards by mode (train/eval), right padding, whether a KV cache is built and
+    whether the attention layers get a mask.
 
     A forward builds a cache unless ``use_cache=False`` is passed, or the config says no, or
     activation checkpointing turns it off in training. That combination (a cache, an attention mask
     and a right-padded row) is what made transformers 4.49-4.52 raise for Qwen2 + FlashAttention-2.
+    The mask is read where attention receives it (the first ``self_attn`` module): transformers drops
+    a mask without padding, so the kernel takes its causal fast path, and passes one when a row is
+    padded (a boolean 4D mask for sdpa, the 2D padding mask for FlashAttention's unpadding).
     """
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.counts: Counter[tuple[str, bool, bool]] = Counter()
-        self._handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
+        self.masked: Counter[tuple[str, bool, bool]] = Counter()
+        self._pending: tuple[str, bool, bool] | None = None  # the forward whose first attention call is next
+        attention = next(module for name, module in model.named_modules() if name.endswith("self_attn"))
+        self._handles = [model.register_forward_pre_hook(self._record, with_kwargs=True),
+                         attention.register_forward_pre_hook(self._record_mask, with_kwargs=True)]
 
     def _record(self, module, args, kwargs):
         mask = kwargs.get("attention_mask")
@@ -49,7 +58,13 @@ class ForwardAudit:
         if module.training and _checkpointing(module):
             use_cache = False
         padded = mask is not None and mask.dim() == 2 and right_padded(mask)
-        self.counts[("train" if module.training else "eval", padded, use_cache)] += 1
+        self._pending = ("train" if module.training else "eval", padded, use_cache)
+        self.counts[self._pending] += 1
+
+    def _record_mask(self, module, args, kwargs):
+        if self._pending is not None:  # once per forward: checkpointing calls attention again in backward
+            self.masked[self._pending] += kwargs.get("attention_mask") is not None
+            self._pending = None
 
     def summary(self) -> dict[str, dict[str, int]]:
         table: dict[str, dict[str, int]] = {}
@@ -59,10 +74,35 @@ class ForwardAudit:
             row["right_padded"] += n * padded
             row["cache_on"] += n * cache
             row["right_padded_with_cache"] += n * (padded and cache)
+            row["mask_to_attention"] += self.masked[(mode, padded, cache)]
         return table
 
     def remove(self) -> None:
-        self._handle.remove()
+        for handle in self._handles:
+            handle.remove()
+
+
+def per_row_eval_losses(trainer: Trainer) -> list[tuple[float, int]]:
+    """Each evaluation row's loss and label-token count, from the trainer's own eval dataloader and
+    ``prediction_step`` one row at a time: what ``evaluate()`` at eval batch 1 averages."""
+    batch_size, trainer.args.per_device_eval_batch_size = trainer.args.per_device_eval_batch_size, 1
+    try:
+        return [(trainer.prediction_step(trainer.model, batch, prediction_loss_only=True)[0].item(),
+                 int((batch["labels"][:, 1:] != -100).sum()))  # the targets a causal LM's loss sees
+                for batch in trainer.get_eval_dataloader()]
+    finally:
+        trainer.args.per_device_eval_batch_size = batch_size
+
+
+def batched_eval_loss(rows: list[tuple[float, int]], batch_size: int) -> float:
+    """The ``eval_loss`` that ``Trainer.evaluate()`` reports at ``batch_size`` if batching (and padding)
+    changed no row's loss: each batch's loss is the mean over its label tokens, and evaluate() averages
+    the batches weighted by their number of rows (``loss.repeat(batch_size)``)."""
+    total = 0.0
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start:start + batch_size]
+        total += len(batch) * sum(loss * count for loss, count in batch) / sum(count for _, count in batch)
+    return total / len(rows)
 
 
 def _completion_logprob(logits: torch.Tensor, ids: list[int], n_prompt: int) -> float:
