@@ -28,9 +28,11 @@
 #
 # **Time**: about 2 minutes on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
 #
-# The H20 crash itself cannot happen here: the bisection runs against a fault **injected** on purpose
-# (`trl_clinic.stand_ins.InjectedH20Fault`, labelled wherever it appears). The config errors, the
-# GRPO runs, the native crash and the process deaths are real.
+# The H20 crash itself cannot happen here. The bisection runs twice: first on a **real** failure
+# (today's TRL rejects the user's config, and the error names a value the user never set), then on
+# a crash from a fault **injected** on purpose (`trl_clinic.stand_ins.InjectedH20Fault`, labelled
+# wherever it appears). The config errors, the GRPO runs, the native crash and the process deaths
+# are real.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
@@ -42,7 +44,7 @@ from IPython.display import Markdown, display
 from trl import GRPOConfig, SFTConfig, SFTTrainer
 
 from trl_clinic import child, data, eras, plotting
-from trl_clinic.crash import bisect_settings
+from trl_clinic.crash import bisect_settings, in_process
 from trl_clinic.models import make_causal_lm
 from trl_clinic.parameters import start_run
 from trl_clinic.recording import StepRecorder
@@ -79,8 +81,9 @@ FIXES = [  # (what the error names, the fix, how it changes the config)
      "need per_device_train_batch_size=16 (or fewer generations)",
      lambda c: {**c, "per_device_train_batch_size": 16}),
 ]
-config, walk = dict(reported), []
+config, walk, walked = dict(reported), [], []
 for _ in range(len(FIXES) + 1):
+    walked.append(dict(config))
     try:
         GRPOConfig(output_dir=str(run.output_dir / "runs" / "walk"), **run.cpu_flags(), **config)
         walk.append({"error": None, "fix": None})
@@ -255,19 +258,65 @@ print(traced.stderr.split("Extension modules")[0])
 # %% [markdown]
 # ## 4. Bisecting the config
 #
+# Bisection starts from a config that works and adds the user's settings until it fails: first one
+# by one, in the user's order (a ladder), until a trial fails; then by halving, until the smallest
+# set that still fails is left (`trl_clinic.crash.bisect_settings`).
+#
+# The minimal config is the documentation's, run the way TRL 0.14 ran it (fp32), sized to our tiny
+# policy.
+#
+# ### On a real failure: which of the user's settings does today's TRL reject?
+#
+# Section 1 met it: with the two removed arguments renamed, today's `GRPOConfig` still rejects the
+# user's config, and the message names `generation_batch_size`, a value the user never set. Which
+# of the user's settings is to blame? A failure Python can catch needs no child process:
+# `trl_clinic.crash.in_process` builds the real `GRPOConfig` for each trial and reports how it ended.
+
+# %%
+minimal = {"num_generations": GENERATIONS, "per_device_train_batch_size": GENERATIONS,
+           "max_completion_length": sizes.max_completion_length, "max_steps": 2, "bf16": False}
+renamed = [seen for seen, step in zip(walked, walk) if step["error"]][-1]  # the last config today's TRL rejected
+
+
+def try_config(names: list[str]):
+    settings = {**minimal, **{name: renamed[name] for name in names}}
+    outcome = in_process(lambda: GRPOConfig(output_dir=str(run.output_dir / "runs" / "bisect-config"),
+                                            **run.cpu_flags(), **settings))
+    shown = names if len(names) <= 3 else f"{len(names)} settings: {', '.join(names[:2])}, ..., {names[-1]}"
+    print(f"  + {shown or 'nothing (minimal)'}: {outcome.describe()}")
+    return outcome
+
+
+config_bisection = bisect_settings(list(renamed), try_config)
+config_error = next(t.outcome for t in config_bisection.trials if t.outcome.crashed)
+full_error = try_config(list(renamed))
+print(f"\n{len(config_bisection.trials)} trials, {sum(t.outcome.seconds for t in config_bisection.trials):.3f} s "
+      f"in all; smallest failing set: {config_bisection.culprits}")
+print("\nthe user's whole config, as today's TRL rejects it:\n" + full_error.stderr)
+
+# %%
+culprit_named = any(name in full_error.message for name in config_bisection.culprits or [])
+display(Markdown(
+    f"The bisection needs {len(config_bisection.trials)} trials to name **{', '.join(config_bisection.culprits or [])}**"
+    f" ({', '.join(f'{name}={renamed[name]!r}' for name in config_bisection.culprits or [])}); the message "
+    f"{'names it' if culprit_named else 'never names it'}: `{full_error.message}` Since TRL 0.15 "
+    "`generation_batch_size` is `per_device_train_batch_size` x `gradient_accumulation_steps` (x processes) "
+    "and counts *completions*, so it must hold whole groups of `num_generations`. In TRL 0.14, where the "
+    "report's config was written, the per-device batch counted prompts and 1 was a valid value."))
+
+# %% [markdown]
+# ### On a crash: the H20 fault, injected
+#
 # The H20 + cuBLAS crash cannot happen on this machine. To show the method on a real process death,
 # the child runs attach **`InjectedH20Fault`, a fault injected on purpose**: a `TrainerCallback` that
 # calls `native_sigfpe()` at the first step when `bf16` is on. It reproduces the crash's *shape* (a
 # native SIGFPE tied to bf16), not its cause. Everything else below is real: real child processes,
 # real GRPO runs, real process deaths.
 #
-# The minimal config is the documentation's, run the way TRL 0.14 ran it (fp32), sized to our tiny
-# policy. The user's settings are added to it in the report's order: first one by one (a ladder)
-# until a run dies, then by halving, until the smallest set that still dies is left.
+# The user's settings (with the batch fixed, so the config is accepted) go to the same bisection;
+# each trial is now a GRPO run in a child process.
 
 # %%
-minimal = {"num_generations": GENERATIONS, "per_device_train_batch_size": GENERATIONS,
-           "max_completion_length": sizes.max_completion_length, "max_steps": 2, "bf16": False}
 user_settings = {key: config[key] for key in ("learning_rate", "adam_beta1", "adam_beta2", "weight_decay",
                                               "warmup_steps", "lr_scheduler_type", "bf16",
                                               "gradient_accumulation_steps", "max_grad_norm")}
@@ -344,6 +393,8 @@ plotting.save(fig, run.output_dir, "grpo_sigfpe")
 #   Run the suspect in a child process with `python -X faulthandler` and read the return code (−8 is
 #   SIGFPE) and the stack it printed.
 # * Find the guilty setting by bisection from a config that works: add settings one by one, then halve.
+#   It works on a loud config error too: an error message names what the code checked
+#   (`generation_batch_size`), the bisection names what *you* set (`per_device_train_batch_size`).
 # * For the H20 report: bf16 GEMMs with the cuBLAS of torch cu121 wheels; fix with
 #   `nvidia-cublas-cu12==12.4.5.8` or newer torch, or `bf16=False`.
 # * Today's TRL rejects the report's config earlier: `warmup_ratio` and `max_prompt_length` are gone,
@@ -355,11 +406,15 @@ plotting.save(fig, run.output_dir, "grpo_sigfpe")
 #
 # ## 8. Exercise
 #
-# 1. Change `InjectedH20Fault` in your copy to fire only when `max_grad_norm < 1`. Which set does the
-#    bisection find, and how many child runs does it take?
+# 1. Suppose the H20 fault fired only when `max_grad_norm < 1`. Give `bisect_settings` the user's
+#    settings and a trial that fails exactly then (`in_process` on a function that raises for such
+#    settings). Which set does it find, and after how many trials? Each would have been a child run.
 # 2. Give the all-or-nothing reward to the *warm* policy. What happens to `frac_reward_zero_std`?
-# 3. Run `grpo_in_child` with `num_generations=6` and `per_device_train_batch_size=16`. What does the
-#    child report?
+# 3. Build the `GRPOConfig` that `grpo_in_child` would get for `num_generations=6` and
+#    `per_device_train_batch_size=16`. What does today's TRL report, and which per-device batch sizes
+#    from 12 to 20 does it accept?
+#
+# Worked solutions: [`solutions/05_grpo_sigfpe.py`](solutions/05_grpo_sigfpe.py) (a test runs them).
 #
 # ## Checks
 
@@ -374,6 +429,11 @@ def checks(n: dict) -> tuple[dict, dict]:
             crash["signal"] == "SIGFPE" and crash["returncode"] == -8,
         "without faulthandler the crash leaves no message": "Fatal Python error" not in crash["stderr_without_faulthandler"],
         "faulthandler shows the Python stack": "native_sigfpe" in crash["stderr_with_faulthandler"],
+        "bisecting today's real config error names per_device_train_batch_size alone":
+            n["config_bisection"]["culprits"] == ["per_device_train_batch_size"],
+        "the real config error's message does not name the guilty setting":
+            bool(n["config_bisection"]["culprits"])
+            and not any(name in n["config_bisection"]["message"] for name in n["config_bisection"]["culprits"]),
         "bisection names the guilty setting (bf16, the injected stand-in)": injected(n["culprits"] == ["bf16"]),
         "equal-reward groups teach nothing (frac_reward_zero_std 1, grad norm 0)":
             n["silent_frac_reward_zero_std"] == 1.0 and n["silent_max_grad_norm"] == 0.0,
@@ -399,6 +459,8 @@ numbers = {
                      "stderr_without_faulthandler": plain.stderr, "stderr_with_faulthandler": traced.stderr},
     "bisection": [{"settings": t.settings, "phase": t.phase, "status": t.outcome.status,
                    "signal": t.outcome.signal, "seconds": t.outcome.seconds} for t in bisection.trials],
+    "config_bisection": {"culprits": config_bisection.culprits, "trials": len(config_bisection.trials),
+                         "first_error": config_error.message, "message": full_error.message},
     "culprits": bisection.culprits,
     "workaround": workaround.status,
     "healthy": healthy.outcome.status,

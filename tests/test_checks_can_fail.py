@@ -166,6 +166,10 @@ MUTATIONS = {
         "leaves no message": lambda n: n["native_crash"].update(stderr_without_faulthandler="Fatal Python error: x"),
         "faulthandler shows the Python stack": lambda n: n["native_crash"].update(stderr_with_faulthandler=""),
         "bisection names the guilty setting": lambda n: n.update(culprits=["learning_rate", "bf16"]),
+        "real config error names per_device_train_batch_size": lambda n: n["config_bisection"].update(
+            culprits=["gradient_accumulation_steps", "num_generations"]),
+        "message does not name the guilty setting": lambda n: n["config_bisection"].update(
+            message="ValueError: per_device_train_batch_size (1) must be divisible by num_generations (8)."),
         "equal-reward groups teach nothing": lambda n: n.update(silent_frac_reward_zero_std=0.5),
         "minimal config runs": lambda n: n["bisection"][0].update(status="signal"),
         "bf16=False runs": lambda n: n.update(workaround="signal"),

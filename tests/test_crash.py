@@ -1,7 +1,7 @@
 import pytest
 
 from trl_clinic.child import Outcome, run_child
-from trl_clinic.crash import bisect_settings
+from trl_clinic.crash import bisect_settings, in_process
 
 
 def test_native_sigfpe_is_reported_as_a_signal():
@@ -15,6 +15,17 @@ def test_python_exception_is_reported_with_its_message():
     outcome = run_child(["-c", "raise ValueError('generation batch is wrong')"], timeout=60)
     assert outcome.status == "exception" and outcome.returncode == 1
     assert outcome.message == "ValueError: generation batch is wrong"
+
+
+def test_in_process_reports_a_python_error_in_full():
+    def reject():
+        raise ValueError("generation_batch_size (1) must be divisible by num_generations (8).")
+
+    outcome = in_process(reject)
+    assert outcome.status == "exception" and outcome.crashed
+    assert outcome.message == "ValueError: generation_batch_size (1) must be divisible by num_generations (8)."
+    assert "reject" in outcome.stderr  # the traceback, where it was raised
+    assert in_process(lambda: None).status == "finished"
 
 
 def test_finished_and_timeout():

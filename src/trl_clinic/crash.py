@@ -7,6 +7,8 @@ kernel, with every variable in it. So each trial runs in a child (``trl_clinic.c
 
 from __future__ import annotations
 
+import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,6 +25,21 @@ def native_sigfpe() -> None:
     Python cannot catch it (integer division by zero, by contrast, raises a Python error in torch).
     """
     torch.div(torch.tensor([INT64_MIN]), -1, rounding_mode="trunc")
+
+
+def in_process(call: Callable[[], object]) -> Outcome:
+    """Run ``call()`` here and say how it ended, as ``child.run_child`` says it for a child.
+
+    A failure Python can catch (a config that today's TRL rejects) needs no child process, and a
+    trial of ``bisect_settings`` then costs milliseconds instead of a Python start-up.
+    """
+    start = time.perf_counter()
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - any Python error is the trial's result, reported in full
+        return Outcome("exception", None, time.perf_counter() - start, message=f"{type(error).__name__}: {error}",
+                       stderr=traceback.format_exc())
+    return Outcome("finished", 0, time.perf_counter() - start)
 
 
 @dataclass
