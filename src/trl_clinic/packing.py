@@ -29,8 +29,10 @@ def packed_vs_separate(model: PreTrainedModel, sequences: list[list[int]],
     """Per-sequence mean loss one at a time and inside one packed row, and whether they agree.
 
     ``all_ones_mask=True`` sends the packed row with an attention mask of ones, as a collator that
-    keeps the per-sequence masks does (``stand_ins.recreated_all_ones_mask`` re-creates TRL's). ``isolated`` is True when every sequence's loss matches within
-    ``tolerance`` (relative): the packed sequences did not see each other.
+    keeps the per-sequence masks does (``stand_ins.recreated_all_ones_mask`` re-creates TRL's).
+    ``isolated`` is True when every sequence's loss matches within ``tolerance`` (relative): the
+    packed sequences did not see each other. ``ratio`` is the mean packed loss over the mean loss
+    alone: how much the row's foreign context costs at these weights (1 when isolated).
     """
     device = next(model.parameters()).device
     was_training = model.training
@@ -50,4 +52,5 @@ def packed_vs_separate(model: PreTrainedModel, sequences: list[list[int]],
         start = end
     model.train(was_training)
     worst = max(abs(p - s) / abs(s) for p, s in zip(packed, separate))
-    return {"separate": separate, "packed": packed, "max_relative_difference": worst, "isolated": worst < tolerance}
+    return {"separate": separate, "packed": packed, "max_relative_difference": worst, "isolated": worst < tolerance,
+            "ratio": sum(packed) / sum(separate)}

@@ -1,0 +1,132 @@
+"""Worked solutions to the exercises of lesson 01 (padding-free training gives an abnormally high loss).
+
+Run from the repository root: ``python notebooks/solutions/01_padding_free_high_loss.py`` (cpu, fp32,
+tiny models, seed 0). Each function answers one exercise with the package's real code and asserts
+the claim its answer makes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import tempfile
+
+import torch
+from datasets import concatenate_datasets
+from trl import SFTConfig, SFTTrainer
+
+from trl_clinic import data
+from trl_clinic.models import make_causal_lm
+from trl_clinic.packing import pack, packed_vs_separate
+from trl_clinic.recording import StepRecorder, quiet
+from trl_clinic.runtime import cpu_flags, no_activation_checkpointing, quiet_library_noise
+from trl_clinic.stand_ins import recreated_all_ones_mask
+from trl_clinic.tokenizer import build_tokenizer
+
+SEED, WARMUP_STEPS, SAMPLES = 0, 150, 64  # the lesson's cpu warm-up
+OUT = tempfile.mkdtemp(prefix="solutions-01-")
+logging.getLogger("trl.trainer.sft_trainer").setLevel(logging.ERROR)
+
+
+@functools.cache
+def tokenizer():
+    return build_tokenizer()
+
+
+def config(name: str, **fields) -> SFTConfig:
+    """The lesson's run settings, cpu and fp32: one folder per run, no checkpoints, no reporting."""
+    return SFTConfig(output_dir=f"{OUT}/{name}", seed=SEED, report_to="none", save_strategy="no", logging_steps=1,
+                     disable_tqdm=True, bf16=False, max_length=None, completion_only_loss=False,
+                     **cpu_flags(torch.device("cpu")), **no_activation_checkpointing(), **fields)
+
+
+@functools.cache
+def warm_weights() -> dict:
+    """A tiny Llama trained briefly (padded), as in the lesson: contamination only shows once context matters."""
+    half = 8 * WARMUP_STEPS // 2
+    warm_set = concatenate_datasets([data.mrc_samples(half, seed=SEED), data.instruction_pairs(half, seed=SEED, max_people=2)])
+    model = make_causal_lm(tokenizer(), seed=SEED)
+    trainer = SFTTrainer(model=model, args=config("warm-up", per_device_train_batch_size=8, learning_rate=3e-3,
+                                                  max_steps=WARMUP_STEPS),
+                         train_dataset=warm_set.shuffle(seed=SEED), processing_class=tokenizer())
+    quiet(trainer)  # keeps the log rows out of the answer's output
+    trainer.train()
+    return model.state_dict()
+
+
+def warm_model() -> torch.nn.Module:
+    model = make_causal_lm(tokenizer(), seed=SEED)
+    model.load_state_dict(warm_weights())
+    return model
+
+
+def held_out(n: int) -> list[list[int]]:
+    tok = tokenizer()
+    return [tok(row["prompt"] + row["completion"])["input_ids"] + [tok.eos_token_id]
+            for row in data.mrc_samples(n, seed=SEED + 1)]
+
+
+def lr0_loss(mode: str, batch_size: int) -> float:
+    """Mean logged whole-sequence loss over the held-out MRC samples at lr 0 (the weights never change)."""
+    dataset = data.mrc_samples(SAMPLES, seed=SEED + 1)
+    trainer = SFTTrainer(model=warm_model(), args=config(f"{mode}-{batch_size}", per_device_train_batch_size=batch_size,
+                                                         padding_free=mode != "padded", learning_rate=0.0,
+                                                         max_steps=SAMPLES // batch_size),
+                         train_dataset=dataset, processing_class=tokenizer())
+    if mode == "contaminated":
+        trainer.data_collator = recreated_all_ones_mask(trainer.data_collator)
+    recorder = StepRecorder().watch(trainer)
+    trainer.train()
+    losses = recorder.series("loss")[1]
+    return sum(losses) / len(losses)
+
+
+def exercise_1() -> None:
+    """Add batch size 32 to BATCH_SIZES. Predict the contaminated/padded ratio first.
+
+    Prediction: more sequences per row means more foreign context per token, so the ratio keeps
+    growing past batch 16, more slowly (the foreign context a token sees grows, its share of the
+    loss saturates)."""
+    ratios = {b: lr0_loss("contaminated", b) / lr0_loss("padded", b) for b in (16, 32)}
+    print(f"exercise 1: contaminated/padded loss ratio, batch 16: {ratios[16]:.2f}, batch 32: {ratios[32]:.2f}")
+    assert ratios[32] > ratios[16] > 1, ratios
+
+
+def exercise_2() -> None:
+    """Run packed_vs_separate(all_ones_mask=True) on a freshly initialised model and on a warmed-up one.
+    Why does the lesson warm its models up before measuring contamination?"""
+    sequences = held_out(8)
+    fresh = packed_vs_separate(make_causal_lm(tokenizer(), seed=SEED), sequences, all_ones_mask=True)
+    warm = packed_vs_separate(warm_model(), sequences, all_ones_mask=True)
+    print(f"exercise 2: packed/alone loss with an all-ones mask: fresh model {fresh['ratio']:.4f}, "
+          f"warmed-up {warm['ratio']:.3f}: a random model predicts badly whatever it attends to, so the foreign "
+          "context barely moves its loss; a model that uses context is misled by it.")
+    assert not fresh["isolated"] and not warm["isolated"]  # both see the foreign sequences...
+    assert warm["ratio"] - 1 > 10 * abs(fresh["ratio"] - 1), (fresh["ratio"], warm["ratio"])  # ...only one cares
+
+
+@torch.no_grad()
+def exercise_3() -> None:
+    """Pass use_cache=True in a hand-written forward of a packed row (no mask). Is it still isolated?"""
+    model = warm_model().eval()
+    sequences = held_out(4)
+    row = pack(sequences)
+    logits = {cache: model(**row, use_cache=cache).logits[0] for cache in (False, True)}
+    start, alone = len(sequences[0]), []
+    for seq in sequences[1:]:  # the later sequences: the ones that could see earlier ones
+        own = model(input_ids=torch.tensor([seq]), use_cache=False).logits[0]
+        alone.append({cache: (logits[cache][start:start + len(seq)] - own).abs().max().item() for cache in logits})
+        start += len(seq)
+    worst = {cache: max(d[cache] for d in alone) for cache in logits}
+    print(f"exercise 3: largest logit difference packed vs alone: use_cache=False {worst[False]:.1e} (isolated), "
+          f"use_cache=True {worst[True]:.2f} (contaminated: with a cache transformers stops reading boundaries "
+          "from position_ids)")
+    assert worst[False] < 1e-4 < worst[True], worst
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    quiet_library_noise()
+    exercise_1()
+    exercise_2()
+    exercise_3()
