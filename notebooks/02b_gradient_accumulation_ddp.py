@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown]
-# # 02b · Gradient accumulation across processes (DDP)
+# # 02b · Gradient accumulation across processes (DDP, FSDP)
 #
 # **The report** ([TRL issue #2175](https://github.com/huggingface/trl/issues/2175), continued): the
 # loss-normalisation bug of lesson 02 also hits distributed training (DDP, FSDP), and fixing it
@@ -17,9 +17,11 @@
 # different sequence lengths, started by the notebook itself; the synchronised gradient compared
 # with the one-process, one-big-batch gradient for three settings: the old per-process mean,
 # today's per-process `num_items_in_batch`, and counts summed across processes
-# (`average_tokens_across_devices=True`, the default in `TrainingArguments`). Only one matches.
+# (`average_tokens_across_devices=True`, the default in `TrainingArguments`). Only one matches. The
+# last setting is also run with FSDP asked for (`fsdp=True`), and the notebook says what accelerate
+# made of that request on this machine.
 #
-# **Time**: about 20 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
+# **Time**: about 25 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
 #
 # The old per-process mean is **re-created** on today's `Trainer` (`trl_clinic.stand_ins`); the other
 # two settings are today's real code paths.
@@ -31,10 +33,11 @@ output_dir = None  # None: outputs/02b_gradient_accumulation_ddp at the reposito
 
 # %%
 import torch
+from transformers import PrinterCallback
 from trl import SFTConfig, SFTTrainer
 
 from trl_clinic import child, data, plotting
-from trl_clinic.gradients import cosine, first_step_gradient, relative_error
+from trl_clinic.gradients import cosine, first_step_gradient, label_counts, relative_error
 from trl_clinic.launch import backend
 from trl_clinic.models import make_causal_lm
 from trl_clinic.parameters import start_run
@@ -44,7 +47,7 @@ from trl_clinic.tokenizer import build_tokenizer
 run = start_run("02b", profile, seed, output_dir)
 print(run.describe())
 sizes = run.sizes  # this lesson's numbers for the profile (lessons.yaml)
-SETTINGS = ("old", "per-process", "across-processes")
+SETTINGS = ("old", "per-process", "across-processes", "across-processes, fsdp")
 
 # %% [markdown]
 # ## 1. Reproduce: the multi-process run
@@ -59,7 +62,11 @@ SETTINGS = ("old", "per-process", "across-processes")
 # * **per-process**: `num_items_in_batch` counted over this process's micro-batches only
 #   (`average_tokens_across_devices=False`);
 # * **across-processes**: `average_tokens_across_devices=True`: the counts of all processes are summed
-#   (a gather), and the loss is multiplied by the number of processes to undo DDP's averaging.
+#   (a gather), and the loss is multiplied by the number of processes to undo DDP's averaging;
+# * **across-processes, fsdp**: the same with `fsdp=True` (FSDP2, transformers' default version), the
+#   report's other setup. FSDP shards parameters and gradients, and reduces gradients as an average over
+#   processes as DDP does, so the same count and the same factor should make it exact too. Each process
+#   records what accelerate really ran (`trainer.accelerator.distributed_type` and the model's wrapper).
 
 # %%
 # %%writefile {run.output_dir}/ddp_child.py
@@ -68,7 +75,7 @@ from accelerate.utils import gather_object
 from trl import SFTConfig, SFTTrainer
 
 from trl_clinic import data
-from trl_clinic.gradients import first_step_gradient
+from trl_clinic.gradients import first_step_gradient, label_counts
 from trl_clinic.models import make_causal_lm
 from trl_clinic.stand_ins import recreate_pre_446_loss
 from trl_clinic.tokenizer import build_tokenizer
@@ -77,28 +84,29 @@ from trl_clinic.tokenizer import build_tokenizer
 def distributed_gradients(run, spec):
     tokenizer = build_tokenizer()
     train_set = data.instruction_pairs(run.sizes.n_samples, seed=run.subseed("train"))
-    gradients, counts = {}, {}
+    gradients, counts, ran_as = {}, {}, {}
     for accumulation in run.sizes.accumulation:
         for setting in spec["settings"]:
             args = SFTConfig(
-                **{**run.trainer_kwargs(f"ddp-{setting}-{accumulation}", logging=False), "bf16": False},
+                **{**run.trainer_kwargs(f"ddp-{setting}-{accumulation}".replace(", ", "-"), logging=False),
+                   "bf16": False},
                 per_device_train_batch_size=1,
                 gradient_accumulation_steps=accumulation,
                 max_grad_norm=0,
                 max_steps=1,
                 train_sampling_strategy="sequential",  # process p gets samples p, p + 2, ...
-                average_tokens_across_devices=setting == "across-processes",  # the flag this lesson is about
+                average_tokens_across_devices=setting.startswith("across-processes"),  # the flag this lesson is about
+                fsdp=setting.endswith("fsdp"),  # FSDP2 (fsdp_config version 2, the default)
             )
             trainer = SFTTrainer(model=make_causal_lm(tokenizer, size=run.sizes.model_size, seed=run.seed),
                                  args=args, train_dataset=train_set, processing_class=tokenizer)
             if setting == "old":
                 recreate_pre_446_loss(trainer)
             gradients[(setting, accumulation)] = first_step_gradient(trainer)
+            ran_as[setting] = f"{trainer.accelerator.distributed_type.value}, {type(trainer.model_wrapped).__name__}"
         # the same sequential sampler: this process's micro-batches of the first step
-        window = [batch for batch, _ in zip(trainer.get_train_dataloader(), range(accumulation))]
-        mine = [int((batch["labels"][..., 1:] != -100).sum()) for batch in window]
-        counts[accumulation] = gather_object([mine])  # one list per process, in rank order
-    return {"gradients": gradients, "counts": counts}
+        counts[accumulation] = gather_object([label_counts(trainer, accumulation)])  # one list per process
+    return {"gradients": gradients, "counts": counts, "ran_as": ran_as}
 
 # %% [markdown]
 # The notebook starts the processes itself with `trl_clinic.child.call`, so papermill can run it and
@@ -114,6 +122,10 @@ launched = child.call(run, f"{run.output_dir}/ddp_child.py:distributed_gradients
                       name="ddp", processes=sizes.processes, timeout=sizes.child_timeout_s)
 print(f"{sizes.processes} processes over {BACKEND}: {launched.outcome.describe()}")
 assert not launched.outcome.crashed, launched.outcome.stderr[-3000:]
+ran_as = launched.result["ran_as"]
+fsdp_applied = "FSDP" in ran_as["across-processes, fsdp"]
+print(f"accelerate ran 'across-processes' as {ran_as['across-processes']}, and with fsdp=True as "
+      f"{ran_as['across-processes, fsdp']}: FSDP {'applied' if fsdp_applied else 'NOT applied (plain DDP)'}")
 counts = launched.result["counts"]
 for acc, per_rank in counts.items():
     print(f"accumulation {acc}: " + "; ".join(f"process {r} label tokens {c} (sum {sum(c)})"
@@ -138,9 +150,8 @@ def reference_gradient(batch_size: int) -> tuple[torch.Tensor, int]:
                      train_sampling_strategy="sequential")
     trainer = SFTTrainer(model=make_causal_lm(tokenizer, size=sizes.model_size, seed=run.seed), args=args,
                          train_dataset=train_set, processing_class=tokenizer)
-    gradient = first_step_gradient(trainer)
-    batch = next(iter(trainer.get_train_dataloader()))
-    return gradient, int((batch["labels"][..., 1:] != -100).sum())
+    trainer.remove_callback(PrinterCallback)  # its end-of-run dict would bury the comparison
+    return first_step_gradient(trainer), sum(label_counts(trainer, 1))
 
 
 comparison = {setting: [] for setting in SETTINGS}
@@ -155,6 +166,9 @@ for acc in sizes.accumulation:
     print(f"accumulation {acc} (reference: {reference_count} label tokens): " + "  ".join(
         f"{s}: err {comparison[s][-1]['relative_error']:.1e}" for s in SETTINGS))
 print("the reference saw the same label tokens as the processes together:", same_samples)
+print("per-process against old, relative error: " + ", ".join(
+    f"{p['relative_error']:.2f} vs {o['relative_error']:.2f} at {p['accumulation']}"
+    for p, o in zip(comparison["per-process"], comparison["old"])))
 
 # %% [markdown]
 # ## 3. The fix, and why only one setting matches
@@ -164,11 +178,13 @@ print("the reference saw the same label tokens as the processes together:", same
 #
 # * **per-process** `num_items_in_batch`: each process computes `Sₚ / Nₚ`; DDP gives
 #   `(S₀/N₀ + S₁/N₁) / 2`: right only when both processes hold the same number of tokens. Within a
-#   process accumulation is already fixed, so this path is usually closer than the old one (the plot shows
-#   where it is at this seed).
+#   process accumulation is already fixed, so what is left is the imbalance between processes, and here
+#   it is the largest there can be: the sequential sampler deals the rows out alternately, so process 0
+#   gets every short answer and process 1 every long one (section 1's counts).
 # * **old**: a mean per micro-batch, as in lesson 02, *and* a mean per process: wrong twice.
 # * **across-processes**: every process divides by the gathered `N₀ + N₁` and multiplies by *W*; DDP's
-#   average removes the *W*: `(S₀ + S₁) / (N₀ + N₁)`. Exact.
+#   average removes the *W*: `(S₀ + S₁) / (N₀ + N₁)`. Exact. FSDP averages its reduced gradient
+#   shards over the *W* processes the same way, so the same count and factor are exact there too.
 #
 # At accumulation 1 with batch 1 the old and per-process paths are the same computation. And when the
 # processes happen to hold the same number of label tokens (the counts printed in section 1 say
@@ -178,18 +194,39 @@ print("the reference saw the same label tokens as the processes together:", same
 # %%
 fig, (ax_err, ax_cos) = plotting.figure(
     2, title=f"{sizes.processes} processes: only counts summed across processes match the big batch")
-kinds = {"old": "bad", "per-process": "other", "across-processes": "fixed"}
+kinds = {"old": "bad", "per-process": "other", "across-processes": "fixed", "across-processes, fsdp": "fixed"}
+styles = {"per-process": {"linestyle": ":"}, "across-processes, fsdp": {"linestyle": "--", "marker": "x"}}
+legend = {**{s: s for s in SETTINGS},
+          "across-processes, fsdp": f"across-processes, fsdp=True ({'FSDP' if fsdp_applied else 'ran as DDP'})"}
 for setting in SETTINGS:
     plotting.line(ax_err, sizes.accumulation, [max(r["relative_error"], 1e-9) for r in comparison[setting]],
-                  kinds[setting], setting, linestyle=":" if setting == "per-process" else "-")
-    plotting.line(ax_cos, sizes.accumulation, [r["cosine"] for r in comparison[setting]], kinds[setting], setting,
-                  linestyle=":" if setting == "per-process" else "-")
+                  kinds[setting], legend[setting], **styles.get(setting, {}))
+    plotting.line(ax_cos, sizes.accumulation, [r["cosine"] for r in comparison[setting]], kinds[setting],
+                  legend[setting], **styles.get(setting, {}))
 plotting.label(ax_err, "accumulation steps per process (batch 1)", "relative error vs big batch",
                f"gradient error ({BACKEND})", log_y=True)
 plotting.label(ax_cos, "accumulation steps per process (batch 1)", "cosine with big-batch gradient", "direction")
 for ax in (ax_err, ax_cos):
-    ax.set_xticks(sizes.accumulation)  # accumulation counts are integers
+    ax.set_xticks(sizes.accumulation, [str(acc) for acc in sizes.accumulation])  # accumulation counts are integers
+    ax.minorticks_off()
 plotting.save(fig, run.output_dir, "ddp_accumulation")
+
+# %% [markdown]
+# ### Where FSDP runs
+#
+# Through the `Trainer`, FSDP needs accelerators. accelerate switches a run to FSDP only when it is
+# distributed over GPUs (or XPUs, NPUs, ...): on CPU processes over gloo, accelerate 1.15 takes
+# `fsdp=True` (FSDP2) without a word and runs plain DDP, and FSDP1 (`fsdp_config={"version": 1}`) refuses
+# to start with `RuntimeError: There are currently no available devices found, must be one of 'XPU',
+# 'CUDA', 'MLU', 'NPU', 'MUSA', or 'HPU'.` (accelerate 1.15 and torch 2.13, when this lesson was written).
+# What this run did is measured above and printed here:
+
+# %%
+if fsdp_applied:
+    print(f"FSDP ran for real ({ran_as['across-processes, fsdp']}): its line in the plot is the FSDP result")
+else:
+    print(f"FSDP was asked for but not applied here ({ran_as['across-processes, fsdp']}, {BACKEND}): its line "
+          "repeats the DDP result; FSDP itself runs with one GPU per process (the multi-gpu setup, nccl)")
 
 # %% [markdown]
 # ## 4. What to remember
@@ -200,18 +237,24 @@ plotting.save(fig, run.output_dir, "ddp_accumulation")
 #   processes see different sequence lengths, which is always, with real data.
 # * Check your own setup the way this notebook does: first-step gradient of the distributed run
 #   against one process with the whole batch.
+# * With FSDP the same flag does the same job; and read `trainer.accelerator.distributed_type` before you
+#   believe a run is sharded: on CPU processes, `fsdp=True` runs as DDP without a warning.
 #
 # **Running any lesson's training on several GPUs**: put the trainer code in a script and start it
 # with `accelerate launch --multi_gpu --num_processes N script.py` (see the README).
 #
 # **The fix in your script**: `SFTConfig(..., average_tokens_across_devices=True)` (the default: do
 # not turn it off), with a loss that uses `num_items_in_batch`.
-#
+
+# %% [markdown]
 # ## 5. Exercise
 #
-# 1. Make every sample the same length (`max_people=1`, biographies only): which settings match now?
+# 1. Make every sample about the same length (`max_people=1`, biographies only): which settings match now?
 # 2. With 2 processes and `per_device_train_batch_size=2`, predict the per-process error, then measure.
 #
+# Worked solutions: [`solutions/02b_gradient_accumulation_ddp.py`](solutions/02b_gradient_accumulation_ddp.py) (a test runs them).
+
+# %% [markdown]
 # ## Checks
 
 # %% tags=["checks"]
@@ -231,12 +274,15 @@ def checks(n: dict) -> tuple[dict, dict]:
     fix = {
         "the distributed step saw the reference's samples": n["same_samples"],
         "counts across processes match the big batch (< 1e-4)": max(errors["across-processes"]) < 1e-4,
+        "with fsdp=True asked for, counts across processes match it too (< 1e-4)":
+            max(errors["across-processes, fsdp"]) < 1e-4,
     }
     return symptom, fix
 
 
 # %%
-numbers = {"backend": BACKEND, "same_samples": same_samples, "label_counts": counts, "comparison": comparison}
+numbers = {"backend": BACKEND, "same_samples": same_samples, "label_counts": counts, "comparison": comparison,
+           "ran_as": ran_as, "fsdp_applied": fsdp_applied}
 metrics = save_metrics(run, "02b", numbers, checks)
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
 print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")

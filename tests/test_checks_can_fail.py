@@ -104,10 +104,24 @@ MUTATIONS = {
         "custom loss has the old path's direction": lambda n: [r.update(cosine=r["cosine"] - 0.05)
                                                                for r in n["sweep"]["custom"]],
         "custom loss error grows": lambda n: n["sweep"].update(custom=n["sweep"]["custom"][::-1]),
-        "higher held-out loss": lambda n: n["held_out_loss"]["old"].update(all=n["held_out_loss"]["today"]["all"] - 0.1),
+        "reports N times the old path's training loss": lambda n: [
+            c.update(reported_loss=o["reported_loss"]) for c, o in zip(n["sweep"]["custom"], n["sweep"]["old"])],
+        "declared loss_is_scaled_for_ga=False": lambda n: n["declared_vs_old"].update(relative_error=0.5),
+        "packed rows hold more even label counts": lambda n: n["label_spread"]["packed"].update(
+            coefficient_of_variation=n["label_spread"]["padded"]["coefficient_of_variation"]),
+        "packing shrinks the old normalisation's gradient error": lambda n: n["packed"].update(
+            old=next(r["relative_error"] for r in n["sweep"]["old"] if r["accumulation"] == n["curve_accumulation"])),
+        "logs another training loss than the big batch": lambda n: n["train_loss_gap"].update(old=1e-5),
+        "higher held-out loss": lambda n: n["held_out_loss"]["old"].update(
+            all=n["held_out_loss"]["big batch"]["all"] - 0.1),
         "favours short answers": lambda n: n["held_out_short_long_ratio"].update(
-            old=n["held_out_short_long_ratio"]["today"] + 0.1),
-        "num_items_in_batch matches": lambda n: set_all(n["sweep"]["today"], "relative_error", 0.5),
+            old=n["held_out_short_long_ratio"]["big batch"] + 0.1),
+        "num_items_in_batch matches the big batch (relative": lambda n: set_all(n["sweep"]["today"],
+                                                                               "relative_error", 0.5),
+        "matches the big batch on packed rows": lambda n: n["packed"].update(today=0.5),
+        "logs the big batch's training loss at every step": lambda n: n["train_loss_gap"].update(today=0.1),
+        "ends with the big batch's held-out loss": lambda n: n["held_out_loss"]["today"].update(
+            all=n["held_out_loss"]["big batch"]["all"] + 0.1),
         "gradient is the mean of per-micro-batch means": lambda n: n["then"]["paths"]["sft_trainer"].update(
             vs_mean_of_means=0.3),
         "it misses the full-batch gradient": lambda n: n["then"]["paths"]["sft_trainer"].update(vs_full_batch=1e-7),
@@ -120,8 +134,9 @@ MUTATIONS = {
         "per-process num_items_in_batch misses": lambda n: set_all(n["comparison"]["per-process"],
                                                                    "relative_error", 1e-7),
         "saw the reference's samples": lambda n: n.update(same_samples=False),
-        "counts across processes match": lambda n: set_all(n["comparison"]["across-processes"],
-                                                           "relative_error", 0.3),
+        "counts across processes match the big batch": lambda n: set_all(n["comparison"]["across-processes"],
+                                                                         "relative_error", 0.3),
+        "with fsdp=True asked for": lambda n: set_all(n["comparison"]["across-processes, fsdp"], "relative_error", 0.3),
     },
     "03": {
         "non-finite raw loss": lambda n: n.update(report_raw_loss=[1.0] * len(n["report_raw_loss"])),

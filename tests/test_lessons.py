@@ -7,6 +7,7 @@ import pytest
 
 from trl_clinic import lessons
 from trl_clinic.lessons import CONCRETE_PROFILES, describe_shape, find_lesson, profile_settings
+from trl_clinic.models import MODEL_SIZES, PRETRAINED_SIZES
 
 TABLE = lessons.lessons()
 SHAPES = [(key, profile) for key in TABLE for profile in CONCRETE_PROFILES]
@@ -25,7 +26,7 @@ def test_profiles_declare_device_precision_and_attention():
 @pytest.mark.parametrize("key, profile", SHAPES)
 def test_every_shape_names_its_model_and_is_listed(key, profile):
     sizes = TABLE[key].sizes(profile)
-    assert sizes.model and sizes.model_size in ("tiny", "small")
+    assert sizes.model and sizes.model_size in (*MODEL_SIZES, *PRETRAINED_SIZES)
     assert f"model: {sizes.model}" in describe_shape(TABLE[key], profile)
 
 
@@ -52,6 +53,7 @@ def test_sizes_fit_what_the_checks_assume(profile):
     assert min(s02.accumulation_sweep) >= 2 and s02.accumulation_sweep == sorted(set(s02.accumulation_sweep))
     assert s02.curve_accumulation in s02.accumulation_sweep and s02.curve_steps >= 4
     assert s02.n_train >= s02.curve_steps * s02.curve_accumulation  # one pass, no sample repeated
+    assert s02.curve_accumulation == 32 and s02.packing_length >= 64  # the report's batch 1 x 32 against 32
     s02b = TABLE["02b"].sizes(profile)
     assert s02b.processes == 2 and s02b.accumulation[0] == 1 and len(s02b.accumulation) >= 3
     assert s02b.n_samples >= s02b.processes * max(s02b.accumulation)
@@ -61,3 +63,9 @@ def test_sizes_fit_what_the_checks_assume(profile):
     assert s04.dpo_steps >= 1 and s04.n_prompts >= 4
     s05 = TABLE["05"].sizes(profile)
     assert s05.grpo_steps >= 20 and s05.generations >= 2 and s05.child_timeout_s >= 60
+
+
+def test_lesson_02_trains_the_reports_pretrained_model_on_the_gpu_profile():
+    """The report ran SmolLM-135M: the gpu profile uses real SmolLM2-135M-Instruct weights, the cpu one a tiny model."""
+    assert TABLE["02"].sizes("gpu").model_size == "smollm2" and "SmolLM2-135M" in TABLE["02"].sizes("gpu").model
+    assert TABLE["02"].sizes("cpu").model_size in MODEL_SIZES

@@ -7,7 +7,9 @@ ships give pretrained behaviour where a user has them.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -124,6 +126,33 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32,
                                                  attn_implementation=attn_implementation, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     return model, tokenizer
+
+
+PRETRAINED_SIZES = ("smollm2",)  # model_size names that load real weights instead of building from a config
+
+
+def model_maker(model_size: str, *, seed: int = 0, attn_implementation: str = "sdpa",
+                ) -> tuple[Callable[[], PreTrainedModel], PreTrainedTokenizerBase]:
+    """A tokenizer, and a function giving a fresh copy of the same starting model at every call.
+
+    A comparison trains several runs from the same weights; a lesson's ``model_size`` says which:
+    a ``MODEL_SIZES`` name is the clinic tokenizer and a random-init llama of that size built from
+    ``seed`` (``make_causal_lm``); "smollm2" is SmolLM2-135M-Instruct with its own tokenizer
+    (``load_smollm2``), dequantized once and then copied, since loading the GGUF takes seconds.
+    """
+    if model_size == "smollm2":
+        model, tokenizer = load_smollm2(attn_implementation=attn_implementation)
+        # the GGUF weights are dequantized to full precision, but transformers still marks the model quantized,
+        # and the Trainer refuses to train a "purely quantized" model (found by tests/test_gpu_paths.py)
+        model.is_quantized, model.hf_quantizer = False, None
+        return lambda: copy.deepcopy(model), tokenizer
+    if model_size not in MODEL_SIZES:
+        raise ValueError(f"unknown model size {model_size!r}: choose one of {', '.join([*MODEL_SIZES, *PRETRAINED_SIZES])}")
+    from trl_clinic.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    return (lambda: make_causal_lm(tokenizer, size=model_size, seed=seed, attn_implementation=attn_implementation),
+            tokenizer)
 
 
 def attention_implementation(model: PreTrainedModel) -> str:
