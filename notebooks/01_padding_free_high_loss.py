@@ -23,7 +23,7 @@
 # whether your model and collator keep sequences apart; where the bug still lives today; and what
 # padding-free buys when it works.
 #
-# **Time**: about 2 minutes on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
+# **Time**: about two and a half minutes on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
 #
 # The contaminated batches come from TRL 0.19-0.23's collator, **re-created** on today's stack
 # (`trl_clinic.stand_ins.recreated_all_ones_mask`, which names the code it stands for). The OPT trap,
