@@ -49,7 +49,7 @@ from trl_clinic import data, eras, plotting
 from trl_clinic.models import attention_implementation, make_causal_lm
 from trl_clinic.packing import packed_vs_separate
 from trl_clinic.parameters import start_run
-from trl_clinic.recording import StepRecorder
+from trl_clinic.recording import StepRecorder, quiet
 from trl_clinic.results import failed_checks, recreated, save_metrics
 from trl_clinic.runtime import peak_memory_mib, progress, reset_peak_memory
 from trl_clinic.stand_ins import recreated_all_ones_mask
@@ -347,7 +347,7 @@ try:
                train_dataset=mrc, processing_class=tokenizer)
     fa2_outcome = "flash_attention_2 is installed and in use"
 except ImportError as error:
-    fa2_outcome = f"ImportError: {str(error)[:120]}"
+    fa2_outcome = f"ImportError: {error}"
 print("model path + flash_attention_2           ->", fa2_outcome)
 
 
@@ -485,7 +485,7 @@ def throughput(padding_free: bool, batch_size: int = sizes.speed_batch_size) -> 
     model = make_causal_lm(tokenizer, size=MODEL_SIZE, seed=run.seed, attn_implementation=run.attention, dtype=dtype)
     args = SFTConfig(**run.trainer_kwargs(f"speed-{padding_free}", logging=False), padding_free=padding_free,
                      max_length=None, per_device_train_batch_size=batch_size, max_steps=steps)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=mrc, processing_class=tokenizer)
+    trainer = quiet(SFTTrainer(model=model, args=args, train_dataset=mrc, processing_class=tokenizer))
     # the same seeded sampler feeds train(): these are the batches it will see
     batches = [batch for batch, _ in zip(trainer.get_train_dataloader(), range(steps))]
     slots = sum(batch["input_ids"].numel() for batch in batches)  # positions the model computes

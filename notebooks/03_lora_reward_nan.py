@@ -358,11 +358,11 @@ display(Markdown(
 
 # %%
 if sizes.fp16_amp_demo:  # fp16 autocast needs a GPU: the gpu profile runs it
-    amp_trainer = RewardTrainer(
+    amp_trainer = quiet(RewardTrainer(
         model=make_reward_model(tokenizer, size=MODEL_SIZE, seed=run.seed, dtype=torch.float16),
         args=reward_config("amp", optim="adamw_torch", max_steps=2, bf16=False, fp16=True),
         train_dataset=train_pairs, processing_class=tokenizer, peft_config=lora("SEQ_CLS"),
-    )
+    ))
     try:
         amp_trainer.train()
         amp_outcome = "trained"

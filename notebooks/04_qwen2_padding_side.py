@@ -155,9 +155,9 @@ def dpo_audit(eval_batch_size: int) -> dict:
         eval_steps=sizes.dpo_steps,
         learning_rate=1e-4,
     )
-    trainer = DPOTrainer(model=str(checkpoint), args=args, processing_class=tokenizer,
-                         train_dataset=data.preference_pairs(4 * sizes.dpo_steps, seed=run.subseed("dpo train")),
-                         eval_dataset=data.preference_pairs(sizes.dpo_eval_pairs, seed=run.subseed("dpo eval")))
+    trainer = quiet(DPOTrainer(model=str(checkpoint), args=args, processing_class=tokenizer,
+                               train_dataset=data.preference_pairs(4 * sizes.dpo_steps, seed=run.subseed("dpo train")),
+                               eval_dataset=data.preference_pairs(sizes.dpo_eval_pairs, seed=run.subseed("dpo eval"))))
     audit = ForwardAudit(trainer.model)
     trainer.train()
     audit.remove()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import Trainer, TrainerCallback
 
+from trl_clinic.recording import quiet
+
 
 class GradientCapture(TrainerCallback):
     """Keeps a copy of the accumulated gradient just before the first optimizer step, then stops training.
@@ -33,7 +35,7 @@ def _whole(grad: torch.Tensor) -> torch.Tensor:
 def first_step_gradient(trainer: Trainer) -> torch.Tensor:
     """Train ``trainer`` for one optimizer step and return the gradient that step was given."""
     capture = GradientCapture()
-    trainer.add_callback(capture)
+    quiet(trainer).add_callback(capture)  # a one-step probe: its train metrics say nothing
     trainer.train()
     return capture.gradient
 
