@@ -8,6 +8,7 @@ TRL_CLINIC_REQUIRE_ERAS) a missing era fails; a plain `pytest` without eras skip
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -317,10 +318,19 @@ def test_01_padding_free_loss_grows_with_the_batch_through_the_real_sft_trainer_
     assert later.result["loss_by_batch_size"] is None  # trl 0.21 has no DataCollatorForCompletionOnlyLM
 
 
+def lesson_05_reported() -> dict:
+    """The report's GRPOConfig arguments exactly as lesson 05 quotes them (its ``reported = dict(...)``)."""
+    tree = ast.parse((ROOT / "notebooks" / "05_grpo_sigfpe.py").read_text())
+    call = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                and [getattr(t, "id", None) for t in node.targets] == ["reported"])
+    return {keyword.arg: ast.literal_eval(keyword.value) for keyword in call.keywords}
+
+
 @pytest.mark.era
 def test_05_the_report_s_grpo_config_is_accepted_and_trains_on_trl_0_14(tmp_path):
     need_era("01-trl-0.14")
-    run = eras.run_in_era("01-trl-0.14", "then_05_grpo_config", {"max_steps": 1}, tmp_path)
+    run = eras.run_in_era("01-trl-0.14", "then_05_grpo_config", {"reported": lesson_05_reported(), "max_steps": 1},
+                          tmp_path)
     assert run.finished, f"{run.message}\n{run.stderr}"
     assert run.result["era_versions"]["trl"] == "0.14.0"
     assert run.result["config_accepted_as_written"] is True and run.result["error"] is None

@@ -11,11 +11,11 @@ in the era) are changed; everything else, ``bf16=True`` and 16 generations of up
 included, runs as written. On CPU it does not crash: the report's SIGFPE needs an H20 GPU and an old
 cuBLAS.
 
-Usage: ``python then_05_grpo_config.py SPEC.json RESULT.json`` with the era's interpreter. The spec may
-set ``reported`` (the config's arguments; default: the report's), ``max_steps`` (default 2), ``seed``
-and ``threads``. The reward is the share of a completion's words that are "yes": a random policy
-gives different rewards within a group, so GRPO has an advantage to follow. Standalone: it must not
-import ``trl_clinic``.
+Usage: ``python then_05_grpo_config.py SPEC.json RESULT.json`` with the era's interpreter. The spec
+gives ``reported`` (the config's arguments, as lesson 05 quotes them from the report) and may set
+``max_steps`` (default 2), ``seed`` and ``threads``. The reward is the share of a completion's words
+that are "yes": a random policy gives different rewards within a group, so GRPO has an advantage to
+follow. Standalone: it must not import ``trl_clinic``.
 """
 
 from __future__ import annotations
@@ -32,13 +32,6 @@ from pathlib import Path
 
 import torch
 
-REPORTED = dict(
-    learning_rate=5e-6, adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.1, warmup_ratio=0.1,
-    lr_scheduler_type="cosine", logging_steps=1, bf16=True, per_device_train_batch_size=1,
-    gradient_accumulation_steps=4, num_generations=16, max_prompt_length=256, max_completion_length=200,
-    num_train_epochs=1, save_steps=100, max_grad_norm=0.1, log_on_each_node=False, use_vllm=False,
-    report_to="tensorboard",
-)
 WORDS = "yes no maybe the a cat dog red blue one two three say answer please".split()
 
 
@@ -79,7 +72,7 @@ def main(spec_path: str, result_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(int(spec.get("threads", 1)))
     seed = int(spec.get("seed", 0))
-    reported = dict(spec.get("reported") or REPORTED)
+    reported = dict(spec["reported"])
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
