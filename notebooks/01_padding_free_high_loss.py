@@ -517,7 +517,7 @@ print(f"padding-free / padded throughput: {speedup:.2f}x")
 
 # %%
 fig, (ax_loss, ax_grad, ax_speed) = plotting.figure(
-    3, title="Contaminated padding-free batches: loss and grad norm grow with batch size")
+    3, title="Contaminated padding-free batches (recreated all-ones mask): loss and grad norm grow with batch size")
 main = "MRC, whole sequence"
 for mode, kind in (("contaminated", "bad"), ("padded", "reference"), ("fixed", "fixed")):
     label = "fixed (on top of padded)" if mode == "fixed" else mode
@@ -534,7 +534,7 @@ plotting.label(ax_speed, f"batch {sizes.speed_batch_size}, {run.attention}, {run
                f"throughput (padding share {speed['padded']['padding_share']:.0%} when padded)")
 plotting.save(fig, run.output_dir, "padding_free")
 
-fig, axes = plotting.figure(len(settings), title="Contaminated / padded loss ratio, every setting", width=3.6)
+fig, axes = plotting.figure(len(settings), title="Contaminated (recreated) / padded loss ratio, every setting", width=3.6)
 for ax, name in zip(axes, settings):
     plotting.line(ax, BATCH_SIZES, ratios[name], "bad", "contaminated / padded")
     plotting.line(ax, BATCH_SIZES, [f["loss"] / p["loss"] for f, p in zip(sweep[name]["fixed"], sweep[name]["padded"])],
@@ -543,7 +543,7 @@ for ax, name in zip(axes, settings):
     plotting.label(ax, "batch size", "loss ratio", name)
 plotting.save(fig, run.output_dir, "loss_ratio_by_setting")
 
-fig, (ax_bad, ax_today) = plotting.figure(2, title="Every family is contaminated by a mask over the whole row; "
+fig, (ax_bad, ax_today) = plotting.figure(2, title="Every family is contaminated by a mask over the whole row (recreated); "
                                              "OPT also by today's padding-free batches")
 for family, marker in zip(FAMILIES, ("o", "s", "^")):
     plotting.line(ax_bad, BATCH_SIZES, family_ratios[family], "bad", family, marker=marker)

@@ -349,7 +349,7 @@ print(f"logged training loss, largest gap to batch {N} over {sizes.curve_steps} 
 
 # %%
 fig, (ax_err, ax_cos, ax_train, ax_curve) = plotting.figure(
-    4, title="Old normalisation: wrong gradient at every accumulation count, a different run, worse held-out loss",
+    4, title="Old normalisation (recreated): wrong gradient at every accumulation count, a different run, worse held-out loss",
     width=4.4)
 steps_axis = [row["accumulation"] for row in sweep["today"]]
 for path, kind, name in (("old", "bad", "old: mean per micro-batch"), ("custom", "other", "custom compute_loss"),

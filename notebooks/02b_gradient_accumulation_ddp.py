@@ -196,7 +196,7 @@ fig, (ax_err, ax_cos) = plotting.figure(
     2, title=f"{sizes.processes} processes: only counts summed across processes match the big batch")
 kinds = {"old": "bad", "per-process": "other", "across-processes": "fixed", "across-processes, fsdp": "fixed"}
 styles = {"per-process": {"linestyle": ":"}, "across-processes, fsdp": {"linestyle": "--", "marker": "x"}}
-legend = {**{s: s for s in SETTINGS},
+legend = {**{s: s for s in SETTINGS}, "old": "old (recreated)",
           "across-processes, fsdp": f"across-processes, fsdp=True ({'FSDP' if fsdp_applied else 'ran as DDP'})"}
 for setting in SETTINGS:
     plotting.line(ax_err, sizes.accumulation, [max(r["relative_error"], 1e-9) for r in comparison[setting]],

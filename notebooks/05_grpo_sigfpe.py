@@ -363,7 +363,7 @@ print(f"all-or-nothing reward on a random policy: {silent.outcome.describe()}; m
 
 # %%
 fig, (ax_ladder, ax_reward, ax_kl) = plotting.figure(
-    3, title="Child processes find the setting that kills the run; the healthy run learns")
+    3, title="Child processes find the setting that kills the run (an injected fault); the healthy run learns")
 labels = [" + ".join(t.settings) if t.settings else "minimal" for t in bisection.trials]
 labels = [label if len(label) < 45 else "..." + label[-42:] for label in labels]
 ax_ladder.barh(range(len(labels)), [1] * len(labels),
