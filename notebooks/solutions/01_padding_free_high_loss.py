@@ -18,13 +18,13 @@ from trl import SFTConfig, SFTTrainer
 from trl_clinic import data
 from trl_clinic.models import make_causal_lm
 from trl_clinic.packing import pack, packed_vs_separate
+from trl_clinic.parameters import start_run
 from trl_clinic.recording import StepRecorder, quiet
-from trl_clinic.runtime import cpu_flags, no_activation_checkpointing, quiet_library_noise
 from trl_clinic.stand_ins import recreated_all_ones_mask
 from trl_clinic.tokenizer import build_tokenizer
 
-SEED, WARMUP_STEPS, SAMPLES = 0, 150, 64  # the lesson's cpu warm-up
-OUT = tempfile.mkdtemp(prefix="solutions-01-")
+run = start_run("01", "cpu", 0, tempfile.mkdtemp(prefix="solutions-01-"))
+sizes = run.sizes  # the lesson's cpu warm-up and measurement sizes
 logging.getLogger("trl.trainer.sft_trainer").setLevel(logging.ERROR)
 
 
@@ -34,28 +34,28 @@ def tokenizer():
 
 
 def config(name: str, **fields) -> SFTConfig:
-    """The lesson's run settings, cpu and fp32: one folder per run, no checkpoints, no reporting."""
-    return SFTConfig(output_dir=f"{OUT}/{name}", seed=SEED, report_to="none", save_strategy="no", logging_steps=1,
-                     disable_tqdm=True, bf16=False, max_length=None, completion_only_loss=False,
-                     **cpu_flags(torch.device("cpu")), **no_activation_checkpointing(), **fields)
+    """The lesson's run settings (cpu, fp32), whole-sequence loss, rows as long as their samples."""
+    return SFTConfig(**run.trainer_kwargs(name, progress=False), max_length=None, completion_only_loss=False, **fields)
 
 
 @functools.cache
 def warm_weights() -> dict:
     """A tiny Llama trained briefly (padded), as in the lesson: contamination only shows once context matters."""
-    half = 8 * WARMUP_STEPS // 2
-    warm_set = concatenate_datasets([data.mrc_samples(half, seed=SEED), data.instruction_pairs(half, seed=SEED, max_people=2)])
-    model = make_causal_lm(tokenizer(), seed=SEED)
-    trainer = SFTTrainer(model=model, args=config("warm-up", per_device_train_batch_size=8, learning_rate=3e-3,
-                                                  max_steps=WARMUP_STEPS),
-                         train_dataset=warm_set.shuffle(seed=SEED), processing_class=tokenizer())
+    half = sizes.warmup_batch_size * sizes.warmup_steps // 2
+    warm_set = concatenate_datasets([data.mrc_samples(half, seed=run.seed),
+                                     data.instruction_pairs(half, seed=run.seed, max_people=2)])
+    model = make_causal_lm(tokenizer(), seed=run.seed)
+    trainer = SFTTrainer(model=model, args=config("warm-up", per_device_train_batch_size=sizes.warmup_batch_size,
+                                                  learning_rate=sizes.warmup_learning_rate,
+                                                  max_steps=sizes.warmup_steps),
+                         train_dataset=warm_set.shuffle(seed=run.seed), processing_class=tokenizer())
     quiet(trainer)  # keeps the log rows out of the answer's output
     trainer.train()
     return model.state_dict()
 
 
 def warm_model() -> torch.nn.Module:
-    model = make_causal_lm(tokenizer(), seed=SEED)
+    model = make_causal_lm(tokenizer(), seed=run.seed)
     model.load_state_dict(warm_weights())
     return model
 
@@ -63,15 +63,15 @@ def warm_model() -> torch.nn.Module:
 def held_out(n: int) -> list[list[int]]:
     tok = tokenizer()
     return [tok(row["prompt"] + row["completion"])["input_ids"] + [tok.eos_token_id]
-            for row in data.mrc_samples(n, seed=SEED + 1)]
+            for row in data.mrc_samples(n, seed=run.subseed("held-out"))]
 
 
 def lr0_loss(mode: str, batch_size: int) -> float:
     """Mean logged whole-sequence loss over the held-out MRC samples at lr 0 (the weights never change)."""
-    dataset = data.mrc_samples(SAMPLES, seed=SEED + 1)
+    dataset = data.mrc_samples(sizes.measure_samples, seed=run.subseed("held-out"))
     trainer = SFTTrainer(model=warm_model(), args=config(f"{mode}-{batch_size}", per_device_train_batch_size=batch_size,
                                                          padding_free=mode != "padded", learning_rate=0.0,
-                                                         max_steps=SAMPLES // batch_size),
+                                                         max_steps=sizes.measure_samples // batch_size),
                          train_dataset=dataset, processing_class=tokenizer())
     if mode == "contaminated":
         trainer.data_collator = recreated_all_ones_mask(trainer.data_collator)
@@ -96,7 +96,7 @@ def exercise_2() -> None:
     """Run packed_vs_separate(all_ones_mask=True) on a freshly initialised model and on a warmed-up one.
     Why does the lesson warm its models up before measuring contamination?"""
     sequences = held_out(8)
-    fresh = packed_vs_separate(make_causal_lm(tokenizer(), seed=SEED), sequences, all_ones_mask=True)
+    fresh = packed_vs_separate(make_causal_lm(tokenizer(), seed=run.seed), sequences, all_ones_mask=True)
     warm = packed_vs_separate(warm_model(), sequences, all_ones_mask=True)
     print(f"exercise 2: packed/alone loss with an all-ones mask: fresh model {fresh['ratio']:.4f}, "
           f"warmed-up {warm['ratio']:.3f}: a random model predicts badly whatever it attends to, so the foreign "
@@ -125,8 +125,6 @@ def exercise_3() -> None:
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    quiet_library_noise()
     exercise_1()
     exercise_2()
     exercise_3()
