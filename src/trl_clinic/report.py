@@ -40,19 +40,29 @@ window.addEventListener("load", () => {
 """
 
 
-def _yes_no(value: bool | None, kind: str = "measured") -> str:
-    """yes/no, with the kind when the claim rests on a stand-in: "yes (recreated)", never a bare "yes"."""
+def _yes_no(value: bool | None, kind: str = "measured", real_old_code: bool = False) -> str:
+    """yes/no, with the kind when the claim rests on a stand-in: "yes (recreated)", never a bare "yes";
+    "also run on the real old code" beside it when the lesson's era ran the old library for real."""
     if value is None:
         return '<span class="no">no result</span>'
     label = ("yes" if value else "no") + ("" if kind == "measured" else f" ({html.escape(kind)})")
+    if real_old_code and kind != "measured":
+        label += "; also run on the real old code"
     return f'<span class="{"yes" if value else "no"}">{label}</span>'
 
 
-def _key_numbers(numbers: dict, limit: int = 8) -> str:
-    """The lesson's scalar measurements (lists and tables stay in metrics.json)."""
+def _ran_real_old_code(metrics: dict | None) -> bool:
+    return bool(metrics) and any(era["status"] == "finished" for era in metrics.get("eras", []))
+
+
+def _what_it_showed(metrics: dict) -> str:
+    """The lesson's own sentences, written from its numbers; the raw scalars only for a lesson that wrote none."""
+    if metrics.get("summary"):
+        return html.escape(metrics["summary"])
+    numbers = metrics["numbers"]
     scalars = [(k, v) for k, v in numbers.items() if isinstance(v, (int, float, str, bool)) and len(str(v)) < 80]
     return "<br>".join(f"<code>{html.escape(k)}</code>: {html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}"
-                       for k, v in scalars[:limit])
+                       for k, v in scalars[:8])
 
 
 def _verdict(metrics: dict | None, group: str) -> tuple[bool | None, str]:
@@ -120,9 +130,9 @@ def build_report(out: str | Path) -> Path:
         status = run_info.get("status") or ("passed" if metrics and not failed else "error")
         rows.append(
             f"<tr><td><a href='#{name}'>{html.escape(name)}</a></td><td>{html.escape(status)}</td>"
-            f"<td>{_yes_no(*_verdict(metrics, 'symptom'))}</td>"
+            f"<td>{_yes_no(*_verdict(metrics, 'symptom'), _ran_real_old_code(metrics))}</td>"
             f"<td>{_yes_no(*_verdict(metrics, 'fix'))}</td>"
-            f"<td>{_key_numbers(metrics['numbers']) if metrics else html.escape(run_info.get('error') or '')}</td>"
+            f"<td>{_what_it_showed(metrics) if metrics else html.escape(run_info.get('error') or '')}</td>"
             f"<td>{run_info.get('seconds', '')}</td><td>{html.escape(str(device))}</td></tr>")
         figures = "".join(
             f"<figure><img alt='{html.escape(png.stem)}' src='data:image/png;base64,"
@@ -143,7 +153,7 @@ def build_report(out: str | Path) -> Path:
         "<!doctype html><html><head><meta charset='utf-8'><title>TRL Clinic workbook report</title>"
         f"<style>{STYLE}</style></head><body><h1>TRL Clinic workbook report</h1>"
         "<table id='lessons'><tr><th>lesson</th><th>status</th><th>symptom reproduced?</th><th>fix verified?</th>"
-        "<th>key numbers</th><th>seconds</th><th>device</th></tr>" + "".join(rows) + "</table>"
+        "<th>what this run showed</th><th>seconds</th><th>device</th></tr>" + "".join(rows) + "</table>"
         "<h2>Environment</h2><table id='environment'>" + env_rows + "</table>"
         + "".join(sections) + CHECK_IMAGES + "</body></html>")
     path = out / REPORT_FILE

@@ -88,7 +88,8 @@ def _kind_of(checks: dict[str, Check]) -> str:
     return " + ".join(kinds) if kinds else "measured"
 
 
-def save_metrics(run: "Run", lesson: str, numbers: dict, checks: Checks, eras: list[dict] | None = None) -> dict:
+def save_metrics(run: "Run", lesson: str, numbers: dict, checks: Checks, eras: list[dict] | None = None,
+                 summary: str = "") -> dict:
     """Write ``metrics.json`` with the verdict of ``checks(numbers)``: a pair of dicts, the checks that
     the bad run shows the failure (symptom) and those that the fixed run does not (fix). A plain bool
     is a ``measured`` check.
@@ -97,12 +98,17 @@ def save_metrics(run: "Run", lesson: str, numbers: dict, checks: Checks, eras: l
     numbers of a run without the bug, or without the fix, and see it report failure: a check that
     cannot fail is not a check. ``eras``: the records of the lesson's runs of real old code
     (``EraRun.to_metrics()``); a skipped or failed era is listed as such, and its checks are absent.
+    ``summary``: one or two sentences a workshop participant can read, written from this run's numbers;
+    the report shows it instead of raw metric keys.
     """
+    if not isinstance(summary, str):
+        raise TypeError(f"summary must be a str, got {type(summary).__name__}")
     symptom, fix = checks(stored(numbers))
     groups = {"symptom": {name: _as_check(name, value) for name, value in symptom.items()},
               "fix": {name: _as_check(name, value) for name, value in fix.items()}}
     payload = {
         "lesson": lesson,
+        "summary": summary,
         "profile": run.profile,
         "seed": run.seed,
         "symptom_reproduced": all(check.passed for check in groups["symptom"].values()),
