@@ -51,8 +51,12 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null); } || \
 	  echo "chromium not found and not installable here: the report's browser test will be skipped"
 
-lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks
+# The eras first, so that each lesson's "then" section (04's real ValueError above all) runs on the learner's
+# path too. Workshop containers run as root, where JupyterLab refuses to start without --allow-root.
+# LAB_ARGS: further `jupyter lab` options (LAB_ARGS="--port 8899 --no-browser").
+LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
+lab: $(STAMP) eras-for-workbook
+	$(BIN)/jupyter lab notebooks $(LAB_FLAGS) $(LAB_ARGS)
 
 # Each lesson's source is notebooks/NN_*.py (percent format); this rebuilds every .ipynb from it, keeping
 # cell ids (--update) and clearing outputs (a test checks that the two agree and that no output is

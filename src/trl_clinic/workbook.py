@@ -31,6 +31,7 @@ class LessonResult:
     fix_verified: bool | None = None
     failed: list[str] | None = None
     error: str | None = None
+    summary: str = ""  # the lesson's own sentences, written from its numbers (save_metrics)
 
 
 def find_lessons(notebooks_dir: str | Path) -> dict[str, Path]:
@@ -89,6 +90,7 @@ def run_lesson(path: Path, out: Path, parameters: dict[str, object], progress_ba
         result.symptom_kind = metrics["symptom_kind"]
         result.fix_verified = metrics["fix_verified"]
         result.failed = failed_checks(metrics)
+        result.summary = metrics.get("summary", "")
         if error is None:
             result.status = "passed" if not result.failed else "failed checks"
     elif error is None:
@@ -99,11 +101,11 @@ def run_lesson(path: Path, out: Path, parameters: dict[str, object], progress_ba
 def write_summary(out: Path, results: list[LessonResult], parameters: dict[str, object]) -> None:
     (out / SUMMARY_JSON).write_text(json.dumps(
         {"parameters": parameters, "lessons": [asdict(result) for result in results]}, indent=2))
-    lines = ["| lesson | status | symptom reproduced | symptom kind | fix verified | seconds |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| lesson | status | symptom reproduced | symptom kind | fix verified | seconds | what it showed |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r.lesson} | {r.status} | {r.symptom_reproduced} | {r.symptom_kind} | {r.fix_verified} "
-                     f"| {r.seconds} |")
+                     f"| {r.seconds} | {r.summary.replace('|', '/')} |")
         if r.error:
-            lines.append(f"| | {r.error.splitlines()[0][:200]} | | | | |")
+            lines.append(f"| | {r.error.splitlines()[0][:200]} | | | | | |")
     (out / SUMMARY_MD).write_text("\n".join(lines) + "\n")
