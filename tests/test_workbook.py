@@ -100,3 +100,22 @@ def test_doctor_reports_versions_device_and_traps(capsys):
     for needle in ("trl:", "bf16 supported", "sdpa: built model uses sdpa", "flash_attention_2", "flash_attention_4",
                    "the cpu profile uses: sdpa", "warnings:"):
         assert needle in text
+
+
+def test_report_shows_the_lessons_sentence_and_says_when_the_real_old_code_ran(tmp_path):
+    lessons = tmp_path / "notebooks"
+    lessons.mkdir()
+    era = {"era": "02-transformers-4.45", "script": "then_02.py", "status": "finished", "message": "",
+           "versions": {"transformers": "4.45.2"}}
+    tiny_notebook(lessons / "02_fine.ipynb", "\n".join([
+        "from trl_clinic.parameters import start_run",
+        "from trl_clinic.results import recreated, save_metrics",
+        "run = start_run('02', profile, seed, output_dir)",
+        "save_metrics(run, '02', {'error': 0.5}, lambda n: ({'bad': recreated(n['error'] > 0.1)}, {'fixed': True}),",
+        f"             eras=[{era!r}], summary=f'The old path missed the big batch by 0.5.')"]))
+    out = tmp_path / "out"
+    assert main(["run", "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks", str(lessons)]) == 0
+    report = build_report(out).read_text()
+    assert "The old path missed the big batch by 0.5." in report and "<code>error</code>" not in report
+    assert "yes (recreated); also run on the real old code" in report
+    assert "The old path missed the big batch by 0.5." in (out / "summary.md").read_text()
