@@ -6,6 +6,7 @@ import nbformat
 import pytest
 
 from trl_clinic.cli import main
+from trl_clinic.eras import era_names
 from trl_clinic.report import build_report
 from trl_clinic.workbook import check_parameters, find_lessons, select
 
@@ -94,12 +95,17 @@ def test_report_needs_a_run(tmp_path, capsys):
     assert "no executed lessons" in capsys.readouterr().err
 
 
+ERAS = era_names()
+
+
 def test_doctor_reports_versions_device_and_traps(capsys):
     assert main(["doctor"]) == 0
     text = capsys.readouterr().out
     for needle in ("trl:", "bf16 supported", "sdpa: built model uses sdpa", "flash_attention_2", "flash_attention_4",
-                   "the cpu profile uses: sdpa", "warnings:"):
+                   "the cpu profile uses: sdpa", "warnings:", "workshop readiness:"):
         assert needle in text
+    for era in ERAS:  # a facilitator sees, per era, ready or the command that builds it
+        assert f"era {era}: " in text
 
 
 def test_report_shows_the_lessons_sentence_and_says_when_the_real_old_code_ran(tmp_path):

@@ -57,6 +57,20 @@ def warnings_for(device: torch.device) -> list[str]:
     return notes
 
 
+def workshop_readiness() -> list[str]:
+    """What a facilitator checks on each learner's machine before the day: the eras that the lessons'
+    "then" sections run in (missing ones are skipped in the lesson, so say how to build them)."""
+    from trl_clinic.eras import era_names, era_state
+
+    lines = []
+    for name in era_names():
+        _, state = era_state(name)
+        lines.append(f"  era {name}: {state}")
+    if hasattr(os, "getuid") and os.getuid() == 0:
+        lines.append("  running as root: `make lab` adds --allow-root, which JupyterLab needs to start")
+    return lines or ["  no eras/ folder here: run from a clone of the repository to use the eras"]
+
+
 def doctor() -> str:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     lines = ["versions:"] + [f"  {name}: {version}" for name, version in versions().items()]
@@ -67,5 +81,6 @@ def doctor() -> str:
     lines += ["attention implementations:"] + [f"  {k}: {v}" for k, v in attention_report(device).items()]
     lines.append(f"  the gpu profile uses: {best_attention(device)}" if device.type == "cuda" else
                  "  the cpu profile uses: sdpa (FlashAttention needs a CUDA GPU)")
+    lines += ["workshop readiness:"] + workshop_readiness()
     lines += ["warnings:"] + [f"  - {note}" for note in warnings_for(device)]
     return "\n".join(lines)
