@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -39,9 +40,24 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["run", "--profile", "fast", "--out", str(tmp_path / "o")])
     assert exit_info.value.code == 2
-    with pytest.raises(SystemExit):
-        main(["run", "--out", str(tmp_path / "missing" / "o")])
-    assert "parent folder" in capsys.readouterr().err
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("out, words", [("{tmp}/missing/o", "parent folder"), ("/proc/nope", "cannot write to"),
+                                        ("{tmp}/a-file", "is a file, not a folder")])
+def test_an_output_folder_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, capsys, out, words):
+    (tmp_path / "a-file").write_text("")
+    assert main(["run", "02", "--out", out.format(tmp=tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("trl-clinic: ") and words in err, err
+
+
+def test_list_and_help_answer_without_importing_papermill_or_torch():
+    code = ("import sys, contextlib, io\nfrom trl_clinic.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()): main(['list'])\n"
+            "print(sorted(m for m in ('torch', 'papermill', 'nbformat', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
 def tiny_notebook(path, body):
@@ -96,6 +112,7 @@ def test_report_needs_a_run(tmp_path, capsys):
 
 
 ERAS = era_names()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_doctor_reports_versions_device_and_traps(capsys):

@@ -15,22 +15,26 @@ from trl_clinic.lessons import CONCRETE_PROFILES, PROFILE_NAMES, describe_shape,
 from trl_clinic.workbook import check_parameters, find_lessons, notebook_parameters, run_lesson, select, write_summary
 
 
-def _writable_out(value: str) -> Path:
+def _writable_out(value: Path) -> Path:
+    """The output folder, created; a ValueError (one line, exit code 2) for any reason it cannot be."""
     out = Path(value).expanduser().resolve()
     if not out.parent.is_dir():
-        raise argparse.ArgumentTypeError(f"the parent folder of {out} does not exist")
-    out.mkdir(exist_ok=True)
+        raise ValueError(f"the parent folder of {out} does not exist")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file, not a folder")
     probe = out / ".write-test"
     try:
+        out.mkdir(exist_ok=True)
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
-        raise argparse.ArgumentTypeError(f"cannot write to {out}: {exc.strerror}") from exc
+        raise ValueError(f"cannot write to {out}: {exc.strerror or exc}") from exc
     return out
 
 
 def _run(args: argparse.Namespace) -> int:
     lessons = select(find_lessons(args.notebooks), args.lessons)
+    args.out = _writable_out(args.out)
     parameters: dict[str, object] = {"profile": args.profile, "seed": args.seed}
     # papermill's own -p convention: values are read as YAML, so 3 is an int and "3" stays a string
     parameters.update({name: yaml.safe_load(value) for name, value in args.parameter})
@@ -84,7 +88,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("lessons", nargs="*", help="lesson numbers or names (default: all)")
     run.add_argument("--profile", choices=PROFILE_NAMES, default="auto")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--out", type=_writable_out, default="workbook-output")
+    run.add_argument("--out", type=Path, default=Path("workbook-output"))
     run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                      help="another notebook parameter, as papermill's -p")
     run.add_argument("--notebooks", default="notebooks", help="folder holding the lesson notebooks")

@@ -6,13 +6,13 @@ One output folder per run: ``OUT/<lesson>/`` holds the executed notebook, its fi
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import papermill
 
 from trl_clinic.results import METRICS_FILE, failed_checks, load_metrics
 from trl_clinic.runtime import PROGRESS_ENV
@@ -57,8 +57,19 @@ def select(lessons: dict[str, Path], wanted: list[str]) -> dict[str, Path]:
 
 
 def notebook_parameters(path: Path) -> dict[str, dict]:
-    """The notebook's papermill parameters with their defaults, as papermill reads them."""
-    return papermill.inspect_notebook(str(path))
+    """The names and defaults (as source text, ``'"auto"'``) of the notebook's ``parameters`` cell.
+
+    Read with ``ast`` rather than ``papermill.inspect_notebook``, whose import (nbformat's validator) alone
+    takes seconds: ``trl-clinic list`` and a bad ``-p`` answer at once.
+    """
+    cells = [cell for cell in json.loads(Path(path).read_text())["cells"]
+             if "parameters" in cell.get("metadata", {}).get("tags", [])]
+    if len(cells) != 1:
+        raise ValueError(f"{Path(path).stem} must have exactly one cell tagged 'parameters', it has {len(cells)}")
+    source = "".join(cells[0]["source"])
+    return {node.targets[0].id: {"default": ast.get_source_segment(source, node.value)}
+            for node in ast.parse(source).body
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)}
 
 
 def check_parameters(path: Path, parameters: dict[str, object]) -> None:
@@ -76,9 +87,17 @@ def run_lesson(path: Path, out: Path, parameters: dict[str, object], progress_ba
     start = time.perf_counter()
     error = None
     os.environ[PROGRESS_ENV] = "0"  # the kernel inherits it: no training progress bars in executed notebooks
+    import papermill
+    from traitlets.config import Config
+
     try:
-        papermill.execute_notebook(str(path), str(executed), parameters={**parameters, "output_dir": str(lesson_dir)},
-                                   progress_bar=progress_bar, cwd=str(path.parent))
+        # IPC sockets in a private folder rather than TCP: nothing to eavesdrop on, and no "Kernel is
+        # running over TCP without encryption" warning per lesson that a learner cannot act on
+        with tempfile.TemporaryDirectory(prefix="trl-clinic-kernel-") as sockets:
+            transport = Config({"KernelManager": {"transport": "ipc", "ip": str(Path(sockets) / "kernel")}})
+            papermill.execute_notebook(str(path), str(executed),
+                                       parameters={**parameters, "output_dir": str(lesson_dir)},
+                                       progress_bar=progress_bar, cwd=str(path.parent), config=transport)
     except papermill.PapermillExecutionError as exc:
         error = f"{exc.ename}: {exc.evalue}"
     seconds = time.perf_counter() - start
