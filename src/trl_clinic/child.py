@@ -91,19 +91,50 @@ def child_env(run: "Run") -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ""} if run.device.type == "cpu" else {}
 
 
+def placed(run: "Run", processes: int) -> "Run":
+    """The run as ``processes`` processes really execute it.
+
+    With one GPU per process they run on the GPUs over NCCL, as the profile says. With fewer GPUs than
+    processes (one GPU, two processes) they run on the CPU over gloo, in fp32 with sdpa: two ranks
+    cannot share one GPU through NCCL, and a rank that sees the GPU asks for ``cuda:RANK`` in
+    accelerate's barrier (issue 14, seen on an H100). ``placement(run)`` says which, for the notebook.
+    """
+    import dataclasses
+
+    import torch
+
+    from trl_clinic.launch import backend
+
+    if processes < 2 or run.device.type == "cpu" or backend(processes, cpu=False) == "nccl":
+        return run
+    return dataclasses.replace(run, device=torch.device("cpu"), precision="fp32", attention="sdpa")
+
+
+def placement(run: "Run", processes: int) -> str:
+    """One line a learner reads: where the processes of a multi-process call run, and why."""
+    from trl_clinic.launch import backend
+
+    where = placed(run, processes)
+    if where.device.type != "cpu":
+        return f"{processes} processes, one GPU each, over nccl"
+    why = "the cpu profile" if run.device.type == "cpu" else "fewer GPUs than processes, so not the GPU"
+    return f"{processes} CPU processes over {backend(processes, cpu=True)}, fp32 ({why})"
+
+
 def call(run: "Run", target: str, spec: dict | None = None, *, name: str, timeout: float = 600,
          processes: int = 1, faulthandler: bool = True) -> ChildRun:
     """Run ``target`` ("package.module:function" or "path/to/file.py:function") as ``function(run, spec)``
     in a child process and return its outcome and result.
 
     ``processes > 1`` starts it on that many processes with ``launch.distributed_args`` (the result is
-    the main process's). ``name`` names the files written to ``run.output_dir``: the spec and the result.
+    the main process's), placed as ``placed`` says: on the CPU when there are fewer GPUs than processes. ``name`` names the files written to ``run.output_dir``: the spec and the result.
     """
     from trl_clinic.launch import distributed_args
 
     spec_path = run.output_dir / f"child_{name}.json"
     result_path = spec_path.with_suffix(RESULT_SUFFIX)
     result_path.unlink(missing_ok=True)
+    run = placed(run, processes)
     spec_path.write_text(json.dumps({"target": target, "run": run.to_spec(), "spec": spec or {},
                                      "result": str(result_path)}))
     args = ["-m", __name__, str(spec_path)]
