@@ -135,7 +135,7 @@ MUTATIONS = {
         "old per-process mean misses": lambda n: set_all(n["comparison"]["old"], "relative_error", 1e-7),
         "per-process num_items_in_batch misses": lambda n: set_all(n["comparison"]["per-process"],
                                                                    "relative_error", 1e-7),
-        "saw the reference's samples": lambda n: n.update(same_samples=False),
+        "as many label tokens as the processes together": lambda n: n.update(same_samples=False),
         "counts across processes match the big batch": lambda n: set_all(n["comparison"]["across-processes"],
                                                                          "relative_error", 0.3),
         "with fsdp=True asked for": lambda n: set_all(n["comparison"]["across-processes, fsdp"], "relative_error", 0.3),

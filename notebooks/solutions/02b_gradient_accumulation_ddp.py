@@ -4,6 +4,8 @@ Run from the repository root: ``python notebooks/solutions/02b_gradient_accumula
 is measured on the cpu profile (tiny llama, fp32, seed 0, 2 CPU processes over gloo, started by
 ``trl_clinic.child.call`` as the lesson does) with today's real SFTTrainer, printed, and asserted, so the
 file fails if an answer stops being true. One launch computes every distributed gradient the answers need.
+Rows are dealt to the processes in turn, one batch each (accelerate 1.15, ``data_loader.py``,
+``BatchSamplerShard`` with ``split_batches=False``), as the lesson's ``one_step_trainer`` sets them up.
 """
 
 import functools
@@ -11,15 +13,13 @@ import tempfile
 
 import torch
 from datasets import Dataset
-from transformers import PrinterCallback
-from trl import SFTConfig, SFTTrainer
+from trl import SFTTrainer
 
 from trl_clinic import child, data
+from trl_clinic.companions.accumulation_ddp import one_step_trainer
 from trl_clinic.gradients import first_step_gradient, label_counts, relative_error
-from trl_clinic.models import make_causal_lm
 from trl_clinic.parameters import Run, start_run
 from trl_clinic.stand_ins import recreate_pre_446_loss
-from trl_clinic.tokenizer import build_tokenizer
 
 PROCESSES, ACCUMULATION = 2, 2
 CASES = {"mixed, batch 1": ("mixed", 1), "biographies, batch 1": ("biographies", 1), "mixed, batch 2": ("mixed", 2)}
@@ -35,15 +35,10 @@ def samples(kind: str, seed: int) -> Dataset:
 
 def trainer_for(run: Run, kind: str, batch_size: int, accumulation: int, setting: str = "across-processes"
                 ) -> SFTTrainer:
-    args = SFTConfig(**{**run.trainer_kwargs(f"{kind}-{batch_size}x{accumulation}-{setting}", logging=False,
-                                             progress=False), "bf16": False},
-                     per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation,
-                     max_grad_norm=0, max_steps=1, train_sampling_strategy="sequential",
-                     average_tokens_across_devices=setting == "across-processes")
-    tokenizer = build_tokenizer()
-    trainer = SFTTrainer(model=make_causal_lm(tokenizer, seed=run.seed), args=args,
-                         train_dataset=samples(kind, run.subseed("train")), processing_class=tokenizer)
-    trainer.remove_callback(PrinterCallback)  # no end-of-run dicts between the answers
+    """The lesson's one-step trainer on this case's data; "old" is re-created as in the lesson."""
+    trainer = one_step_trainer(run, f"{kind}-{batch_size}x{accumulation}-{setting}", batch_size, accumulation,
+                               samples(kind, run.subseed("train")),
+                               average_tokens_across_devices=setting == "across-processes")
     return recreate_pre_446_loss(trainer) if setting == "old" else trainer
 
 
