@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from trl_clinic.checkup.command import add_parser as add_checkup  # stdlib only: torch loads when it runs
 from trl_clinic.lessons import CONCRETE_PROFILES, PROFILE_NAMES, describe_shape, find_lesson
 from trl_clinic.workbook import check_parameters, find_lessons, notebook_parameters, run_lesson, select, write_summary
 
@@ -47,7 +48,10 @@ def _run(args: argparse.Namespace) -> int:
         results.append(result)
         verdict = "" if result.symptom_reproduced is None else (
             f" (symptom reproduced: {result.symptom_reproduced}, fix verified: {result.fix_verified})")
-        print(f"{path.stem}: {result.status} in {result.seconds:.0f} s{verdict}", flush=True)
+        gpu = result.gpu or {}
+        busy = ("" if gpu.get("peak_gpu_memory_mib") is None else
+                f", GPU peak {gpu['peak_gpu_memory_mib']:.0f} MiB, {gpu['mean_gpu_utilisation_pct']:.0f} % busy")
+        print(f"{path.stem}: {result.status} in {result.seconds:.0f} s{busy}{verdict}", flush=True)
         if result.error:
             print(f"  {result.error.splitlines()[0][:300]}", flush=True)
     write_summary(args.out, results, parameters)
@@ -102,6 +106,7 @@ def parser() -> argparse.ArgumentParser:
     report.set_defaults(handler=_report)
     doctor = commands.add_parser("doctor", help="versions, device, attention kernels and the traps that apply here")
     doctor.set_defaults(handler=_doctor)
+    add_checkup(commands)
     return top
 
 

@@ -65,6 +65,15 @@ def _what_it_showed(metrics: dict) -> str:
                        for k, v in scalars[:8])
 
 
+def _gpu_usage(gpu: dict | None) -> str:
+    """Peak memory and mean utilisation sampled by the runner (gpu_usage), or why there are none."""
+    if not gpu:
+        return ""
+    if gpu.get("peak_gpu_memory_mib") is None:
+        return f"<span title='{html.escape(gpu.get('gpu_usage_missing', ''))}'>not sampled</span>"
+    return f"peak {gpu['peak_gpu_memory_mib']:.0f} MiB, {gpu['mean_gpu_utilisation_pct']:.0f} % busy on average"
+
+
 def _verdict(metrics: dict | None, group: str) -> tuple[bool | None, str]:
     if not metrics:
         return None, "measured"
@@ -133,7 +142,8 @@ def build_report(out: str | Path) -> Path:
             f"<td>{_yes_no(*_verdict(metrics, 'symptom'), _ran_real_old_code(metrics))}</td>"
             f"<td>{_yes_no(*_verdict(metrics, 'fix'))}</td>"
             f"<td>{_what_it_showed(metrics) if metrics else html.escape(run_info.get('error') or '')}</td>"
-            f"<td>{run_info.get('seconds', '')}</td><td>{html.escape(str(device))}</td></tr>")
+            f"<td>{run_info.get('seconds', '')}</td><td>{_gpu_usage(run_info.get('gpu'))}</td>"
+            f"<td>{html.escape(str(device))}</td></tr>")
         figures = "".join(
             f"<figure><img alt='{html.escape(png.stem)}' src='data:image/png;base64,"
             f"{base64.b64encode(png.read_bytes()).decode()}'><figcaption>{html.escape(png.name)}</figcaption></figure>"
@@ -153,7 +163,7 @@ def build_report(out: str | Path) -> Path:
         "<!doctype html><html><head><meta charset='utf-8'><title>TRL Clinic workbook report</title>"
         f"<style>{STYLE}</style></head><body><h1>TRL Clinic workbook report</h1>"
         "<table id='lessons'><tr><th>lesson</th><th>status</th><th>symptom reproduced?</th><th>fix verified?</th>"
-        "<th>what this run showed</th><th>seconds</th><th>device</th></tr>" + "".join(rows) + "</table>"
+        "<th>what this run showed</th><th>seconds</th><th>GPU while it ran</th><th>device</th></tr>" + "".join(rows) + "</table>"
         "<h2>Environment</h2><table id='environment'>" + env_rows + "</table>"
         + "".join(sections) + CHECK_IMAGES + "</body></html>")
     path = out / REPORT_FILE

@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trl_clinic.gpu_usage import GpuUsage
 from trl_clinic.results import METRICS_FILE, failed_checks, load_metrics
 from trl_clinic.runtime import PROGRESS_ENV
 
@@ -32,6 +33,8 @@ class LessonResult:
     failed: list[str] | None = None
     error: str | None = None
     summary: str = ""  # the lesson's own sentences, written from its numbers (save_metrics)
+    # peak_gpu_memory_mib and mean_gpu_utilisation_pct over the lesson's run (gpu_usage), or why absent
+    gpu: dict | None = None
 
 
 def find_lessons(notebooks_dir: str | Path) -> dict[str, Path]:
@@ -90,6 +93,7 @@ def run_lesson(path: Path, out: Path, parameters: dict[str, object], progress_ba
     import papermill
     from traitlets.config import Config
 
+    usage = GpuUsage().start()
     try:
         # IPC sockets in a private folder rather than TCP: nothing to eavesdrop on, and no "Kernel is
         # running over TCP without encryption" warning per lesson that a learner cannot act on
@@ -100,9 +104,11 @@ def run_lesson(path: Path, out: Path, parameters: dict[str, object], progress_ba
                                        progress_bar=progress_bar, cwd=str(path.parent), config=transport)
     except papermill.PapermillExecutionError as exc:
         error = f"{exc.ename}: {exc.evalue}"
+    finally:
+        gpu = usage.stop()
     seconds = time.perf_counter() - start
     result = LessonResult(lesson=path.stem, status="error", seconds=round(seconds, 1),
-                          notebook=str(executed.relative_to(out)), error=error)
+                          notebook=str(executed.relative_to(out)), error=error, gpu=gpu)
     if (lesson_dir / METRICS_FILE).exists():
         metrics = load_metrics(lesson_dir)
         result.symptom_reproduced = metrics["symptom_reproduced"]
@@ -120,11 +126,13 @@ def run_lesson(path: Path, out: Path, parameters: dict[str, object], progress_ba
 def write_summary(out: Path, results: list[LessonResult], parameters: dict[str, object]) -> None:
     (out / SUMMARY_JSON).write_text(json.dumps(
         {"parameters": parameters, "lessons": [asdict(result) for result in results]}, indent=2))
-    lines = ["| lesson | status | symptom reproduced | symptom kind | fix verified | seconds | what it showed |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| lesson | status | symptom reproduced | symptom kind | fix verified | seconds | peak GPU MiB "
+             "| mean GPU % | what it showed |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
+        gpu = r.gpu or {}
         lines.append(f"| {r.lesson} | {r.status} | {r.symptom_reproduced} | {r.symptom_kind} | {r.fix_verified} "
-                     f"| {r.seconds} | {r.summary.replace('|', '/')} |")
+                     f"| {r.seconds} | {gpu.get('peak_gpu_memory_mib')} | {gpu.get('mean_gpu_utilisation_pct')} "
+                     f"| {r.summary.replace('|', '/')} |")
         if r.error:
-            lines.append(f"| | {r.error.splitlines()[0][:200]} | | | | | |")
+            lines.append(f"| | {r.error.splitlines()[0][:200]} | | | | | | | |")
     (out / SUMMARY_MD).write_text("\n".join(lines) + "\n")
