@@ -26,3 +26,10 @@ def test_every_dependency_is_pinned_exactly():
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / "README.md").read_text()
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_makefile_installs_the_uv_that_pyproject_pins():
+    """make installs with uv (seconds) and falls back to pip; both read the same pins from pyproject.toml."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pinned = pins(project["optional-dependencies"]["test"])["uv"]
+    assert re.search(rf"^UV := uv=={re.escape(pinned)}$", (ROOT / "Makefile").read_text(), re.M)
