@@ -142,3 +142,29 @@ def test_report_shows_the_lessons_sentence_and_says_when_the_real_old_code_ran(t
     assert "The old path missed the big batch by 0.5." in report and "<code>error</code>" not in report
     assert "yes (recreated); also run on the real old code" in report
     assert "The old path missed the big batch by 0.5." in (out / "summary.md").read_text()
+
+
+def test_lessons_run_several_at_once_keep_their_order_and_the_report_says_so(tmp_path, capsys):
+    lessons = tmp_path / "notebooks"
+    lessons.mkdir()
+    for name in ("01_slow", "02_fast"):
+        tiny_notebook(lessons / f"{name}.ipynb", "\n".join([
+            "import time, os",
+            f"time.sleep({2 if name == '01_slow' else 0})",
+            "open(os.path.join(output_dir, 'pid'), 'w').write(str(os.getppid()))"]))
+    out = tmp_path / "out"
+    assert main(["run", "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks", str(lessons),
+                 "--jobs", "2"]) == 1  # no metrics.json: both end as errors, which is beside the point here
+    printed = capsys.readouterr().out
+    assert "(2 at once, one process each)" in printed
+    assert printed.index("02_fast:") < printed.index("01_slow:")  # said as each ends
+    summary = json.loads((out / "summary.json").read_text())
+    assert [row["lesson"] for row in summary["lessons"]] == ["01_slow", "02_fast"]  # kept in order
+    assert summary["parameters"]["jobs"] == 2
+    assert (out / "01_slow" / "pid").read_text() != (out / "02_fast" / "pid").read_text()  # one runner each
+    assert "2 lessons ran at once" in build_report(out).read_text()
+
+
+def test_jobs_must_be_positive(tmp_path, capsys):
+    assert main(["run", "02", "--out", str(tmp_path / "o"), "--jobs", "-1"]) == 2
+    assert "--jobs must be at least 1" in capsys.readouterr().err

@@ -13,7 +13,8 @@ import yaml
 
 from trl_clinic.checkup.command import add_parser as add_checkup  # stdlib only: torch loads when it runs
 from trl_clinic.lessons import CONCRETE_PROFILES, PROFILE_NAMES, describe_shape, find_lesson
-from trl_clinic.workbook import check_parameters, find_lessons, notebook_parameters, run_lesson, select, write_summary
+from trl_clinic.workbook import (LessonResult, check_parameters, default_jobs, find_lessons, notebook_parameters,
+                                 run_lessons, select, write_summary)
 
 
 def _writable_out(value: Path) -> Path:
@@ -33,6 +34,18 @@ def _writable_out(value: Path) -> Path:
     return out
 
 
+def _said(result: LessonResult) -> None:
+    """One line per lesson as it ends: time, GPU use, and the verdict."""
+    verdict = "" if result.symptom_reproduced is None else (
+        f" (symptom reproduced: {result.symptom_reproduced}, fix verified: {result.fix_verified})")
+    gpu = result.gpu or {}
+    busy = ("" if gpu.get("peak_gpu_memory_mib") is None else
+            f", GPU peak {gpu['peak_gpu_memory_mib']:.0f} MiB, {gpu['mean_gpu_utilisation_pct']:.0f} % busy")
+    print(f"{result.lesson}: {result.status} in {result.seconds:.0f} s{busy}{verdict}", flush=True)
+    if result.error:
+        print(f"  {result.error.splitlines()[0][:300]}", flush=True)
+
+
 def _run(args: argparse.Namespace) -> int:
     lessons = select(find_lessons(args.notebooks), args.lessons)
     args.out = _writable_out(args.out)
@@ -41,20 +54,11 @@ def _run(args: argparse.Namespace) -> int:
     parameters.update({name: yaml.safe_load(value) for name, value in args.parameter})
     for path in lessons.values():
         check_parameters(path, parameters)
-    results = []
-    for path in lessons.values():
-        print(f"== {path.stem}", flush=True)
-        result = run_lesson(path, args.out, parameters, progress_bar=not args.no_progress)
-        results.append(result)
-        verdict = "" if result.symptom_reproduced is None else (
-            f" (symptom reproduced: {result.symptom_reproduced}, fix verified: {result.fix_verified})")
-        gpu = result.gpu or {}
-        busy = ("" if gpu.get("peak_gpu_memory_mib") is None else
-                f", GPU peak {gpu['peak_gpu_memory_mib']:.0f} MiB, {gpu['mean_gpu_utilisation_pct']:.0f} % busy")
-        print(f"{path.stem}: {result.status} in {result.seconds:.0f} s{busy}{verdict}", flush=True)
-        if result.error:
-            print(f"  {result.error.splitlines()[0][:300]}", flush=True)
-    write_summary(args.out, results, parameters)
+    jobs = min(args.jobs or default_jobs(args.profile), len(lessons))
+    print(f"== {', '.join(lessons)}" + (f" ({jobs} at once, one process each)" if jobs > 1 else ""), flush=True)
+    results = run_lessons(list(lessons.values()), args.out, parameters, jobs=jobs,
+                          progress_bar=not args.no_progress, on_done=_said)
+    write_summary(args.out, results, {**parameters, "jobs": jobs})
     print(f"wrote {args.out}", flush=True)
     return 0 if all(r.status == "passed" for r in results) else 1
 
@@ -97,6 +101,9 @@ def parser() -> argparse.ArgumentParser:
                      help="another notebook parameter, as papermill's -p")
     run.add_argument("--notebooks", default="notebooks", help="folder holding the lesson notebooks")
     run.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
+    run.add_argument("--jobs", type=int, default=0,
+                     help="lessons at once, each in its own process (default: one per core on the cpu profile, "
+                          "where each lesson uses one torch thread; one at a time on a GPU)")
     run.set_defaults(handler=_run)
     listing = commands.add_parser("list", help="the lessons, their parameters, and what each profile runs")
     listing.add_argument("--notebooks", default="notebooks", help="folder holding the lesson notebooks")

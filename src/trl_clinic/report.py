@@ -74,6 +74,13 @@ def _gpu_usage(gpu: dict | None) -> str:
     return f"peak {gpu['peak_gpu_memory_mib']:.0f} MiB, {gpu['mean_gpu_utilisation_pct']:.0f} % busy on average"
 
 
+def _jobs_note(jobs: int) -> str:
+    if jobs <= 1:
+        return "<p id='jobs'>The lessons ran one at a time.</p>"
+    return (f"<p id='jobs'>{jobs} lessons ran at once (<code>trl-clinic run --jobs {jobs}</code>), each in its own "
+            "process: a lesson's seconds include sharing the machine with the others.</p>")
+
+
 def _verdict(metrics: dict | None, group: str) -> tuple[bool | None, str]:
     if not metrics:
         return None, "measured"
@@ -164,7 +171,8 @@ def build_report(out: str | Path) -> Path:
         f"<style>{STYLE}</style></head><body><h1>TRL Clinic workbook report</h1>"
         "<table id='lessons'><tr><th>lesson</th><th>status</th><th>symptom reproduced?</th><th>fix verified?</th>"
         "<th>what this run showed</th><th>seconds</th><th>GPU while it ran</th><th>device</th></tr>" + "".join(rows) + "</table>"
-        "<h2>Environment</h2><table id='environment'>" + env_rows + "</table>"
+        + _jobs_note(summary.get("parameters", {}).get("jobs", 1))
+        + "<h2>Environment</h2><table id='environment'>" + env_rows + "</table>"
         + "".join(sections) + CHECK_IMAGES + "</body></html>")
     path = out / REPORT_FILE
     path.write_text(page)

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import ast
 import json
+import multiprocessing
 import os
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -121,6 +124,38 @@ def run_lesson(path: Path, out: Path, parameters: dict[str, object], progress_ba
     elif error is None:
         result.error = f"the notebook finished without writing {METRICS_FILE}"
     return result
+
+
+def default_jobs(profile: str) -> int:
+    """How many lessons run at once by default: one per core on the cpu profile (each lesson's torch uses
+    one thread there), one at a time on a GPU, where lessons would share the device and its numbers."""
+    if profile == "auto":
+        import torch
+
+        profile = "gpu" if torch.cuda.is_available() else "cpu"
+    return max(1, os.cpu_count() or 1) if profile == "cpu" else 1
+
+
+def run_lessons(lessons: list[Path], out: Path, parameters: dict[str, object], jobs: int = 1,
+                progress_bar: bool = True, on_done: Callable[[LessonResult], None] | None = None) -> list[LessonResult]:
+    """Every lesson, ``jobs`` at a time, each in its own process (a papermill kernel per lesson); results in
+    the lessons' order, ``on_done`` called as each one ends. Per-cell progress bars only when one runs at
+    a time: several would interleave."""
+    if jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {jobs}")
+    if jobs == 1:
+        results = []
+        for path in lessons:
+            results.append(run_lesson(path, out, parameters, progress_bar=progress_bar))
+            if on_done:
+                on_done(results[-1])
+        return results
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(run_lesson, path, out, parameters, False): path for path in lessons}
+        for future in as_completed(futures):
+            if on_done:
+                on_done(future.result())
+        return [future.result() for future in futures]  # submitted in the lessons' order
 
 
 def write_summary(out: Path, results: list[LessonResult], parameters: dict[str, object]) -> None:
