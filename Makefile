@@ -39,8 +39,10 @@ workbook: $(STAMP) eras-for-workbook
 	$(BIN)/trl-clinic run $(LESSONS) --profile $(PROFILE) --out $(OUT); status=$$?; \
 	$(BIN)/trl-clinic report $(OUT) && exit $$status
 
+# Both cores: pytest-xdist spreads the tests, keeping those that share a long session run on one worker
+# (tests/conftest.py); the workbook inside runs its lessons two at a time (trl-clinic run --jobs).
 test: $(STAMP) browser eras-for-tests
-	$(BIN)/python -m pytest -v -m "not slow"
+	$(BIN)/python -m pytest -v -m "not slow" -n auto --dist loadgroup
 
 # Every lesson run as a learner runs it in JupyterLab, on a fresh copy of the repository
 # (tests/test_learner_path.py, marker `slow`): as long as all lessons' cpu runs together.
