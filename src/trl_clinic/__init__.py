@@ -10,7 +10,17 @@ calls its lesson is about:
 * stand-ins: ``stand_ins`` (old behaviour re-created, faults injected, each labelled);
 * the past, for real: ``eras`` (side environments with old versions), ``handshake``, ``then/`` scripts;
 * the output: ``plotting``, ``results``;
-* the ``trl-clinic`` command: ``workbook``, ``report``, ``doctor``, ``cli``.
+* the ``trl-clinic`` command: ``workbook``, ``report``, ``doctor``, ``cli``;
+* your own trainer: ``checkup`` (``from trl_clinic import checkup; checkup(trainer)``).
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``checkup`` loads on first use, so importing trl_clinic stays cheap."""
+    if name == "checkup":
+        import importlib
+
+        return importlib.import_module("trl_clinic.checkup")
+    raise AttributeError(f"module 'trl_clinic' has no attribute {name!r}")

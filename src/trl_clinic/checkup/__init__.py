@@ -1,0 +1,63 @@
+"""``checkup(trainer)``: the lessons' probes run on your own trainer, just before ``trainer.train()``.
+
+    from trl_clinic import checkup
+    report = checkup(trainer)          # prints a table; report.failed, report.to_json()
+
+Each probe leaves a finding (ok / warn / fail / skipped with the reason), the number it measured,
+the fix in one line and the lesson that explains it. The check-up never changes the model's weights,
+the optimizer, the random generators or the trainer's attributes (``view.untouched``).
+The module itself is callable, so ``from trl_clinic import checkup`` gives the function's behaviour
+and ``trl_clinic.checkup.engine`` stays importable. Importing it is cheap (the ``trl-clinic``
+command's help imports it): the probes, and torch with them, load at the first check-up.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+import types
+from collections.abc import Iterable
+
+from trl_clinic.checkup.engine import PROBES, Finding, Report, run_probe, selected
+
+__all__ = ["PROBES", "Finding", "Report", "checkup", "load_probes", "run_checkup"]
+# one module per probe family; importing one registers its probes, in the issue's order
+PROBE_MODULES = ("packing", "accumulation", "precision", "padding", "grpo", "labels", "known_bugs")
+
+
+def load_probes() -> dict:
+    for name in PROBE_MODULES:
+        importlib.import_module(f"trl_clinic.checkup.{name}")
+    return PROBES
+
+
+def run_checkup(trainer, only: Iterable[str] | None = None, skip: Iterable[str] | None = None,
+                show: bool = True) -> Report:
+    """Run the selected probes on ``trainer`` and return the report (printed as a table when ``show``)."""
+    from trl_clinic.checkup.view import TrainerView, untouched
+
+    load_probes()
+    view = TrainerView(trainer)
+    model = view.base_model
+    report = Report(subject=f"{type(trainer).__name__} on {type(model).__name__}"
+                    f" ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters)")
+    start = time.perf_counter()
+    with untouched(trainer):
+        for spec in selected(only, skip):
+            report.findings += run_probe(spec, view)
+    report.seconds = time.perf_counter() - start
+    if show:
+        report.print()
+    return report
+
+
+checkup = run_checkup
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, trainer, **kwargs) -> Report:
+        return run_checkup(trainer, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,134 @@
+"""The check-up's engine: probes register here, run one by one, and each leaves one ``Finding``.
+
+A probe is a function of a ``TrainerView`` that returns a ``Finding``. It raises ``Skip`` when it
+does not apply or cannot run; any other error it raises is reported as a skip with the error's text,
+so one broken probe never ends the check-up. The report prints as a table (rich), as JSON for CI,
+and gives the exit code: 1 when any finding fails.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+STATUSES = ("ok", "warn", "fail", "skipped")
+STYLES = {"ok": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim"}
+
+
+class Skip(Exception):
+    """Raised by a probe that does not apply to this trainer or cannot run here; the message says why."""
+
+
+@dataclass
+class Finding:
+    probe: str
+    status: str  # one of STATUSES
+    measured: str = ""  # the number the verdict rests on, with its unit or meaning
+    fix: str = ""  # one line the user can apply
+    lesson: str = ""  # the lesson that explains it
+    reason: str = ""  # why the probe was skipped, or what it saw
+    value: float | None = None  # the measured number alone, for CI
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status {self.status!r}: expected one of {', '.join(STATUSES)}")
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    lesson: str
+    explains: str  # what a fail or warn of this probe means, for `trl-clinic checkup --help`
+    run: Callable[[Any], Finding | list[Finding]]
+
+
+PROBES: dict[str, Probe] = {}
+
+
+def probe(name: str, lesson: str, explains: str) -> Callable:
+    """Register a probe under ``name`` (the name ``--only``/``--skip`` take)."""
+    def register(function: Callable) -> Callable:
+        PROBES[name] = Probe(name, lesson, explains, function)
+        return function
+    return register
+
+
+@dataclass
+class Report:
+    findings: list[Finding] = field(default_factory=list)
+    subject: str = ""  # the trainer and model the check-up ran on
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return any(f.status == "fail" for f in self.findings)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+    def by_probe(self, name: str) -> list[Finding]:
+        return [f for f in self.findings if f.probe == name]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"subject": self.subject, "seconds": round(self.seconds, 3), "failed": self.failed,
+                "findings": [asdict(f) for f in self.findings]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def table(self):
+        """The findings as a rich table: one row per finding, the fix and the lesson beside the number."""
+        from rich.table import Table
+
+        table = Table(title=f"trl-clinic checkup: {self.subject} ({self.seconds:.1f} s)", show_lines=True)
+        for column in ("probe", "status", "measured", "fix / why skipped", "lesson", "s"):
+            table.add_column(column, overflow="fold")
+        for f in self.findings:
+            table.add_row(f.probe, f"[{STYLES[f.status]}]{f.status}[/]", f.measured,
+                          f.fix if f.status in ("warn", "fail") else f.reason, f.lesson, f"{f.seconds:.2f}")
+        return table
+
+    def __str__(self) -> str:
+        from rich.console import Console
+
+        console = Console(width=140, record=True, file=open("/dev/null", "w"))  # noqa: SIM115 - render only
+        console.print(self.table())
+        return console.export_text()
+
+    def print(self) -> None:
+        import sys
+
+        from rich.console import Console
+
+        Console(width=None if sys.stdout.isatty() else 140).print(self.table())
+
+
+def selected(only: Iterable[str] | None = None, skip: Iterable[str] | None = None) -> list[Probe]:
+    """The registered probes ``--only`` keeps and ``--skip`` leaves out, in registration order."""
+    only, skip = set(only or ()), set(skip or ())
+    unknown = (only | skip) - set(PROBES)
+    if unknown:
+        raise ValueError(f"unknown probe(s) {', '.join(sorted(unknown))}: choose from {', '.join(PROBES)}")
+    return [p for name, p in PROBES.items() if (not only or name in only) and name not in skip]
+
+
+def run_probe(spec: Probe, view: Any) -> list[Finding]:
+    """One probe's findings, timed; a probe that cannot run becomes a skipped finding saying why."""
+    start = time.perf_counter()
+    try:
+        result = spec.run(view)
+        findings = result if isinstance(result, list) else [result]
+    except Skip as why:
+        findings = [Finding(spec.name, "skipped", reason=str(why))]
+    except Exception as error:  # noqa: BLE001 - a probe's crash is reported, never raised
+        findings = [Finding(spec.name, "skipped", reason=f"the probe could not run: {type(error).__name__}: {error}")]
+    elapsed = time.perf_counter() - start
+    for finding in findings:
+        finding.lesson = finding.lesson or spec.lesson
+        finding.seconds = elapsed / len(findings)
+    return findings
