@@ -18,11 +18,6 @@ def status(trainer, probe):
     return report.findings[-1]
 
 
-def length_reward(completions, **kwargs):
-    """A reward that differs between completions of one prompt: groups are never all equal."""
-    return [float(len(c)) for c in completions]
-
-
 def test_packing_trips_on_opt_padding_free_and_passes_llama(tokenizer, tmp_path):
     opt = status(examples.sft_trainer(tokenizer, tmp_path, family="opt", padding_free=True, max_length=None,
                                       per_device_train_batch_size=4), "packing")
@@ -88,7 +83,7 @@ def test_padding_cache_counts_real_forwards_and_fails_inside_a_known_window(toke
 
 def test_grpo_equal_rewards_trips_on_a_reward_a_random_policy_never_earns(tokenizer, tmp_path):
     strict = examples.grpo_trainer(tokenizer, tmp_path, reward=all_in_category_reward)
-    spread = examples.grpo_trainer(tokenizer, tmp_path, reward=length_reward)
+    spread = examples.grpo_trainer(tokenizer, tmp_path, reward=examples.length_reward)
     found = status(strict, "equal_rewards")
     assert found.status == "fail" and found.value == 1
     assert status(spread, "equal_rewards").status == "ok"

@@ -60,6 +60,12 @@ def grpo_trainer(tokenizer, out, *, rows: int = 16, reward=category_reward, **co
                        train_dataset=reward_prompts(rows, seed=0))
 
 
+def length_reward(completions: list[str], **kwargs) -> list[float]:
+    """A reward that differs between the completions of one prompt, so no group is all-equal (a healthy
+    signal for the equal_rewards probe; a random policy rarely earns ``all_in_category_reward``)."""
+    return [float(len(c)) for c in completions]
+
+
 class MeanLossTrainer(Trainer):
     """A custom compute_loss as users write it: the mean over this micro-batch's tokens, ignoring
     ``num_items_in_batch`` (transformers #37766: gradient accumulation reweights tokens again)."""

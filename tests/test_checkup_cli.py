@@ -1,0 +1,102 @@
+"""`trl-clinic checkup sft|dpo|reward|grpo`: TRL's own parser and script build the trainer from a local model
+folder and local jsonl files (offline), the check-up runs on it, and the exit code says whether it failed."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from trl_clinic import cli
+from trl_clinic.data import instruction_pairs, preference_pairs, reward_prompts
+from trl_clinic.models import make_causal_lm
+
+DATA = {"sft": instruction_pairs, "dpo": preference_pairs, "reward": preference_pairs, "grpo": reward_prompts}
+
+
+@pytest.fixture(scope="module")
+def local(tokenizer, tmp_path_factory):
+    """A saved tiny model with its tokenizer, and one folder of train.jsonl per trainer kind."""
+    root = tmp_path_factory.mktemp("checkup-cli")
+    for family, folder in (("llama", "model"), ("opt", "opt")):
+        make_causal_lm(tokenizer, family).save_pretrained(root / folder)
+        tokenizer.save_pretrained(root / folder)
+    for kind, make in DATA.items():
+        (root / kind).mkdir()
+        make(16, seed=0).to_json(root / kind / "train.jsonl")
+    return root
+
+
+def recipe(local, kind, **settings):
+    path = local / f"{kind}-{len(settings)}.yaml"
+    config = {"model_name_or_path": str(local / "model"), "dataset_name": str(local / kind),
+              "output_dir": str(local / "out"), "use_cpu": True, "bf16": False, "report_to": "none",
+              "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, **settings}
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def run_json(capsys, argv):
+    code = cli.main(argv)
+    out = capsys.readouterr().out
+    return code, json.loads(out[out.index("{"):])
+
+
+@pytest.mark.parametrize("kind,extra", [
+    ("sft", {}), ("dpo", {}), ("reward", {}),
+    ("grpo", {"reward_funcs": ["trl_clinic.checkup.examples.length_reward"], "num_generations": 4,
+              "per_device_train_batch_size": 4, "max_completion_length": 8}),
+])
+def test_each_trainer_kind_builds_from_local_files_and_passes(local, capsys, kind, extra):
+    code, report = run_json(capsys, ["checkup", kind, "--config", recipe(local, kind, **extra), "--json"])
+    trainer = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "reward": "RewardTrainer", "grpo": "GRPOTrainer"}[kind]
+    assert report["subject"].startswith(trainer)
+    statuses = {f["probe"]: f["status"] for f in report["findings"]}
+    assert code == 0 and "fail" not in statuses.values(), report
+    assert len(statuses) == 11 and any(s == "ok" for s in statuses.values())
+
+
+def test_a_failing_recipe_exits_1_and_only_limits_the_probes(local, capsys):
+    config = recipe(local, "sft", model_name_or_path=str(local / "opt"), padding_free=True, max_length=None,
+                    per_device_train_batch_size=4)
+    code, report = run_json(capsys, ["checkup", "sft", "--config", config, "--only", "packing", "known_bugs", "--json"])
+    assert code == 1
+    assert [(f["probe"], f["status"]) for f in report["findings"]] == [("packing", "fail"), ("known_bugs", "fail")]
+
+
+def test_a_warning_does_not_fail_the_checkup(local, capsys):
+    config = recipe(local, "sft", model_init_kwargs={"torch_dtype": "float32"})
+    code, report = run_json(capsys, ["checkup", "sft", "--config", config, "--only", "known_bugs", "--json"])
+    assert code == 0
+    assert [(f["measured"], f["status"]) for f in report["findings"]] == [("03-torch-dtype-init-kwarg-ignored", "warn")]
+
+
+def test_grpo_config_that_trl_refuses_is_a_fail_with_trls_message(local, capsys):
+    config = recipe(local, "grpo", reward_funcs=["trl_clinic.data.category_reward"], num_generations=3,
+                    per_device_train_batch_size=4)
+    code, report = run_json(capsys, ["checkup", "grpo", "--config", config, "--json"])
+    assert code == 1
+    (finding,) = report["findings"]
+    assert finding["probe"] == "grpo_config" and finding["status"] == "fail"
+    assert "divisible by num_generations" in finding["fix"]
+
+
+def test_flags_after_the_kind_and_a_table_by_default(local, capsys):
+    code = cli.main(["checkup", "sft", "--model_name_or_path", str(local / "model"), "--dataset_name",
+                     str(local / "sft"), "--output_dir", str(local / "out"), "--use_cpu", "--bf16", "False",
+                     "--report_to", "none", "--skip", "accumulation", "padding_cache"])
+    out = capsys.readouterr().out
+    assert code == 0 and "labels_present" in out and "padding_cache" not in out
+
+
+def test_help_explains_every_probe_and_the_top_level_command_stays_light():
+    from trl_clinic.checkup import load_probes
+
+    result = subprocess.run([sys.executable, "-m", "trl_clinic.cli", "checkup", "--help"], capture_output=True,
+                            text=True, check=True)
+    assert all(name in result.stdout for name in load_probes())
+    light = subprocess.run([sys.executable, "-c", "import sys; from trl_clinic.cli import parser; parser(); "
+                            "print(sorted(m for m in ('torch', 'trl', 'transformers') if m in sys.modules))"],
+                           capture_output=True, text=True, check=True)
+    assert light.stdout.strip() == "[]"
