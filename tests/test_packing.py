@@ -1,6 +1,7 @@
 import torch
 
 from trl_clinic import data
+from trl_clinic.companions.padding_free import FAMILY_CONFIGS, family_probe
 from trl_clinic.models import make_causal_lm
 from trl_clinic.packing import pack, packed_vs_separate
 from trl_clinic.stand_ins import recreated_all_ones_mask
@@ -36,3 +37,14 @@ def test_probe_restores_training_mode(tokenizer):
 def test_recreated_all_ones_mask_adds_the_mask():
     collate = recreated_all_ones_mask(lambda examples: {"input_ids": torch.tensor([[1, 2, 3]])})
     assert collate([])["attention_mask"].tolist() == [[1, 1, 1]]
+
+
+def test_a_kv_cache_turns_the_boundary_search_off(tokenizer):
+    model = make_causal_lm(tokenizer, "llama")
+    assert not packed_vs_separate(model, sequences(tokenizer), use_cache=True)["isolated"]
+
+
+def test_family_probe_flags_families_whose_mask_ignores_position_ids(tokenizer):
+    seqs = sequences(tokenizer, 4)
+    verdicts = {family: family_probe(tokenizer, family, 0, seqs)["isolated"] for family in FAMILY_CONFIGS}
+    assert verdicts == {"llama": True, "qwen2": True, "opt": False, "falcon": False, "bloom": False, "mpt": False}
