@@ -11,19 +11,31 @@
 #
 # **The report** ([TRL issue #2175](https://github.com/huggingface/trl/issues/2175)): training with
 # batch 1 × gradient accumulation 32 gave a worse model than batch 32 × accumulation 1, although the
-# two should be the same optimisation (SmolLM-135M, Llama 3.2 1B).
+# two should be the same optimisation. It was closed by transformers PR
+# [#34198](https://github.com/huggingface/transformers/pull/34198), released in transformers 4.46.0.
 #
-# **What you will see here**, with the real `SFTTrainer`: the accumulated gradient of the old
-# normalisation points somewhere else than the one-big-batch gradient, at every accumulation count;
-# packed data, whose micro-batches hold about the same number of label tokens, suffers far less;
-# the report's two settings, batch 1 × 32 and batch 32, trained side by side to the end of the data,
-# where the old normalisation ends worse on held-out data; and today's `num_items_in_batch` path,
-# which matches the big batch to float precision, step after step.
+# **You will learn**
+# * why adding up per-micro-batch *means* is not the mean of the big batch, and which tokens it weighs up;
+# * how today's `Trainer` and `SFTTrainer` fix it with `num_items_in_batch`, and how a custom
+#   `compute_loss` that ignores that argument brings the wrong gradient back today;
+# * how to test your own set-up: the first step's gradient of batch 1 × N against one batch of N;
+# * why packed data suffers less, and what the bug does to a whole training run.
 #
-# **Time**: about 80 s on the cpu profile (2 CPU cores); `trl-clinic list` shows what each profile runs.
+# **You should know**
+# * TRL's [`SFTTrainer`](https://huggingface.co/docs/trl/sft_trainer) and its prompt/completion datasets;
+# * gradient accumulation in the [`Trainer`](https://huggingface.co/docs/transformers/main_classes/trainer)
+#   (`gradient_accumulation_steps`), and the Hugging Face post
+#   [Fixing Gradient Accumulation](https://huggingface.co/blog/gradient_accumulation);
+# * a causal LM's loss: the cross-entropy over label tokens, where a label of `-100` does not count.
 #
-# The old normalisation is **re-created** on today's `Trainer` (`trl_clinic.stand_ins`, which names
-# the transformers 4.45 code it stands for); the custom-loss trap and the fix are today's real code.
+# **Time**: 92 s to run on the cpu profile (2 CPU cores, seed 0, measured); gpu profile not measured
+# yet. About 30 minutes to read and try the exercises.
+#
+# **What runs here**: today's real `SFTTrainer` (TRL, transformers) for the fix, the custom-loss trap and
+# `loss_is_scaled_for_ga`. The old normalisation of transformers before 4.46.0 is **re-created** on
+# today's `Trainer` by one line, `model_accepts_loss_kwargs = False` (`trl_clinic.stand_ins.recreate_pre_446_loss`
+# names the 4.45 code it stands for). **Then** (section 7): the real transformers 4.45.2 `Trainer` and
+# TRL 0.11.4 `SFTTrainer` run the same step in a side environment, and the re-creation is compared with them.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
@@ -31,144 +43,84 @@ seed = 0
 output_dir = None  # None: outputs/02_gradient_accumulation_loss at the repository root
 
 # %%
-import math
-
-import torch
-from trl import SFTConfig, SFTTrainer
-
-from trl_clinic import data, eras, handshake, plotting
-from trl_clinic.gradients import cosine, first_step_gradient, label_counts, relative_error
+from trl_clinic import data, eras, handshake
+from trl_clinic.companions import accumulation as companion
+from trl_clinic.companions.accumulation import FirstStep, degrees_apart
+from trl_clinic.gradients import first_step_gradient, label_counts, relative_error
 from trl_clinic.models import model_maker
 from trl_clinic.parameters import start_run
-from trl_clinic.recording import StepRecorder
 from trl_clinic.results import failed_checks, recreated, save_metrics
 from trl_clinic.runtime import progress
-from trl_clinic.stand_ins import MeanPerMicroBatchSFTTrainer, recreate_pre_446_loss
+from trl_clinic.stand_ins import MeanPerMicroBatchSFTTrainer
 
 run = start_run("02", profile, seed, output_dir)
 print(run.describe())
 sizes = run.sizes  # this lesson's numbers for the profile (lessons.yaml)
-# every run starts from the same weights: a random-init tiny llama (cpu) or SmolLM2-135M-Instruct (gpu)
+# every call gives the same weights: a random-init tiny llama (cpu) or SmolLM2-135M-Instruct (gpu)
 make_model, tokenizer = model_maker(sizes.model_size, seed=run.seed)
+# prompt/completion pairs: even rows a one-word answer, odd rows the biographies of one to six people
+train_set = data.instruction_pairs(sizes.n_train, seed=run.subseed("train"))
+eval_set = data.instruction_pairs(sizes.n_eval, seed=run.subseed("eval"))
 
 # %% [markdown]
 # ## 1. The symptom
 #
-# An SFT dataset whose completions have very different lengths: one-word answers alternate with
-# biographies of one to six people (`data.instruction_pairs` guarantees the alternation on every
-# seed). Every sample's number of label tokens (the completion, since `completion_only_loss` is on
-# for prompt/completion data) ranges from 2 to about 150.
+# The report's two settings, one optimizer step each, from the same weights on the same first N samples
+# (read in order, so short and long answers alternate): one batch of N, and batch 1 × accumulation N with
+# the normalisation of transformers before 4.46.0, **re-created** by setting `model_accepts_loss_kwargs = False`
+# on today's trainer. `first_step_gradient` copies the gradient just before the optimizer step (nothing is
+# clipped) and stops training.
 
-# %%
-train_set = data.instruction_pairs(sizes.n_train, seed=run.subseed("train"))
-eval_set = data.instruction_pairs(sizes.n_eval, seed=run.subseed("eval"))
-completion_tokens = [len(tokenizer(row["completion"])["input_ids"]) + 1 for row in train_set]  # + eos
-print(f"label tokens per sample: min {min(completion_tokens)}, max {max(completion_tokens)}")
-for row in train_set.select(range(3)):
-    print(repr(row["prompt"]), "->", repr(row["completion"][:70]))
-
-
-# %% [markdown]
-# ## 2. Reproduce: the same samples as one batch and as accumulated micro-batches
-#
-# One optimizer step, three ways, each with a fresh model from the same seed (same weights) and
-# the same samples: `train_sampling_strategy="sequential"` feeds the first N samples in order, so
-# every window mixes short and long answers by construction (a random draw could, now and then,
-# give a window whose samples hold equal label counts, where the old path happens to be exact):
-#
-# * **big batch**: `per_device_train_batch_size=N`, `gradient_accumulation_steps=1`; the reference.
-# * **accumulated, old normalisation (re-created)**: batch 1 × N. Before transformers 4.46 each
-#   micro-batch's loss was the mean over *its own* label tokens, divided by N. Today's Trainer still
-#   does exactly that when it believes the model cannot take `num_items_in_batch`:
-#   `recreate_pre_446_loss(trainer)` sets `trainer.model_accepts_loss_kwargs = False` after building
-#   the trainer, which brings that path back.
-# * **accumulated, today's default**: batch 1 × N with `num_items_in_batch`.
-#
-# `first_step_gradient` (a `TrainerCallback` underneath) copies the accumulated gradient just before
-# the optimizer step (with `max_grad_norm=0`, so nothing is clipped) and stops training.
-#
-# The comparison runs in fp32 on every device: under bf16 autocast a big batch and its micro-batches
-# round differently (about 1e-3), which would blur the 1e-4 check without changing the story.
-
-# %%
-def first_step_trainer(batch_size: int, accumulation: int, normalisation: str,
-                       trainer_class: type[SFTTrainer] = SFTTrainer, packing: bool = False) -> SFTTrainer:
-    """An SFTTrainer set for one optimizer step over the first samples; normalisation is "today" or "old"."""
-    name = f"grad-{trainer_class.__name__}-{batch_size}x{accumulation}-{normalisation}{'-packed' * packing}"
-    args = SFTConfig(
-        **{**run.trainer_kwargs(name, logging=False), "bf16": False},
-        per_device_train_batch_size=batch_size,
-        gradient_accumulation_steps=accumulation,
-        max_grad_norm=0,  # no clipping: compare the gradient exactly as accumulation built it
-        train_sampling_strategy="sequential",  # the first N samples, alternating short and long
-        max_steps=1,
-        **({"packing": True, "max_length": sizes.packing_length} if packing else {}),  # rows of packed samples
-    )
-    trainer = trainer_class(model=make_model(), args=args, train_dataset=train_set, processing_class=tokenizer)
-    if normalisation == "old":
-        recreate_pre_446_loss(trainer)  # per-micro-batch mean, divided by the accumulation steps
-    return trainer
-
-
-def first_step(batch_size: int, accumulation: int, normalisation: str,
-               trainer_class: type[SFTTrainer] = SFTTrainer, packing: bool = False) -> tuple[torch.Tensor, float]:
-    """The accumulated gradient of the first optimizer step, and the training loss the Trainer reports for it."""
-    trainer = first_step_trainer(batch_size, accumulation, normalisation, trainer_class, packing)
-    recorder = StepRecorder().watch(trainer)  # keeps what the Trainer logs (and stops it printing raw dicts)
-    gradient = first_step_gradient(trainer)  # trl_clinic.gradients: captures it just before the optimizer step
-    return gradient, recorder.last("train_loss")
-
-
-N = sizes.curve_accumulation
-reference, _ = first_step(N, 1, "today")
-old, _ = first_step(1, N, "old")
-print(f"batch 1 x {N}, old normalisation vs batch {N}: "
-      f"relative error {relative_error(old, reference):.3f}, cosine {cosine(old, reference):.4f}")
-print(f"the old gradient is off by {relative_error(old, reference):.0%} of the big batch's and points "
-      f"{math.degrees(math.acos(min(1.0, cosine(old, reference)))):.0f} degrees away from it")
+# %% tags=["symptom"]
+N = sizes.curve_accumulation  # the report: batch 1 x accumulation 32 against batch 32
+steps = FirstStep(run, make_model, tokenizer, train_set, packing_length=sizes.packing_length)
+big = steps.trainer(batch_size=N, accumulation=1)
+accumulated = steps.trainer(batch_size=1, accumulation=N)
+accumulated.model_accepts_loss_kwargs = False  # RE-CREATED: the loss path of transformers before 4.46.0
+reference, old = first_step_gradient(big), first_step_gradient(accumulated)
+print(f"batch 1 x {N} (old normalisation, recreated) against batch {N}: the gradient is off by "
+      f"{relative_error(old, reference):.0%} of its length and points {degrees_apart(old, reference):.0f} degrees away")
 
 # %% [markdown]
-# Float noise between two batchings of the same samples is about 1e-7 (section 4 measures it): a gap
-# like the one above is a different objective.
+# The same samples, the same weights, one step: a different gradient. Two batchings of the same samples
+# should differ only by float rounding (section 3 measures how little that is).
 #
-# ## 3. Diagnose: who gets which weight
+# ## 2. Diagnose: who gets which weight
 #
-# The loss we want is the mean over *all* label tokens of the accumulation window: every token
-# weighs `1 / Σ nᵢ`. The old path averages per-micro-batch means: a token of sample *i* weighs
-# `1 / (N · nᵢ)`. Below are the label counts of the first window as the trainer's own dataloader
-# delivers it (shifted labels that are not `-100`), and the weight each path gives one token.
+# The loss we want is the mean over *all* label tokens of the accumulation window: every token weighs
+# `1 / Σ nᵢ`. With `model_accepts_loss_kwargs = False`, today's `Trainer.training_step` (transformers 5.23,
+# `trainer.py`) divides each micro-batch's own mean by N, as transformers 4.45.2 did (its `training_step`
+# called `compute_loss(model, inputs)`, and accelerate 1.0.1's `Accelerator.backward` divided the loss by
+# the accumulation steps): a token of sample *i* weighs `1 / (N · nᵢ)`. The label counts `nᵢ` are read from the trainer's
+# own dataloader (shifted labels that are not `-100`; for prompt/completion data TRL 1.16's
+# `completion_only_loss=None` keeps only the completion's tokens).
 
 # %%
-probe = first_step_trainer(1, N, "today")
-window = [batch for batch, _ in zip(probe.get_train_dataloader(), range(N))]
+probe = steps.trainer(batch_size=1, accumulation=N)
+window = [batch for batch, _ in zip(probe.get_train_dataloader(), range(N))]  # the first window, as trained
 counts = label_counts(probe, N)
-weight_today = [1 / sum(counts)] * N
-weight_old = [1 / (N * n) for n in counts]
-print(f"{'sample':>6} {'labels':>7} {'weight today':>13} {'weight old':>11} {'old/today':>9}")
-SHOWN = 8  # the pattern repeats: short and long answers alternate
-for i, (n, w_t, w_o) in enumerate(zip(counts[:SHOWN], weight_today, weight_old)):
-    print(f"{i:>6} {n:>7} {w_t:>13.5f} {w_o:>11.5f} {w_o / w_t:>9.2f}")
-if N > SHOWN:
-    print(f"{'...':>6} ({N - SHOWN} more micro-batches in the window)")
-token_weight_spread = max(weight_old) / min(weight_old)
-print(f"under the old path one token of the shortest sample weighs {token_weight_spread:.0f}x one token of the longest")
-
+token_weight_spread = companion.print_token_weights(counts)
+print(f"label tokens per sample: {min(counts)} to {max(counts)}; on the old path one token of the shortest "
+      f"sample weighs {token_weight_spread:.0f}x one token of the longest")
 
 # %% [markdown]
-# Short answers are weighted up, long answers down: the old path trains a different objective,
-# which is why the report saw a *worse* model and not only a noisier one. A real batch of N has no
-# such problem because its loss is already one mean over all its tokens.
+# Short answers are weighted up, long answers down: the old path trains another objective, which is
+# why the report saw a *worse* model and not only a noisier one. A batch of N has no such problem:
+# its loss is one mean over all its tokens.
 #
-# ## 4. The fix: `num_items_in_batch`
+# ## 3. The fix, `num_items_in_batch`, and a trap that undoes it
 #
-# Since transformers 4.46 the Trainer counts the label tokens of the whole accumulation window
-# before the first micro-batch and passes that count to the loss as `num_items_in_batch`; each
-# micro-batch returns `sum of its token losses / window count`, and the accumulated sum is exactly
-# the big-batch mean. TRL's `SFTTrainer` uses it in its own `compute_loss`.
+# Since transformers 4.46.0 (`trainer.py`: `get_batch_samples`, `training_step`) the Trainer counts the
+# label tokens of the whole window before its first micro-batch and passes that count to the loss as
+# `num_items_in_batch`; each micro-batch returns the sum of its token losses divided by the window's
+# count, and the accumulated sum is the big batch's mean. TRL 1.16's `SFTTrainer.compute_loss`
+# (`sft_trainer.py`) passes it on.
 #
-# The bug comes back whenever a loss ignores `num_items_in_batch`. A common way today: a custom
-# `compute_loss` that takes a mean over its micro-batch (transformers issue #37766). The Trainer
-# then believes the loss is already normalised for accumulation and does not even divide by N.
+# The wrong gradient comes back when the count does not reach the loss. Today's `Trainer` sets
+# `model_accepts_loss_kwargs` from the model (its `accepts_loss_kwargs` attribute, else whether `forward`
+# takes `**kwargs`; transformers 5.23, `trainer.py`), so a model whose forward takes no loss kwargs runs
+# the old path of section 1: what transformers issue [#37766](https://github.com/huggingface/transformers/issues/37766)
+# reported on 4.47.1. A custom `compute_loss` that takes the mean over its micro-batch is another way;
 # `MeanPerMicroBatchSFTTrainer` (in `trl_clinic.stand_ins`) is such a user override:
 #
 # ```python
@@ -176,43 +128,32 @@ print(f"under the old path one token of the shortest sample weighs {token_weight
 #     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
 #         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=None)
 # ```
+#
+# Below, at each accumulation count, batch 1 × count on the three paths against one batch of that count.
 
 # %%
-PATHS = ("today", "old", "custom")
-sweep = {path: [] for path in PATHS}
-for steps in progress(sizes.accumulation_sweep, "accumulation sweep"):
-    big, big_loss = first_step(steps, 1, "today")
-    candidates = {"today": first_step(1, steps, "today"), "old": first_step(1, steps, "old"),
-                  "custom": first_step(1, steps, "today", trainer_class=MeanPerMicroBatchSFTTrainer)}
-    for path, (gradient, reported) in candidates.items():
-        sweep[path].append({"accumulation": steps, "relative_error": relative_error(gradient, big),
-                            "cosine": cosine(gradient, big), "reported_loss": reported,
-                            "big_batch_reported_loss": big_loss})
-    print(f"1 x {steps:>2}: " + "  ".join(
-        f"{path}: err {sweep[path][-1]['relative_error']:.2e} cos {sweep[path][-1]['cosine']:.6f}" for path in sweep))
+sweep = companion.accumulation_sweep(steps, sizes.accumulation_sweep, custom_class=MeanPerMicroBatchSFTTrainer)
 
 # %%
-old_errors = [row["relative_error"] for row in sweep["old"]]
-custom_errors = [row["relative_error"] for row in sweep["custom"]]
-first, last = sweep["old"][0]["accumulation"], sweep["old"][-1]["accumulation"]
-print(f"today's path: largest error over the sweep {max(r['relative_error'] for r in sweep['today']):.1e} (float precision)")
-print(f"old path: error between {min(old_errors):.2f} and {max(old_errors):.2f}, cosine between "
-      f"{min(r['cosine'] for r in sweep['old']):.3f} and {max(r['cosine'] for r in sweep['old']):.3f}: "
-      f"{'it grows' if old_errors == sorted(old_errors) else 'it does not grow steadily'} with the accumulation count")
-print(f"custom loss: error {custom_errors[0]:.1f} at 1 x {first}, {custom_errors[-1]:.1f} at 1 x {last}: "
-      f"{'it grows' if custom_errors == sorted(custom_errors) else 'it does not grow steadily'} with the accumulation count")
+errors = {path: [row["relative_error"] for row in rows] for path, rows in sweep.items()}
+cosines = {path: [row["cosine"] for row in rows] for path, rows in sweep.items()}
+print(f"today: largest relative error over the sweep {max(errors['today']):.1e}")
+print(f"old: error {min(errors['old']):.2f} to {max(errors['old']):.2f}, cosine {min(cosines['old']):.3f} to "
+      f"{max(cosines['old']):.3f}")
+print(f"custom: error {errors['custom'][0]:.1f} at 1 x {sizes.accumulation_sweep[0]}, {errors['custom'][-1]:.1f} at "
+      f"1 x {sizes.accumulation_sweep[-1]}; its cosine differs from the old path's by at most "
+      f"{max(abs(c - o) for c, o in zip(cosines['custom'], cosines['old'])):.0e}")
 
 # %% [markdown]
 # Today's path matches the big batch to float precision at every accumulation count. The old
-# normalisation misses it at every count, and its cosine stays far from 1: a different direction,
-# not a rescaled gradient. The custom loss has exactly the old path's direction (the same cosine,
-# its line hides under the red one) and a gradient N times too large on top.
+# normalisation misses it at every count, with a cosine far from 1: another direction, not a rescaled
+# gradient. The custom loss has the old path's direction (the same cosine) and misses by more.
 #
-# ### Why the custom run reports a training loss of about 200
+# ## 4. The custom loss: a wrong gradient, and a logged loss N times too high
 #
-# Each trainer above also reports the training loss of its one step (the `train_loss` a training
-# run prints at its end). Read what `Trainer.training_step` does with the loss `compute_loss` returns
-# (transformers 5.23, installed here):
+# Each trainer above also reports the training loss of its one step (the `train_loss` a run prints at
+# its end). What `Trainer.training_step` does with the loss `compute_loss` returns (transformers 5.23,
+# `trainer.py`, shortened):
 #
 # ```python
 # loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
@@ -224,119 +165,88 @@ print(f"custom loss: error {custom_errors[0]:.1f} at 1 x {first}, {custom_errors
 #                             or self.compute_loss_func is not None
 # if not loss_is_scaled_for_ga:
 #     loss = loss / self.current_gradient_accumulation_steps
-# self.accelerator.backward(loss)
+# self.accelerator.backward(loss, **kwargs)
 # return loss.detach()                               # summed over the window: the step's logged loss
 # ```
 #
 # The Trainer decides from *its own* view: the model accepts loss kwargs and it did count the window's
-# tokens, so it takes the returned loss as already divided by the window and leaves it alone. The
-# override dropped the count on its way to the loss, so every micro-batch returns its own mean,
-# undivided, and the step's loss is the sum of N per-micro-batch means:
+# tokens, so it takes the returned loss as already divided and leaves it alone. The override dropped the
+# count, so every micro-batch returns its own mean, undivided: the logged loss is the sum of N means,
+# and the gradient is the old path's, N times longer.
 
 # %%
-reported = {path: {row["accumulation"]: row["reported_loss"] for row in rows} for path, rows in sweep.items()}
-big_reported = {row["accumulation"]: row["big_batch_reported_loss"] for row in sweep["today"]}
-custom_over_old = {acc: reported["custom"][acc] / reported["old"][acc] for acc in reported["old"]}
-for acc in sizes.accumulation_sweep:
-    print(f"1 x {acc:>2} reports: today {reported['today'][acc]:.3f} (batch {acc}: {big_reported[acc]:.3f}), "
-          f"old {reported['old'][acc]:.3f}, custom {reported['custom'][acc]:.1f} = {custom_over_old[acc]:.3f} x old")
-print(f"so at 1 x {N} the custom run reports {reported['custom'][N]:.1f}: {N} micro-batch means of about "
-      f"{reported['custom'][N] / N:.2f} nats/token added up, not a loss {reported['custom'][N] / reported['today'][N]:.0f} "
-      "times worse; its gradient is the old path's, times the accumulation count")
+companion.print_reported_losses(sweep)
+custom, custom_loss = steps.run_step(1, N, trainer_class=MeanPerMicroBatchSFTTrainer)
+custom_vs_n_old = relative_error(custom, N * old)
+print(f"at 1 x {N} the custom run reports {custom_loss:.1f}, {N} micro-batch means of about {custom_loss / N:.2f} "
+      f"nats/token added up; its gradient is {N} x the old path's (relative error {custom_vs_n_old:.1e})")
 
 # %% [markdown]
-# Since transformers 5.19 a trainer can say what its loss is: `loss_is_scaled_for_ga = False` means
-# "a mean per micro-batch, divide it for me". Declared on the custom trainer, the Trainer divides again,
-# and the run becomes the old normalisation exactly (same gradient, same reported loss): honest
-# numbers, still the wrong objective. Only a loss that uses `num_items_in_batch` fixes that.
+# So the high number is a scale effect (N means added up), but the model is not fine: it steps along
+# the old path's wrong direction, with a step N times larger before the optimizer normalises it.
+#
+# Since transformers 5.19.0 (`trainer.py`; absent from 5.18.0) a trainer can say what its loss is:
+# `loss_is_scaled_for_ga = False` means "a mean per micro-batch, divide it for me". Declared on the custom
+# trainer, the Trainer divides again, and the run becomes the old normalisation: honest numbers, still the
+# wrong objective. Only a loss that uses `num_items_in_batch` fixes that.
 
 # %%
 class DeclaredMeanSFTTrainer(MeanPerMicroBatchSFTTrainer):
     loss_is_scaled_for_ga = False  # "my loss is a per-micro-batch mean": training_step divides it by N
 
 
-declared, declared_loss = first_step(1, N, "today", trainer_class=DeclaredMeanSFTTrainer)
+declared, declared_loss = steps.run_step(1, N, trainer_class=DeclaredMeanSFTTrainer)
+old_loss = next(row["reported_loss"] for row in sweep["old"] if row["accumulation"] == N)
 declared_vs_old = {"relative_error": relative_error(declared, old), "reported_loss": declared_loss,
-                   "old_reported_loss": reported["old"][N]}
-print(f"custom loss declared as a per-micro-batch mean, 1 x {N}: gradient vs the old path's "
-      f"{declared_vs_old['relative_error']:.1e}, reported loss {declared_loss:.3f} (old path {reported['old'][N]:.3f})")
+                   "old_reported_loss": old_loss}
+print(f"declared custom loss, 1 x {N}: gradient vs the old path's {declared_vs_old['relative_error']:.1e}, "
+      f"reported loss {declared_loss:.3f} (old path {old_loss:.3f})")
 
 # %% [markdown]
 # ## 5. Packed data suffers less
 #
-# The report adds that padding-heavy data (short and long samples mixed, each its own micro-batch)
-# suffers most, and packed data less. With `SFTConfig(packing=True)` TRL fills rows of `max_length`
-# tokens with whole samples (best-fit decreasing), so every micro-batch is a row of several samples,
-# and most rows hold about the same number of label tokens. The old normalisation weighs each row's
-# tokens by `1 / (N · nᵢ)`: with equal `nᵢ` that is the big batch's weight. Below: the label tokens
-# per micro-batch over the whole training set, padded (one sample per micro-batch) and packed, and the
-# first step's gradient at batch 1 × N against batch N on the same packed rows.
+# The report adds that packed data suffers less. With `SFTConfig(packing=True)` TRL 1.16 fills rows of
+# `max_length` tokens with whole samples (`packing_strategy="bfd"`, best-fit decreasing), so a micro-batch
+# is a row of several samples. The old path weighs a row's tokens by `1 / (N · nᵢ)`: with equal `nᵢ`
+# that is the big batch's weight. Below: label tokens per micro-batch over the whole training set, one
+# sample per micro-batch and packed, and the first step at batch 1 × N against batch N on packed rows.
 
 # %%
-spread = {"padded": label_counts(first_step_trainer(1, 1, "today")),
-          "packed": label_counts(first_step_trainer(1, 1, "today", packing=True))}
-for name, row_counts in spread.items():
-    mean = sum(row_counts) / len(row_counts)
-    std = (sum((c - mean) ** 2 for c in row_counts) / len(row_counts)) ** 0.5
-    spread[name] = {"micro_batches": len(row_counts), "min": min(row_counts), "max": max(row_counts),
-                    "coefficient_of_variation": std / mean}
-    print(f"{name}: {len(row_counts)} micro-batches, label tokens {min(row_counts)} to {max(row_counts)}, "
-          f"spread (std / mean) {std / mean:.2f}")
-packed_big, _ = first_step(N, 1, "today", packing=True)
-packed = {path: relative_error(first_step(1, N, path, packing=True)[0], packed_big) for path in ("old", "today")}
-print(f"packed rows, first step at 1 x {N} vs batch {N}: old normalisation error {packed['old']:.1e} "
-      f"(padded: {old_errors[sizes.accumulation_sweep.index(N)]:.2f}), today {packed['today']:.1e}")
+spread = companion.label_spread(steps)
+packed_big, _ = steps.run_step(N, 1, packing=True)
+packed = {path: relative_error(steps.run_step(1, N, path, packing=True)[0], packed_big) for path in ("old", "today")}
+old_at_n = errors["old"][sizes.accumulation_sweep.index(N)]
+print(f"packed rows, first step at 1 x {N} vs batch {N}: old normalisation {packed['old']:.1e} (one sample per "
+      f"micro-batch: {old_at_n:.2f}, {old_at_n / packed['old']:.0f}x more), today {packed['today']:.1e}")
 
 # %% [markdown]
-# Packing does not fix the normalisation: it removes most of what the old one got wrong, the unequal
-# label counts. Rows at the end of the packed set, filled with whatever samples were left, hold fewer
-# tokens (the minimum above), so an accumulation window that reaches them is off again.
+# Packing does not change the normalisation: it evens out the label counts, which is what the old one
+# got wrong, so its error shrinks; compare it with today's above to see what is left.
 #
-# ## 6. Compare: the report's two settings, trained to the end
+# ## 6. Trained to the end: the report's two settings
 #
-# The report's runs: batch 32 × accumulation 1 against batch 1 × accumulation 32, here with
-# accumulation N, over one pass of the training data (`max_steps × N` samples, none repeated), same
-# weights, same data order, same learning rate; batch 1 × N once with today's normalisation and once
-# with the old one. Held-out loss is evaluated as one batch per subset, so it is the true token mean
-# (a per-batch mean of means would repeat the very bug we study).
+# Batch N × accumulation 1 against batch 1 × accumulation N (once today's, once the old normalisation),
+# over one pass of the training data (`max_steps × N` samples, none repeated), same weights, same data
+# order, same learning-rate schedule (`warmup_steps=0.1`, a ratio: a linear warm-up over the first tenth
+# of the steps, then linear decay). Held-out loss is evaluated as one batch per subset (short answers,
+# long answers, all), so it is the true token mean.
 
 # %%
-short_eval = eval_set.filter(lambda row: len(row["completion"].split()) == 1)
-long_eval = eval_set.filter(lambda row: len(row["completion"].split()) > 1)
-eval_sets = {"all": eval_set, "short": short_eval, "long": long_eval}
-RUNS = {"big batch": (N, 1, "today"), "today": (1, N, "today"), "old": (1, N, "old")}
+eval_sets = {"all": eval_set, "short": eval_set.filter(lambda row: len(row["completion"].split()) == 1),
+             "long": eval_set.filter(lambda row: len(row["completion"].split()) > 1)}
+RUNS = {"big batch": ({"per_device_train_batch_size": N, "gradient_accumulation_steps": 1}, "today"),
+        "today": ({"per_device_train_batch_size": 1, "gradient_accumulation_steps": N}, "today"),
+        "old": ({"per_device_train_batch_size": 1, "gradient_accumulation_steps": N}, "old")}
+curves = {name: companion.train_curve(run, make_model, tokenizer, train_set, eval_sets, name, config, normalisation)
+          for name, (config, normalisation) in progress(RUNS.items(), "training runs")}
 
-
-def train_curve(name: str, batch_size: int, accumulation: int, normalisation: str) -> StepRecorder:
-    args = SFTConfig(
-        **run.trainer_kwargs(f"curve-{name.replace(' ', '-')}"),
-        per_device_train_batch_size=batch_size,
-        gradient_accumulation_steps=accumulation,
-        learning_rate=sizes.learning_rate,
-        warmup_steps=0.1,  # a float below 1 is a ratio
-        max_steps=sizes.curve_steps,
-        eval_strategy="steps",
-        eval_steps=max(1, sizes.curve_steps // 4),
-        per_device_eval_batch_size=len(eval_set),
-    )
-    trainer = SFTTrainer(model=make_model(), args=args, train_dataset=train_set, eval_dataset=eval_sets,
-                         processing_class=tokenizer)
-    if normalisation == "old":
-        recreate_pre_446_loss(trainer)
-    recorder = StepRecorder().watch(trainer)
-    trainer.train()
-    recorder.save(run.output_dir / f"history_{name.replace(' ', '_')}.json")
-    return recorder
-
-
-curves = {name: train_curve(name, *setting) for name, setting in progress(RUNS.items(), "training runs")}
+# %%
 held_out = {name: {subset: rec.last(f"eval_{subset}_loss") for subset in eval_sets} for name, rec in curves.items()}
-train_losses = {name: rec.series("loss")[1] for name, rec in curves.items()}
-# the old path weights short answers up: relative to long answers, it should do better on them
-short_long = {name: losses["short"] / losses["long"] for name, losses in held_out.items()}
+short_long = {name: losses["short"] / losses["long"] for name, losses in held_out.items()}  # < 1: short answers learnt better
 for name, losses in held_out.items():
     print(f"{name:>9}: " + ", ".join(f"held-out {subset} {loss:.3f}" for subset, loss in losses.items())
           + f", short/long ratio {short_long[name]:.3f}")
+train_losses = {name: rec.series("loss")[1] for name, rec in curves.items()}
 train_gap = {name: max(abs(a - b) for a, b in zip(train_losses[name], train_losses["big batch"]))
              for name in ("today", "old")}
 print(f"logged training loss, largest gap to batch {N} over {sizes.curve_steps} steps: "
@@ -344,41 +254,40 @@ print(f"logged training loss, largest gap to batch {N} over {sizes.curve_steps} 
 
 # %% [markdown]
 # Today's batch 1 × N is the big batch: the same logged loss at every step, the same held-out loss.
-# The old normalisation logs a different number (a mean of per-micro-batch means, which counts a short
-# answer's few tokens as much as a long answer's many) and trains a different model.
+# The old normalisation logs another number (a mean of per-micro-batch means, which counts a short
+# answer's few tokens as much as a long answer's many), trains another model, and favours short answers
+# (its short/long ratio is the lowest).
 
 # %%
-fig, (ax_err, ax_cos, ax_train, ax_curve) = plotting.figure(
-    4, title="Old normalisation (recreated): wrong gradient at every accumulation count, a different run, worse held-out loss",
-    width=4.4)
-steps_axis = [row["accumulation"] for row in sweep["today"]]
-for path, kind, name in (("old", "bad", "old: mean per micro-batch"), ("custom", "other", "custom compute_loss"),
-                         ("today", "fixed", "today: num_items_in_batch")):
-    plotting.line(ax_err, steps_axis, [max(row["relative_error"], 1e-9) for row in sweep[path]], kind, name)
-    plotting.line(ax_cos, steps_axis, [row["cosine"] for row in sweep[path]], kind, name,
-                  linestyle=":" if path == "custom" else "-")
-plotting.label(ax_err, "accumulation steps (batch 1)", "relative error vs big batch", "gradient error", log_y=True)
-plotting.label(ax_cos, "accumulation steps (batch 1)", "cosine with big-batch gradient", "gradient direction")
-for ax in (ax_err, ax_cos):
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(steps_axis, [str(steps) for steps in steps_axis])  # accumulation counts are integers
-KINDS = {"big batch": ("reference", f"batch {N} x 1"), "today": ("fixed", f"batch 1 x {N}, today"),
-         "old": ("bad", f"batch 1 x {N}, old (recreated)")}
-for name, (kind, legend) in KINDS.items():
-    # today's line lies on the big batch's: the big batch is drawn wide underneath, today dotted on top
-    style = {"big batch": {"linewidth": 5, "alpha": 0.4}, "today": {"linestyle": ":"}}.get(name, {})
-    plotting.line(ax_train, *curves[name].series("loss"), kind, legend, **style)
-    plotting.line(ax_curve, *curves[name].series("eval_all_loss"), kind, legend, **style)
-plotting.label(ax_train, "optimizer step", "logged training loss", "what each run logs")
-plotting.label(ax_curve, "optimizer step", "held-out loss (nats/token)", "held-out loss")
-plotting.save(fig, run.output_dir, "gradient_accumulation")
+companion.plot_lesson(sweep, curves, N, run.output_dir)
+
+# %% [markdown]
+# The big batch's and today's logged losses jump once early in training, at the same step, by the same
+# amount: they are the same computation. The loss logged at a step is computed on that step's window with
+# the weights after the previous update, so a jump is either a harder window or an update that made the
+# model worse. The run's own logs tell which:
+
+# %%
+rise = companion.largest_rise(curves["big batch"])
+print(f"largest rise of the logged loss: step {rise['step']}, {rise['loss_before']:.2f} -> {rise['loss']:.2f}, then "
+      f"{rise['loss_after']:.2f}; gradient norm there {rise['grad_norm']:.1f} (median of the run "
+      f"{rise['median_grad_norm']:.1f}); learning rate logged the step before {rise['learning_rate_before']:.1e}")
+print(f"tokens in the windows of steps {rise['step'] - 1} and {rise['step']}: {rise['previous_window_tokens']:.0f} and "
+      f"{rise['window_tokens']:.0f} (all windows of the run: {rise['min_window_tokens']:.0f} to "
+      f"{rise['max_window_tokens']:.0f})")
+
+# %% [markdown]
+# Where those windows hold an ordinary number of tokens and the gradient norm jumps far above its median,
+# the samples are not the cause: the update before made the model worse, and the next steps recover. The
+# old path takes other steps, so its curve need not jump there. Nothing about accumulation: the big batch
+# jumps too.
 
 # %% [markdown]
 # ## 7. Then: the same step on transformers 4.45.2 and TRL 0.11.4, for real
 #
 # The old normalisation above is a re-creation on today's `Trainer`. Here the real old code runs in
 # its own environment, an *era* (`make eras` builds it once under `.eras/`): the first window of
-# section 3 (the same token ids) and the same initial weights go through transformers 4.45.2's
+# section 2 (the same token ids) and the same initial weights go through transformers 4.45.2's
 # `Trainer` and TRL 0.11.4's `SFTTrainer` with batch 1 × N. Its gradient is compared with the mean of
 # per-micro-batch means, with the full-batch gradient, and with today's re-creation on the same weights.
 
@@ -396,9 +305,9 @@ if then.finished:
                                              era_gradients["sft_trainer"])
     then_numbers.update(paths=then.result["paths"], recreation_vs_era=recreation,
                         label_counts=then.result["label_counts"])
-    for path, numbers in then.result["paths"].items():
-        print(f"{path:>11} (real 4.45 code): vs mean of per-micro-batch means {numbers['vs_mean_of_means']:.1e}, "
-              f"vs full batch {numbers['vs_full_batch']:.2f} (cosine {numbers['cosine_full_batch']:.3f})")
+    for path, era in then.result["paths"].items():
+        print(f"{path:>11} (real 4.45 code): vs mean of per-micro-batch means {era['vs_mean_of_means']:.1e}, "
+              f"vs full batch {era['vs_full_batch']:.2f} (cosine {era['cosine_full_batch']:.3f})")
     print(f"today's re-creation vs the real 4.45 SFTTrainer: relative error {recreation['relative_error']:.1e}")
 else:
     print("the era part is skipped; the lesson's other sections stand on their own")
@@ -406,18 +315,23 @@ else:
 # %% [markdown]
 # ## 8. What to remember
 #
-# * Accumulating per-micro-batch *means* is not the mean of the big batch when micro-batches hold
-#   different numbers of label tokens: short samples get weighted up.
-# * Today's Trainer and `SFTTrainer` fix it with `num_items_in_batch`. Any custom `compute_loss`,
-#   `compute_loss_func` or model forward that ignores that argument brings the bug back, silently.
-# * To check your own setup: capture the first step's gradient for batch 1 × N and batch N × 1 on the
-#   same weights and data (`first_step_gradient(trainer)`, as above). The relative error should be ~1e-7.
+# * Adding up per-micro-batch *means* is not the mean of the big batch when micro-batches hold different
+#   numbers of label tokens: a token of a short sample gets more weight, and the model trains on another
+#   objective.
+# * Today's `Trainer` and `SFTTrainer` fix it with `num_items_in_batch` (transformers 4.46.0). A model
+#   whose forward takes no loss kwargs gets the old path back; a custom `compute_loss` that ignores the
+#   count gets the old path's gradient, N times longer (a `compute_loss_func` is trusted the same way:
+#   `training_step` above).
+# * With such a custom `compute_loss`, the logged training loss is N times the old path's: that number is a
+#   scale effect (the Trainer did not divide your per-micro-batch mean). The gradient is wrong as well: the
+#   old path's direction, N times longer. `loss_is_scaled_for_ga = False` (transformers 5.19.0) repairs the
+#   logged number only.
+# * To check your own set-up: capture the first step's gradient for batch 1 × N and batch N × 1 on the same
+#   weights and data (`first_step_gradient(trainer)`, as in section 1); today's path above shows how small
+#   the relative error should be.
 # * Packing evens out the label tokens per micro-batch, which hides most of the error without fixing it.
-# * A training loss N times too high with a custom loss is a scale mix-up, not a worse model: the Trainer
-#   did not divide your per-micro-batch mean. Compare held-out losses or gradients; the old path's
-#   logged loss is another average than the big batch's.
 #
-# **The fix in your script**: transformers 4.46 or newer, and a custom loss that passes the count on:
+# **The fix in your script**: transformers 4.46.0 or newer, and a custom loss that passes the count on:
 #
 # ```python
 # def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -427,41 +341,45 @@ else:
 # %% [markdown]
 # ## 9. Exercise
 #
-# 1. Run `first_step(2, N // 2, "old")`: is batch 2 × N/2 closer to the big batch than 1 × N? Why?
+# 1. Run `steps.run_step(2, N // 2, "old")`: is batch 2 × N/2 closer to the big batch than 1 × N? Why?
+#    <details><summary>Hint</summary>
+#    Compare the label counts per micro-batch, <code>label_counts(steps.trainer(2, N // 2), N // 2)</code>
+#    against <code>counts</code>: what does a micro-batch of two consecutive samples hold?
+#    </details>
 # 2. Make every completion about the same length (`data.instruction_pairs(..., max_people=1)` and keep
 #    only the biographies). Does the old normalisation still differ from the big batch, and by how much?
+#    <details><summary>Hint</summary>
+#    Biographies are the odd rows (<code>.select(range(1, n, 2))</code>); build a <code>FirstStep</code> on
+#    that set and look at its label counts first.
+#    </details>
 # 3. Fix `MeanPerMicroBatchSFTTrainer` by passing `num_items_in_batch` on, and check it against the big batch.
+#    <details><summary>Hint</summary>
+#    <code>compute_loss</code> receives <code>num_items_in_batch</code>: hand it to
+#    <code>super().compute_loss</code> instead of <code>None</code>, then compare with <code>relative_error</code>.
+#    </details>
 #
 # Worked solutions: [`solutions/02_gradient_accumulation_loss.py`](solutions/02_gradient_accumulation_loss.py) (a test runs them).
 
 # %% [markdown]
 # ## Checks
 #
-# The claims above, checked on this run's numbers and written to `metrics.json`.
+# The claims above, asserted on this run's numbers and written to `metrics.json`.
 
-# %% tags=["checks"]
-def checks(n: dict) -> tuple[dict, dict]:
-    """The claims above as functions of the numbers alone (a test feeds them runs without the bug)."""
-    old, custom, today = (n["sweep"][path] for path in ("old", "custom", "today"))
+# %% tags=["checks"] jupyter={"source_hidden": true}
+def old_path_checks(n: dict) -> dict:
+    """The old normalisation (recreated; real 4.45.2 when the era ran): wrong gradient, another run."""
+    old, at_n = n["sweep"]["old"], n["first_step"]
     held_out, short_long, packed, spread = (n["held_out_loss"], n["held_out_short_long_ratio"], n["packed"],
                                             n["label_spread"])
-    at_curve = next(r for r in old if r["accumulation"] == n["curve_accumulation"])
-    symptom = {
-        "old normalisation misses the big-batch gradient (relative error > 1e-2)":
+    claims = {
+        "first step: batch 1 x N on the old normalisation misses batch N (relative error > 1e-2)":
+            recreated(at_n["old_vs_big"] > 1e-2),
+        "old normalisation misses the big-batch gradient at every count (relative error > 1e-2)":
             recreated(min(r["relative_error"] for r in old) > 1e-2),
-        "custom mean-per-micro-batch loss misses it too": min(r["relative_error"] for r in custom) > 1e-2,
-        "custom loss has the old path's direction (cosines equal within 1e-6)": recreated(all(
-            abs(c["cosine"] - o["cosine"]) < 1e-6 for c, o in zip(custom, old))),
-        "custom loss error grows with accumulation": all(
-            a["relative_error"] < b["relative_error"] for a, b in zip(custom, custom[1:])),
-        "custom loss reports N times the old path's training loss (within 1e-4 relative)": recreated(all(
-            abs(c["reported_loss"] / o["reported_loss"] / c["accumulation"] - 1) < 1e-4 for c, o in zip(custom, old))),
-        "declared loss_is_scaled_for_ga=False turns the custom loss into the old path (gradient < 1e-5)":
-            recreated(n["declared_vs_old"]["relative_error"] < 1e-5),
         "packed rows hold more even label counts than padded samples (spread at most half)":
             spread["packed"]["coefficient_of_variation"] < 0.5 * spread["padded"]["coefficient_of_variation"],
         "packing shrinks the old normalisation's gradient error at least tenfold":
-            recreated(packed["old"] < 0.1 * at_curve["relative_error"]),
+            recreated(packed["old"] < 0.1 * at_n["old_vs_big"]),
         "old normalisation logs another training loss than the big batch (gap > 1e-2)":
             recreated(n["train_loss_gap"]["old"] > 1e-2),
         "old normalisation ends with a higher held-out loss than the big batch":
@@ -469,31 +387,69 @@ def checks(n: dict) -> tuple[dict, dict]:
         "old normalisation favours short answers (its short/long held-out loss ratio is below the big batch's)":
             recreated(short_long["old"] < short_long["big batch"]),
     }
-    fix = {"num_items_in_batch matches the big batch (relative error < 1e-4)":
-           max(r["relative_error"] for r in today) < 1e-4,
-           "num_items_in_batch matches the big batch on packed rows too (< 1e-4)": packed["today"] < 1e-4,
-           "batch 1 x N logs the big batch's training loss at every step (within 1e-3)":
-           n["train_loss_gap"]["today"] < 1e-3,
-           "batch 1 x N ends with the big batch's held-out loss (within 1e-3)":
-           abs(held_out["today"]["all"] - held_out["big batch"]["all"]) < 1e-3}
     then = n["then"]
     if then["status"] == "finished":  # the real transformers 4.45.2 / TRL 0.11.4 (checks absent when skipped)
         old_sft = then["paths"]["sft_trainer"]
-        symptom["on transformers 4.45.2, SFTTrainer's gradient is the mean of per-micro-batch means (< 1e-5)"] = (
+        claims["on transformers 4.45.2, SFTTrainer's gradient is the mean of per-micro-batch means (< 1e-5)"] = (
             old_sft["vs_mean_of_means"] < 1e-5)
-        symptom["on transformers 4.45.2, it misses the full-batch gradient (> 1e-2)"] = old_sft["vs_full_batch"] > 1e-2
-        fix["today's re-creation gives the real 4.45.2 gradient (relative error < 1e-5)"] = (
-            then["recreation_vs_era"]["relative_error"] < 1e-5)
-    return symptom, fix
+        claims["on transformers 4.45.2, it misses the full-batch gradient (> 1e-2)"] = old_sft["vs_full_batch"] > 1e-2
+    return claims
 
 
-# %%
-numbers = {"max_relative_error_today": max(r["relative_error"] for r in sweep["today"]),
-           "min_relative_error_old": min(r["relative_error"] for r in sweep["old"]),
+# %% tags=["checks"] jupyter={"source_hidden": true}
+def custom_loss_checks(n: dict) -> dict:
+    """A custom compute_loss that ignores num_items_in_batch: the old direction, N times longer, N times the loss."""
+    old, custom = n["sweep"]["old"], n["sweep"]["custom"]
+    return {
+        "custom mean-per-micro-batch loss misses it too": min(r["relative_error"] for r in custom) > 1e-2,
+        "custom loss has the old path's direction (cosines equal within 1e-6)": recreated(all(
+            abs(c["cosine"] - o["cosine"]) < 1e-6 for c, o in zip(custom, old))),
+        "custom loss gradient is N times the old path's (relative error < 1e-5)":
+            recreated(n["first_step"]["custom_vs_n_old"] < 1e-5),
+        "custom loss error grows with accumulation": all(
+            a["relative_error"] < b["relative_error"] for a, b in zip(custom, custom[1:])),
+        "custom loss reports N times the old path's training loss (within 1e-4 relative)": recreated(all(
+            abs(c["reported_loss"] / o["reported_loss"] / c["accumulation"] - 1) < 1e-4 for c, o in zip(custom, old))),
+        "declared loss_is_scaled_for_ga=False turns the custom loss into the old path (gradient < 1e-5)":
+            recreated(n["declared_vs_old"]["relative_error"] < 1e-5),
+    }
+
+
+# %% tags=["checks"] jupyter={"source_hidden": true}
+def fix_checks(n: dict) -> dict:
+    """Today's num_items_in_batch: batch 1 x N is batch N, step after step; the re-creation is the real 4.45.2."""
+    held_out = n["held_out_loss"]
+    claims = {"num_items_in_batch matches the big batch (relative error < 1e-4)":
+              max(r["relative_error"] for r in n["sweep"]["today"]) < 1e-4,
+              "num_items_in_batch matches the big batch on packed rows too (< 1e-4)": n["packed"]["today"] < 1e-4,
+              "batch 1 x N logs the big batch's training loss at every step (within 1e-3)":
+              n["train_loss_gap"]["today"] < 1e-3,
+              "batch 1 x N ends with the big batch's held-out loss (within 1e-3)":
+              abs(held_out["today"]["all"] - held_out["big batch"]["all"]) < 1e-3}
+    if n["then"]["status"] == "finished":
+        claims["today's re-creation gives the real 4.45.2 gradient (relative error < 1e-5)"] = (
+            n["then"]["recreation_vs_era"]["relative_error"] < 1e-5)
+    return claims
+
+
+def checks(n: dict) -> tuple[dict, dict]:
+    """The claims above as functions of the numbers alone (a test feeds them runs without the bug)."""
+    return {**old_path_checks(n), **custom_loss_checks(n)}, fix_checks(n)
+
+
+# %% jupyter={"source_hidden": true}
+numbers = {"first_step": {"old_vs_big": relative_error(old, reference), "custom_vs_n_old": custom_vs_n_old},
+           "max_relative_error_today": max(errors["today"]), "min_relative_error_old": min(errors["old"]),
            "sweep": sweep, "token_weight_spread_old": token_weight_spread, "declared_vs_old": declared_vs_old,
            "label_spread": spread, "packed": packed, "held_out_loss": held_out, "train_loss_gap": train_gap,
            "held_out_short_long_ratio": short_long, "curve_accumulation": N, "curve_steps": sizes.curve_steps,
            "then": then_numbers}
-metrics = save_metrics(run, "02", numbers, checks, eras=[then.to_metrics()])
+real_too = "; the real transformers 4.45.2 gave the same gradient" if then.finished else ""
+summary = (f"Batch 1 x {N} with the pre-4.46 per-micro-batch mean (recreated{real_too}) missed the batch-{N} "
+           f"gradient by {numbers['first_step']['old_vs_big']:.0%} and ended with held-out loss "
+           f"{held_out['old']['all']:.3f} against {held_out['big batch']['all']:.3f}; today's num_items_in_batch "
+           f"matched to {max(errors['today']):.0e}, while a custom compute_loss that drops it gave the old "
+           f"gradient {N} times longer and logged {custom_loss:.0f}.")
+metrics = save_metrics(run, "02", numbers, checks, summary=summary, eras=[then.to_metrics()])
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
 print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")
