@@ -90,10 +90,10 @@ print(f"batch 1 x {N} (old normalisation, recreated) against batch {N}: the grad
 # The loss we want is the mean over *all* label tokens of the accumulation window: every token weighs
 # `1 / Σ nᵢ`. With `model_accepts_loss_kwargs = False`, today's `Trainer.training_step` (transformers 5.23,
 # `trainer.py`) divides each micro-batch's own mean by N, as transformers 4.45.2 did (its `training_step`
-# called `compute_loss(model, inputs)`, and accelerate 1.0.1's `Accelerator.backward` divided the loss by
-# the accumulation steps): a token of sample *i* weighs `1 / (N · nᵢ)`. The label counts `nᵢ` are read from the trainer's
-# own dataloader (shifted labels that are not `-100`; for prompt/completion data TRL 1.16's
-# `completion_only_loss=None` keeps only the completion's tokens).
+# called `compute_loss(model, inputs)`, and accelerate 1.0.1's `Accelerator.backward` divided the loss
+# by the accumulation steps): a token of sample *i* weighs `1 / (N · nᵢ)`. The label counts `nᵢ` are
+# read from the trainer's own dataloader (shifted labels that are not `-100`; for prompt/completion data
+# TRL 1.16's `completion_only_loss=None` keeps only the completion's tokens).
 
 # %%
 probe = steps.trainer(batch_size=1, accumulation=N)
@@ -119,9 +119,10 @@ print(f"label tokens per sample: {min(counts)} to {max(counts)}; on the old path
 # The wrong gradient comes back when the count does not reach the loss. Today's `Trainer` sets
 # `model_accepts_loss_kwargs` from the model (its `accepts_loss_kwargs` attribute, else whether `forward`
 # takes `**kwargs`; transformers 5.23, `trainer.py`), so a model whose forward takes no loss kwargs runs
-# the old path of section 1: what transformers issue [#37766](https://github.com/huggingface/transformers/issues/37766)
-# reported on 4.47.1. A custom `compute_loss` that takes the mean over its micro-batch is another way;
-# `MeanPerMicroBatchSFTTrainer` (in `trl_clinic.stand_ins`) is such a user override:
+# the old path of section 1 today. Transformers issue [#37766](https://github.com/huggingface/transformers/issues/37766)
+# reported that case on 4.47.1, where the loss grew with `gradient_accumulation_steps`. A custom
+# `compute_loss` that takes the mean over its micro-batch is another way; `MeanPerMicroBatchSFTTrainer`
+# (in `trl_clinic.stand_ins`) is such a user override:
 #
 # ```python
 # class MeanPerMicroBatchSFTTrainer(SFTTrainer):
@@ -176,14 +177,16 @@ print(f"custom: error {errors['custom'][0]:.1f} at 1 x {sizes.accumulation_sweep
 
 # %%
 companion.print_reported_losses(sweep)
+
+# %%
 custom, custom_loss = steps.run_step(1, N, trainer_class=MeanPerMicroBatchSFTTrainer)
 custom_vs_n_old = relative_error(custom, N * old)
 print(f"at 1 x {N} the custom run reports {custom_loss:.1f}, {N} micro-batch means of about {custom_loss / N:.2f} "
       f"nats/token added up; its gradient is {N} x the old path's (relative error {custom_vs_n_old:.1e})")
 
 # %% [markdown]
-# So the high number is a scale effect (N means added up), but the model is not fine: it steps along
-# the old path's wrong direction, with a step N times larger before the optimizer normalises it.
+# So the high number is a scale effect (N means added up), but the model is not fine: its gradient is the
+# old path's, pointing the old path's wrong way, N times longer.
 #
 # Since transformers 5.19.0 (`trainer.py`; absent from 5.18.0) a trainer can say what its loss is:
 # `loss_is_scaled_for_ga = False` means "a mean per micro-batch, divide it for me". Declared on the custom
@@ -205,7 +208,7 @@ print(f"declared custom loss, 1 x {N}: gradient vs the old path's {declared_vs_o
 # %% [markdown]
 # ## 5. Packed data suffers less
 #
-# The report adds that packed data suffers less. With `SFTConfig(packing=True)` TRL 1.16 fills rows of
+# Does packed data suffer less? With `SFTConfig(packing=True)` TRL 1.16 fills rows of
 # `max_length` tokens with whole samples (`packing_strategy="bfd"`, best-fit decreasing), so a micro-batch
 # is a row of several samples. The old path weighs a row's tokens by `1 / (N · nᵢ)`: with equal `nᵢ`
 # that is the big batch's weight. Below: label tokens per micro-batch over the whole training set, one
@@ -242,10 +245,12 @@ curves = {name: companion.train_curve(run, make_model, tokenizer, train_set, eva
 
 # %%
 held_out = {name: {subset: rec.last(f"eval_{subset}_loss") for subset in eval_sets} for name, rec in curves.items()}
-short_long = {name: losses["short"] / losses["long"] for name, losses in held_out.items()}  # < 1: short answers learnt better
+short_long = {name: losses["short"] / losses["long"] for name, losses in held_out.items()}  # lower: short answers favoured
 for name, losses in held_out.items():
     print(f"{name:>9}: " + ", ".join(f"held-out {subset} {loss:.3f}" for subset, loss in losses.items())
           + f", short/long ratio {short_long[name]:.3f}")
+
+# %%
 train_losses = {name: rec.series("loss")[1] for name, rec in curves.items()}
 train_gap = {name: max(abs(a - b) for a, b in zip(train_losses[name], train_losses["big batch"]))
              for name in ("today", "old")}
@@ -298,6 +303,8 @@ then_spec = handshake.accumulation_spec(
     examples=[{"input_ids": b["input_ids"][0].tolist(), "labels": b["labels"][0].tolist()} for b in window])
 then = eras.run_in_era("02-transformers-4.45", "then_02_accumulation", then_spec, then_dir)
 print(then.describe())
+
+# %%
 then_numbers = {"status": then.status}
 if then.finished:
     era_gradients = handshake.load_era_gradients(then.result["gradients_file"])
@@ -319,7 +326,7 @@ else:
 #   numbers of label tokens: a token of a short sample gets more weight, and the model trains on another
 #   objective.
 # * Today's `Trainer` and `SFTTrainer` fix it with `num_items_in_batch` (transformers 4.46.0). A model
-#   whose forward takes no loss kwargs gets the old path back; a custom `compute_loss` that ignores the
+#   whose forward takes no loss kwargs gets the old path back today; a custom `compute_loss` that ignores the
 #   count gets the old path's gradient, N times longer (a `compute_loss_func` is trusted the same way:
 #   `training_step` above).
 # * With such a custom `compute_loss`, the logged training loss is N times the old path's: that number is a
@@ -367,25 +374,17 @@ else:
 
 # %% tags=["checks"] jupyter={"source_hidden": true}
 def old_path_checks(n: dict) -> dict:
-    """The old normalisation (recreated; real 4.45.2 when the era ran): wrong gradient, another run."""
-    old, at_n = n["sweep"]["old"], n["first_step"]
-    held_out, short_long, packed, spread = (n["held_out_loss"], n["held_out_short_long_ratio"], n["packed"],
-                                            n["label_spread"])
+    """The old normalisation's gradient (recreated; real 4.45.2 when the era ran), padded and packed."""
+    at_n, packed, spread = n["first_step"], n["packed"], n["label_spread"]
     claims = {
         "first step: batch 1 x N on the old normalisation misses batch N (relative error > 1e-2)":
             recreated(at_n["old_vs_big"] > 1e-2),
         "old normalisation misses the big-batch gradient at every count (relative error > 1e-2)":
-            recreated(min(r["relative_error"] for r in old) > 1e-2),
+            recreated(min(r["relative_error"] for r in n["sweep"]["old"]) > 1e-2),
         "packed rows hold more even label counts than padded samples (spread at most half)":
             spread["packed"]["coefficient_of_variation"] < 0.5 * spread["padded"]["coefficient_of_variation"],
         "packing shrinks the old normalisation's gradient error at least tenfold":
             recreated(packed["old"] < 0.1 * at_n["old_vs_big"]),
-        "old normalisation logs another training loss than the big batch (gap > 1e-2)":
-            recreated(n["train_loss_gap"]["old"] > 1e-2),
-        "old normalisation ends with a higher held-out loss than the big batch":
-            recreated(held_out["old"]["all"] > held_out["big batch"]["all"]),
-        "old normalisation favours short answers (its short/long held-out loss ratio is below the big batch's)":
-            recreated(short_long["old"] < short_long["big batch"]),
     }
     then = n["then"]
     if then["status"] == "finished":  # the real transformers 4.45.2 / TRL 0.11.4 (checks absent when skipped)
@@ -394,6 +393,20 @@ def old_path_checks(n: dict) -> dict:
             old_sft["vs_mean_of_means"] < 1e-5)
         claims["on transformers 4.45.2, it misses the full-batch gradient (> 1e-2)"] = old_sft["vs_full_batch"] > 1e-2
     return claims
+
+
+# %% tags=["checks"] jupyter={"source_hidden": true}
+def old_run_checks(n: dict) -> dict:
+    """The old normalisation trained to the end (recreated): another logged loss, another model."""
+    held_out, short_long = n["held_out_loss"], n["held_out_short_long_ratio"]
+    return {
+        "old normalisation logs another training loss than the big batch (gap > 1e-2)":
+            recreated(n["train_loss_gap"]["old"] > 1e-2),
+        "old normalisation ends with a higher held-out loss than the big batch":
+            recreated(held_out["old"]["all"] > held_out["big batch"]["all"]),
+        "old normalisation favours short answers (its short/long held-out loss ratio is below the big batch's)":
+            recreated(short_long["old"] < short_long["big batch"]),
+    }
 
 
 # %% tags=["checks"] jupyter={"source_hidden": true}
@@ -434,7 +447,7 @@ def fix_checks(n: dict) -> dict:
 
 def checks(n: dict) -> tuple[dict, dict]:
     """The claims above as functions of the numbers alone (a test feeds them runs without the bug)."""
-    return {**old_path_checks(n), **custom_loss_checks(n)}, fix_checks(n)
+    return {**old_path_checks(n), **old_run_checks(n), **custom_loss_checks(n)}, fix_checks(n)
 
 
 # %% jupyter={"source_hidden": true}
@@ -449,7 +462,7 @@ summary = (f"Batch 1 x {N} with the pre-4.46 per-micro-batch mean (recreated{rea
            f"gradient by {numbers['first_step']['old_vs_big']:.0%} and ended with held-out loss "
            f"{held_out['old']['all']:.3f} against {held_out['big batch']['all']:.3f}; today's num_items_in_batch "
            f"matched to {max(errors['today']):.0e}, while a custom compute_loss that drops it gave the old "
-           f"gradient {N} times longer and logged {custom_loss:.0f}.")
+           f"gradient {N} times longer and logged a training loss of {custom_loss:.0f} ({N} means added up).")
 metrics = save_metrics(run, "02", numbers, checks, summary=summary, eras=[then.to_metrics()])
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
 print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")

@@ -173,8 +173,9 @@ def plot_lesson(sweep: dict[str, list[dict]], curves: dict[str, StepRecorder], n
         4, title="Old normalisation (recreated): wrong gradient at every accumulation count, "
                  "a different run, worse held-out loss", width=4.4)
     counts = [row["accumulation"] for row in sweep["today"]]
-    for path, kind, name in (("old", "bad", "old: mean per micro-batch (recreated)"),
-                             ("custom", "other", "custom compute_loss"), ("today", "fixed", "today: num_items_in_batch")):
+    paths = (("old", "bad", "old: mean per micro-batch (recreated)"), ("custom", "other", "custom compute_loss"),
+             ("today", "fixed", "today: num_items_in_batch"))
+    for path, kind, name in paths:
         plotting.line(ax_err, counts, [max(row["relative_error"], 1e-9) for row in sweep[path]], kind, name)
         plotting.line(ax_cos, counts, [row["cosine"] for row in sweep[path]], kind, name,
                       linestyle=":" if path == "custom" else "-")
