@@ -267,27 +267,20 @@ print(f"logged training loss, largest gap to batch {N} over {sizes.curve_steps} 
 companion.plot_lesson(sweep, curves, N, run.output_dir)
 
 # %% [markdown]
-# The big batch's and today's logged losses jump once early in training, at the same step, by the same
-# amount: they are the same computation. The loss logged at a step is computed on that step's window with
-# the weights after the previous update, so a jump is either a harder window or an update that made the
-# model worse. The run's own logs tell which:
+# On some seeds the big batch's logged loss jumps once early in training, and today's with it, at the
+# same step and by the same amount: they are the same computation. The loss logged at a step is computed on
+# that step's window with the weights after the previous update, so a jump is either a harder window or an
+# update that made the model worse. The run's own logs tell which:
 
 # %%
 rise = companion.largest_rise(curves["big batch"])
-print(f"largest rise of the logged loss: step {rise['step']}, {rise['loss_before']:.2f} -> {rise['loss']:.2f}, then "
-      f"{rise['loss_after']:.2f}; gradient norm there {rise['grad_norm']:.1f} (median of the run "
-      f"{rise['median_grad_norm']:.1f}); learning rate logged the step before {rise['learning_rate_before']:.1e}")
-print(f"tokens in the windows of steps {rise['step'] - 1} and {rise['step']}: {rise['previous_window_tokens']:.0f} and "
-      f"{rise['window_tokens']:.0f} (all windows of the run: {rise['min_window_tokens']:.0f} to "
-      f"{rise['max_window_tokens']:.0f})")
+print(companion.describe_rise(rise))
 
 # %% [markdown]
-# Where those windows hold an ordinary number of tokens and the gradient norm jumps far above its median,
-# the samples are not the cause: the update before made the model worse, and the next steps recover. The
-# old path takes other steps, so its curve need not jump there. Nothing about accumulation: the big batch
-# jumps too.
-
-# %% [markdown]
+# Windows of ordinary size with a gradient norm far above its median point at the update, not the samples.
+# Such a jump has nothing to do with accumulation: the big batch accumulates nothing and takes the same
+# steps as today's path, while the old path takes other steps, so its curve need not jump there.
+#
 # ## 7. Then: the same step on transformers 4.45.2 and TRL 0.11.4, for real
 #
 # The old normalisation above is a re-creation on today's `Trainer`. Here the real old code runs in
@@ -456,7 +449,7 @@ numbers = {"first_step": {"old_vs_big": relative_error(old, reference), "custom_
            "sweep": sweep, "token_weight_spread_old": token_weight_spread, "declared_vs_old": declared_vs_old,
            "label_spread": spread, "packed": packed, "held_out_loss": held_out, "train_loss_gap": train_gap,
            "held_out_short_long_ratio": short_long, "curve_accumulation": N, "curve_steps": sizes.curve_steps,
-           "then": then_numbers}
+           "largest_loss_rise": rise, "then": then_numbers}
 real_too = "; the real transformers 4.45.2 gave the same gradient" if then.finished else ""
 summary = (f"Batch 1 x {N} with the pre-4.46 per-micro-batch mean (recreated{real_too}) missed the batch-{N} "
            f"gradient by {numbers['first_step']['old_vs_big']:.0%} and ended with held-out loss "

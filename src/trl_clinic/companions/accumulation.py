@@ -166,6 +166,31 @@ def largest_rise(recorder: StepRecorder) -> dict[str, float]:
             "max_window_tokens": max(tokens.values())}
 
 
+JUMP = 0.5  # nats: a rise of the logged loss from one step to the next that the figure shows as a jump
+
+
+def describe_rise(rise: dict[str, float]) -> str:
+    """Section 6: the largest rise of ``largest_rise``, in sentences written from the run's numbers."""
+    step, jump = rise["step"], rise["loss"] - rise["loss_before"]
+    windows = (rise["previous_window_tokens"], rise["window_tokens"])
+    lines = [f"largest rise of the logged loss: step {step}, {rise['loss_before']:.2f} -> {rise['loss']:.2f} "
+             f"(+{jump:.2f}), then {rise['loss_after']:.2f}; gradient norm there {rise['grad_norm']:.1f} (median of "
+             f"the run {rise['median_grad_norm']:.1f}); learning rate logged the step before "
+             f"{rise['learning_rate_before']:.1e}",
+             f"tokens in the windows of steps {step - 1} and {step}: {windows[0]:.0f} and {windows[1]:.0f} (all windows "
+             f"of the run: {rise['min_window_tokens']:.0f} to {rise['max_window_tokens']:.0f})"]
+    ordinary = rise["min_window_tokens"] < min(windows) and max(windows) < rise["max_window_tokens"]
+    if jump < JUMP:
+        lines.append(f"no jump in this run: no step raised the logged loss by {JUMP} nats or more")
+    elif ordinary and rise["grad_norm"] > 10 * rise["median_grad_norm"]:
+        lines.append(f"a jump with windows of ordinary size and a gradient norm "
+                     f"{rise['grad_norm'] / rise['median_grad_norm']:.0f}x the median: the update before it made the "
+                     "model worse; the samples are not the cause")
+    else:
+        lines.append("a jump that these logs do not explain: look at the samples of those windows")
+    return "\n".join(lines)
+
+
 def plot_lesson(sweep: dict[str, list[dict]], curves: dict[str, StepRecorder], n: int, output_dir: Path) -> None:
     """Sections 3 to 6 in one figure, saved in ``output_dir``: gradient error and direction against the
     accumulation count, then the logged training loss and the held-out loss of the trained runs."""
