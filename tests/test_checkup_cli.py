@@ -55,6 +55,7 @@ def test_each_trainer_kind_builds_from_local_files_and_passes(local, capsys, kin
     statuses = {f["probe"]: f["status"] for f in report["findings"]}
     assert code == 0 and "fail" not in statuses.values(), report
     assert len(statuses) == 11 and any(s == "ok" for s in statuses.values())
+    assert not [f["reason"] for f in report["findings"] if "could not run" in f["reason"]]
 
 
 def test_a_failing_recipe_exits_1_and_only_limits_the_probes(local, capsys):

@@ -27,8 +27,12 @@ PROBE_MODULES = ("packing", "accumulation", "precision", "padding", "grpo", "lab
 
 
 def load_probes() -> dict:
+    """Import every probe module, and keep the registry in PROBE_MODULES' order whichever was imported first."""
     for name in PROBE_MODULES:
         importlib.import_module(f"trl_clinic.checkup.{name}")
+    order = sorted(PROBES.values(), key=lambda p: PROBE_MODULES.index(p.run.__module__.rsplit(".", 1)[1]))
+    PROBES.clear()
+    PROBES.update((p.name, p) for p in order)
     return PROBES
 
 

@@ -94,11 +94,13 @@ class Report:
         return table
 
     def __str__(self) -> str:
+        import io
+
         from rich.console import Console
 
-        console = Console(width=140, record=True, file=open("/dev/null", "w"))  # noqa: SIM115 - render only
+        console = Console(width=140, file=io.StringIO())
         console.print(self.table())
-        return console.export_text()
+        return console.file.getvalue()
 
     def print(self) -> None:
         import sys

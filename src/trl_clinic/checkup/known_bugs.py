@@ -84,8 +84,10 @@ def applies(entry: dict[str, Any], facts: Facts) -> bool:
     return all(checks)
 
 
-def matching(facts: Facts, tag: str | None = None) -> list[dict[str, Any]]:
-    return [e for e in load() if applies(e, facts) and (tag is None or tag in e.get("tags", []))]
+def matching(facts: Facts, probe_name: str | None = None) -> list[dict[str, Any]]:
+    """The entries that apply; with ``probe_name``, only those that probe decides (after its measurement),
+    without it only those that need no measurement."""
+    return [e for e in load() if applies(e, facts) and e.get("probe") == probe_name]
 
 
 def finding(entry: dict[str, Any], probe_name: str = "known_bugs") -> Finding:
@@ -96,9 +98,8 @@ def finding(entry: dict[str, Any], probe_name: str = "known_bugs") -> Finding:
 @probe("known_bugs", "README", "a bug from the README's 'bugs through the versions' table applies to the installed "
        "versions, device, model family, kernel and arguments (known_bugs.yaml; like pip-audit for training bugs).")
 def known_bugs(view: TrainerView) -> list[Finding]:
-    entries = load()
-    facts = Facts.from_view(view)
-    found = [finding(e) for e in entries if applies(e, facts)]
+    entries, facts = load(), Facts.from_view(view)
+    found = [finding(e) for e in matching(facts)]
     versions = ", ".join(f"{p} {installed(p)}" for p in ("torch", "transformers", "trl"))
     return found or [Finding("known_bugs", "ok", f"0 of {len(entries)} entries match", value=0,
                              reason=f"{versions}, {facts.model_type}, {facts.attn_implementation}")]

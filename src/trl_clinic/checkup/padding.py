@@ -2,8 +2,9 @@
 
 Lesson 04's ``ForwardAudit`` counts the forwards one training loss and one evaluation step really
 make on a batch from the trainer's own collator: how many are right-padded with a cache on. That
-combination raised for Qwen2 + FlashAttention-2 in transformers 4.49.0-4.52.4 (with TRL <= 0.17's
-DPO); the version windows are entries of ``known_bugs.yaml`` tagged ``right_padding_cache``.
+combination raised for Qwen2 + FlashAttention-2 in transformers 4.49.0-4.52.4 (met by TRL 0.17's
+DPO evaluation) and in 4.37.0-4.41.2; the version windows are the entries of ``known_bugs.yaml`` whose
+``probe`` is ``padding_cache``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def audit(view: TrainerView, batch: dict) -> dict[str, dict[str, dict]]:
 
 
 @probe("padding_cache", "04", "right-padded rows run with a KV cache on versions and kernels where that raises "
-       "(Qwen2 + FlashAttention-2, transformers 4.49.0-4.52.4 with TRL <= 0.17's DPO); the forwards are counted "
+       "(Qwen2 + FlashAttention-2 on transformers 4.37.0-4.41.2 and 4.49.0-4.52.4, met by TRL 0.17's DPO evaluation); "
+       "the forwards are counted "
        "on one training and one evaluation step.")
 def padding_cache(view: TrainerView) -> Finding:
     if view.kind == "grpo":
@@ -46,7 +48,7 @@ def padding_cache(view: TrainerView) -> Finding:
     measured = f"{risky} of {sum(row['forwards'] for row in rows)} forwards right-padded with a cache built"
     from trl_clinic.checkup.known_bugs import Facts, matching  # registered after this probe: the table's order
 
-    windows = matching(Facts.from_view(view), tag="right_padding_cache")
+    windows = matching(Facts.from_view(view), probe_name="padding_cache")
     if risky and windows:
         entry = windows[0]
         return Finding("padding_cache", "fail", measured, value=risky, fix=f"{entry['fix']} ({entry['bug']})")
