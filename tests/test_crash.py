@@ -59,3 +59,38 @@ def test_bisection_finds_the_smallest_failing_set(culprits):
 def test_bisection_when_nothing_fails_or_the_minimal_fails():
     assert bisect_settings(NAMES, fake(["not-there"])).culprits is None
     assert len(bisect_settings(NAMES, fake([])).trials) == 1
+
+
+def test_walk_config_applies_the_fix_each_error_names_until_accepted():
+    from trl_clinic.companions.grpo_crash import walk_config
+
+    def build(config):
+        if "old" in config:
+            raise TypeError("__init__() got an unexpected keyword argument 'old'")
+        if config["batch"] % 4:
+            raise ValueError(f"generation_batch_size ({config['batch']}) must be divisible by num_generations (4).")
+
+    fixes = [("'old'", "drop it", lambda c: {k: v for k, v in c.items() if k != "old"}),
+             ("divisible by num_generations", "batch 4", lambda c: {**c, "batch": 4})]
+    walk = walk_config({"old": 1, "batch": 1}, fixes, build)
+    assert [step["error"] is not None for step in walk.steps] == [True, True, False]
+    assert walk.configs[-1] == {"batch": 4} and walk.last_rejected == {"batch": 1}
+    stuck = walk_config({"batch": 1}, fixes[:1], build)  # an error without a known fix ends the walk
+    assert len(stuck.steps) == 1 and stuck.steps[0]["fix"] is None
+
+
+def test_todays_grpo_config_sizes_the_generation_batch_from_batch_and_accumulation(tmp_path):
+    """The rule lesson 05 prints, read from the installed grpo_config.py and measured: 4 x 4 holds 16 generations."""
+    from trl import GRPOConfig
+
+    from trl_clinic.companions.grpo_crash import rule_lines
+
+    lines = rule_lines()
+    assert any("generation_batch_size = self.per_device_train_batch_size" in line for line in lines)
+    assert any("% self.num_generations" in line for line in lines)
+    config = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=4,
+                        gradient_accumulation_steps=4, num_generations=16)
+    assert config.generation_batch_size == 16
+    with pytest.raises(ValueError, match="generation_batch_size"):
+        GRPOConfig(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=1,
+                   gradient_accumulation_steps=4, num_generations=16)

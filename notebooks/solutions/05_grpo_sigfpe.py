@@ -8,11 +8,11 @@ asserted, so the file fails if an answer stops being true. Config trials run in 
 
 import tempfile
 
-from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
+from trl import GRPOConfig, GRPOTrainer
 
 from trl_clinic import data
+from trl_clinic.companions import grpo_crash
 from trl_clinic.crash import bisect_settings, in_process
-from trl_clinic.models import make_causal_lm
 from trl_clinic.parameters import start_run
 from trl_clinic.recording import StepRecorder, quiet
 from trl_clinic.tokenizer import build_tokenizer
@@ -20,6 +20,7 @@ from trl_clinic.tokenizer import build_tokenizer
 run = start_run("05", "cpu", 0, tempfile.mkdtemp(prefix="solutions-05-"))
 sizes = run.sizes
 # The report's settings in today's names, in the report's order, as the lesson's injected bisection gets them
+# (grpo_crash.in_todays_names of the lesson's `reported`)
 USER_SETTINGS = {"learning_rate": 5e-6, "adam_beta1": 0.9, "adam_beta2": 0.99, "weight_decay": 0.1,
                  "warmup_steps": 0.1, "lr_scheduler_type": "cosine", "bf16": True, "gradient_accumulation_steps": 4,
                  "max_grad_norm": 0.1}
@@ -47,15 +48,9 @@ def exercise_1() -> None:
 
 def exercise_2() -> None:
     """Give the all-or-nothing reward to the warm policy: what happens to frac_reward_zero_std?"""
-    tokenizer = build_tokenizer()
-    policy = make_causal_lm(tokenizer, "qwen2", size=sizes.model_size, seed=run.seed)
-    steps = sizes.warm_start_steps  # the lesson's warm start
-    quiet(SFTTrainer(model=policy, processing_class=tokenizer,
-               args=SFTConfig(**run.trainer_kwargs("warm-start", logging=False, progress=False),
-                              per_device_train_batch_size=16, learning_rate=3e-3, max_steps=steps),
-               train_dataset=data.word_lists(16 * steps, seed=run.subseed("warm start")))).train()
+    policy, _ = grpo_crash.warm_start(run, logging=False)  # the lesson's warm start, saved to a folder
     grpo = quiet(GRPOTrainer(
-        model=policy, reward_funcs=data.all_in_category_reward, processing_class=tokenizer,
+        model=str(policy), reward_funcs=data.all_in_category_reward, processing_class=build_tokenizer(),
         args=GRPOConfig(**run.trainer_kwargs("all-or-nothing-warm", progress=False),
                         num_generations=sizes.generations, per_device_train_batch_size=4 * sizes.generations,
                         max_completion_length=sizes.max_completion_length, learning_rate=sizes.grpo_learning_rate,
@@ -82,7 +77,7 @@ def exercise_3() -> None:
     rejected = build(16)
     accepted = [size for size in range(12, 21) if not build(size).crashed]
     print(f"3. {rejected.message} Accepted from 12 to 20: {accepted}, the multiples of 6 (with 1 process and "
-          "no accumulation, generation_batch_size is the per-device batch).")
+          "no accumulation, generation_batch_size is the per-device batch: TRL 1.16's grpo_config.py).")
     assert rejected.message == "ValueError: generation_batch_size (16) must be divisible by num_generations (6)."
     assert accepted == [12, 18]
 

@@ -67,10 +67,12 @@ class MeanPerMicroBatchSFTTrainer(SFTTrainer):
 class InjectedH20Fault(TrainerCallback):
     """INJECTED: dies with a native SIGFPE at the first step when ``bf16`` is on.
 
-    Stands in for the crash of TRL issue #2906: bf16 GEMMs on an H20 GPU with the cuBLAS of torch
-    2.5.1+cu121 wheels (pytorch #133548), which cannot happen on other hardware. It reproduces the
-    crash's *shape* (a bf16-only native SIGFPE at the first step) so that crash isolation and
-    bisection can be shown on a real process death; it says nothing about cuBLAS.
+    Stands in for the crash of TRL issue #2906 (TRL 0.14.0, torch 2.5.1+cu121, an H20 GPU; gone with
+    ``bf16=False``), which needs an H20 GPU. Floating point exceptions on H20 with torch's cu121 wheels
+    are reported for a bf16 ``nn.Linear`` (pytorch #133548) and an fp16 ``matmul`` (pytorch #152017);
+    that #2906 is the same crash is inferred, not measured. It reproduces the report's *shape* (a native
+    SIGFPE at the first step, only with ``bf16``) so that crash isolation and bisection can be shown on
+    a real process death; it says nothing about cuBLAS.
     """
 
     def on_step_begin(self, args, state, control, **kwargs):

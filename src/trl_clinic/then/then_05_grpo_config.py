@@ -4,7 +4,8 @@ TRL #2906 was written against trl 0.14.0, the first release with ``GRPOTrainer``
 ``per_device_train_batch_size`` counts prompts (each gets ``num_generations`` completions), and
 ``max_prompt_length`` and ``warmup_ratio`` still exist, so the report's config is accepted as written
 (today's TRL rejects it three times). This script builds ``trl.GRPOConfig`` from the report's
-arguments exactly (adding only ``output_dir`` and ``use_cpu``), then trains a tiny random Qwen2 policy
+arguments exactly (adding only ``output_dir`` and ``use_cpu``), records the ``bf16`` of a
+``GRPOConfig`` that does not name it (0.14.0's ``grpo_config.py`` has no ``bf16`` field of its own), then trains a tiny random Qwen2 policy
 with the real ``trl.GRPOTrainer`` of 0.14.0 for a few optimizer steps with that config. For the run
 only ``max_steps`` (a few steps instead of an epoch) and ``report_to`` (tensorboard is not installed
 in the era) are changed; everything else, ``bf16=True`` and 16 generations of up to 200 tokens
@@ -84,6 +85,7 @@ def main(spec_path: str, result_path: str) -> None:
         else:
             accepted, error_text = True, None
             as_read = {key: getattr(config, key) for key in reported}
+        default_bf16 = GRPOConfig(output_dir=str(Path(scratch) / "default"), use_cpu=True).bf16
         changed = {"max_steps": int(spec.get("max_steps", 2)), "report_to": []}
         steps, log = [], []
         if accepted:
@@ -104,6 +106,7 @@ def main(spec_path: str, result_path: str) -> None:
         "era_versions": {name: importlib.metadata.version(name)
                          for name in ("torch", "transformers", "trl", "peft", "accelerate")},
         "config_accepted_as_written": accepted,
+        "default_bf16": default_bf16,
         "error": error_text,
         "reported": reported,
         "config_as_read": {k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
