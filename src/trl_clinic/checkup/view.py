@@ -44,13 +44,28 @@ def _set_rng_state(state: dict[str, object]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+PLAIN = (int, float, str, bool, type(None))
+
+
+def _plain(value: object, depth: int = 0) -> bool:
+    """Numbers, strings and containers of them (a trainer's metrics, counters, logs): safe to copy and refill.
+    A container holding a model, a tensor or a tokenizer is not: refilling it would swap the user's objects."""
+    if isinstance(value, PLAIN):
+        return True
+    if depth > 6:
+        return False
+    if isinstance(value, dict):
+        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
+    if isinstance(value, (list, tuple, set)):
+        return all(_plain(v, depth + 1) for v in value)
+    return False
+
+
 def _contents(value: object) -> object | None:
-    """A copy of what a probe might change in place (a container, a small state object), else None."""
-    if isinstance(value, (dict, list, set)) or type(value).__name__ in ("TrainerState", "TrainerControl"):
-        try:
-            return copy.deepcopy(value)
-        except Exception:  # noqa: BLE001 - something that cannot be copied is only rebound, not refilled
-            return None
+    """A copy of what a probe might change in place (plain containers, the Trainer's state objects), else None."""
+    small_state = type(value).__name__ in ("TrainerState", "TrainerControl")
+    if (isinstance(value, (dict, list, set)) and _plain(value)) or small_state:
+        return copy.deepcopy(value)
     return None
 
 
