@@ -10,7 +10,7 @@
 # # 02b · Gradient accumulation across processes (DDP)
 #
 # **The report** ([TRL issue #2175](https://github.com/huggingface/trl/issues/2175)): batch 1 ×
-# gradient accumulation 32 trained worse than batch 32 on one device (lesson 02). With several
+# gradient accumulation 32 trained worse than batch 32 (lesson 02 reproduces it in one process). With several
 # processes the same question comes back one level up ([transformers issue
 # #34242](https://github.com/huggingface/transformers/issues/34242)), and the answer is
 # `average_tokens_across_devices` ([PR #34373](https://github.com/huggingface/transformers/pull/34373)
@@ -32,8 +32,8 @@
 # * [TRL's `SFTTrainer`](https://huggingface.co/docs/trl/sft_trainer) and
 #   [`TrainingArguments`](https://huggingface.co/docs/transformers/main_classes/trainer#transformers.TrainingArguments).
 #
-# **Time**: about 40 s to run on the cpu profile (2 CPU cores, measured with `trl-clinic run 02b
-# --profile cpu`); gpu profile: not measured yet. About 25 minutes to read and try the exercises.
+# **Time**: 30-37 s to run on the cpu profile (2 shared CPU cores, seeds 0-5 with `trl-clinic run
+# 02b --profile cpu`); gpu profile: not measured yet. About 25 minutes to read and try the exercises.
 #
 # **What ran here, and what did not**: today's real `SFTTrainer` on 2 processes. On the cpu profile
 # they are CPU processes talking over gloo, started with torchrun, and accelerate runs them as
@@ -109,8 +109,9 @@ for acc, per_rank in counts.items():
 
 # %% [markdown]
 # The rows of `data.instruction_pairs` alternate a one-word answer and a biography (its docstring
-# guarantees it on every seed), and with batch 1 the processes take the rows in turn: process 0 holds
-# every short answer, process 1 every long one, as the counts above show.
+# guarantees it on every seed), and the processes take whole batches in turn (accelerate 1.15,
+# `data_loader.py`, `BatchSamplerShard` with `split_batches=False`): with batch 1, process 0 holds every
+# short answer and process 1 every long one, as the counts above show.
 #
 # ## 3. Every setting against the big batch
 #
@@ -138,7 +139,7 @@ plot_errors(run, comparison, world["backend"], fsdp_applied)
 #
 # * **per-process** `num_items_in_batch`: each process computes `Sₚ / Nₚ`, and DDP's average gives
 #   `(S₀/N₀ + S₁/N₁) / 2`: right only when both processes hold the same number of label tokens
-#   (exercise 1 measures that case). Within a process, accumulation is already right.
+#   (exercise 1 measures that case). Within a process, accumulation is already right (lesson 02).
 # * **old**: a mean per micro-batch, as in lesson 02, *and* a mean over processes: wrong twice. At
 #   accumulation 1 with batch 1 it is the same computation as per-process; the cell below sets the
 #   two rows side by side, to see how much each mistake weighs here.
@@ -156,11 +157,11 @@ for old, per_process in zip(comparison["old"], comparison["per-process"]):
 # ### FSDP: asked for, run as DDP
 #
 # accelerate 1.15 switches a run to FSDP only when its processes are multi-GPU (or MLU, NPU, XPU, ...)
-# processes (`state.py`, `AcceleratorState.__init__`); CPU processes stay `MULTI_CPU`, which is plain
-# DDP. FSDP1 (`fsdp_config={"version": 1}`) turns `sync_module_states` on (transformers 5.23,
-# `training_args.py`), and accelerate's `FullyShardedDataParallelPlugin.__post_init__` then raises
-# "There are currently no available devices found" when there is no accelerator (`utils/dataclasses.py`;
-# read, not run here). On GPUs, torch 2.13's FSDP2 averages the reduced gradient over the processes as
+# processes (`state.py`, `AcceleratorState.__init__`); CPU processes stay `MULTI_CPU`, with the model in
+# plain `DistributedDataParallel` (printed in section 2). FSDP1 (`fsdp_config={"version": 1}`, deprecated) turns `sync_module_states` on by default
+# (transformers 5.23, `training_args.py`, `_process_fsdp_args`), and accelerate's
+# `FullyShardedDataParallelPlugin.__post_init__` then raises "There are currently no available devices
+# found" when there is no accelerator (`utils/dataclasses.py`; read, not run here). On GPUs, torch 2.13's FSDP2 averages the reduced gradient over the processes as
 # DDP does (`distributed/fsdp/_fully_shard/_fsdp_collectives.py`, `_get_gradient_divide_factors`), so the
 # same count and factor should be exact there too: read, not measured.
 
