@@ -51,7 +51,8 @@ ERA_FILES = sorted((ROOT / "eras").glob("*.txt"))
 
 
 def test_the_issue_s_eras_are_defined():
-    assert {"02-transformers-4.45", "04-transformers-4.51", "01-trl-0.14", "01-transformers-4.55"} <= {
+    assert {"02-transformers-4.45", "04-transformers-4.51", "04-transformers-4.40", "01-trl-0.14",
+            "01-transformers-4.55"} <= {
         path.stem for path in ERA_FILES}
 
 
@@ -69,7 +70,7 @@ def test_an_era_pins_torch_and_the_four_libraries_and_says_who_uses_it(path):
 def test_make_test_requires_the_eras_its_tests_run():
     makefile = (ROOT / "Makefile").read_text()
     required = re.search(r"^TEST_ERAS := (.+)$", makefile, re.M).group(1).split()
-    assert {"02-transformers-4.45", "04-transformers-4.51"} <= set(required)
+    assert {"02-transformers-4.45", "04-transformers-4.51", "04-transformers-4.40"} <= set(required)
     assert re.search(r"^test: .*eras-for-tests", makefile, re.M)
     assert ".eras/" in (ROOT / ".gitignore").read_text()
 
@@ -260,22 +261,45 @@ def test_02_accumulation_on_transformers_4_45_and_today_s_recreation_agree(tmp_p
     assert handshake.compare_gradients(today, era["full_batch"])["relative_error"] < 1e-6
 
 
+def then_04(era: str, versions: tuple[str, str], tmp_path: Path) -> dict:
+    """then_04_padding_side's result in one of lesson 04's eras, after checking the era's versions."""
+    need_era(era)
+    run = eras.run_in_era(era, "then_04_padding_side", {}, tmp_path)
+    assert run.finished, f"{run.message}\n{run.stderr}"
+    assert (run.result["era_versions"]["transformers"], run.result["era_versions"]["trl"]) == versions
+    return run.result
+
+
+def assert_padding_error(outcome: dict, era: str, function: str) -> None:
+    """The real padding_side='right' ValueError, raised by the era's own modeling_qwen2.py in ``function``."""
+    assert outcome["error_type"] == "ValueError"
+    assert outcome["message"].startswith("You are attempting to perform batched generation with padding_side='right'")
+    assert Path(outcome["file"]).name == "modeling_qwen2.py" and outcome["function"] == function
+    assert f".eras/{era}" in outcome["file"]  # the era's own transformers raised it
+
+
 @pytest.mark.era
 def test_04_dpo_evaluate_raises_the_real_qwen2_padding_error_on_transformers_4_51(tmp_path):
-    need_era("04-transformers-4.51")
-    run = eras.run_in_era("04-transformers-4.51", "then_04_padding_side", {}, tmp_path)
-    assert run.finished, f"{run.message}\n{run.stderr}"
-    result = run.result
-    assert result["era_versions"]["transformers"] == "4.51.3" and result["era_versions"]["trl"] == "0.17.0"
-    reported = result["scenarios"]["as_reported"]
-    assert reported["error_type"] == "ValueError"
-    assert reported["message"].startswith("You are attempting to perform batched generation with padding_side='right'")
-    assert Path(reported["file"]).name == "modeling_qwen2.py" and reported["function"] == "_update_causal_mask"
-    assert ".eras/04-transformers-4.51" in reported["file"]  # the era's own transformers raised it
+    result = then_04("04-transformers-4.51", ("4.51.3", "0.17.0"), tmp_path)
+    assert result["guard_function"] == "Qwen2Model._update_causal_mask"
+    assert_padding_error(result["scenarios"]["as_reported"], "04-transformers-4.51", "_update_causal_mask")
     assert result["scenarios"]["tokenizer_left"]["padding_guard"]  # DPO re-pads right: the advice alone fails
     for fix in ("use_cache_false", "padding_free"):
         assert result["scenarios"][fix]["passed_guard"], result["scenarios"][fix]["error"]
-    assert result["direct_forward"]["right"]["padding_guard"] and result["direct_forward"]["left"]["passed_guard"]
+    forward = result["direct_forward"]
+    assert forward["right"]["padding_guard"] and forward["left"]["passed_guard"] and forward["right_no_cache"]["passed_guard"]
+
+
+@pytest.mark.era
+def test_04_a_right_padded_forward_with_the_cache_raises_the_same_error_on_transformers_4_40(tmp_path):
+    result = then_04("04-transformers-4.40", ("4.40.2", "0.8.6"), tmp_path)
+    assert result["guard_function"] == "Qwen2Model.forward" and not result["flash_attn_installed"]
+    assert_padding_error(result["direct_forward"]["right"], "04-transformers-4.40", "forward")
+    for passes in ("right_no_cache", "left"):  # the check is keyed on use_cache and on right padding
+        assert result["direct_forward"][passes]["passed_guard"] and result["direct_forward"][passes]["needs_flash_kernel"]
+    dpo = result["scenarios"]["as_reported"]  # trl 0.8.6's concatenated_forward passes use_cache=False
+    assert dpo["passed_guard"] and dpo["needs_flash_kernel"], dpo["error"]
+    assert "padding_free" not in result["scenarios"]  # trl 0.8.6's DPO has no padding_free
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ import torch
 from trl_clinic import data
 from trl_clinic.models import make_causal_lm
 from trl_clinic.padding import (
+    AUDIT_COLUMNS,
     ForwardAudit,
     generation_check,
     right_padded,
@@ -46,11 +47,31 @@ def test_generation_left_matches_and_restores_padding_side(qwen, tokenizer):
     assert tokenizer.padding_side == "right"
 
 
-def test_audit_counts_right_padding_and_the_cache(qwen, tokenizer):
+def test_audit_reads_the_cache_from_the_backbone_s_output_not_from_the_kwargs(qwen, tokenizer):
     batch = tokenizer(["alice lives in paris.", "bruno"], return_tensors="pt", padding=True)
-    audit = ForwardAudit(qwen)
+    audit = ForwardAudit(policy=qwen)
     qwen(**batch, use_cache=False)
     qwen(**batch, use_cache=True)
+    qwen(**batch)  # no argument: the config's use_cache (True) builds one
     audit.remove()
-    assert audit.summary() == {"eval": {"forwards": 2, "right_padded": 2, "cache_on": 1, "right_padded_with_cache": 1,
-                                       "mask_to_attention": 2}}
+    row = audit.summary()["policy"]["eval"]
+    assert {key: row[key] for key in AUDIT_COLUMNS} == {
+        "forwards": 3, "right_padded": 3, "cache_built": 2, "right_padded_with_cache": 2, "mask_to_attention": 3}
+    assert row["asked"]["use_cache=None from None"] == 1  # not called from trl: no TRL function asked
+    qwen(**batch)
+    assert audit.summary()["policy"]["eval"]["forwards"] == 3  # removed hooks count nothing
+
+
+def test_audit_names_the_trl_function_that_passed_use_cache(qwen, tokenizer):
+    from trl.trainer import utils as trl_utils  # any frame in a file under trl/ is a TRL caller
+
+    batch = tokenizer(["alice lives in paris.", "bruno"], return_tensors="pt", padding=True)
+    audit = ForwardAudit(one=qwen, two=make_causal_lm(tokenizer, "qwen2", seed=2).eval())
+    caller = compile("model(**batch, use_cache=False)", trl_utils.__file__, "exec")
+    exec(caller, {"model": qwen, "batch": batch})
+    audit.remove()
+    assert audit.summary() == {"one": {"eval": {
+        "forwards": 1, "right_padded": 1, "cache_built": 0, "right_padded_with_cache": 0, "mask_to_attention": 1,
+        "asked": {"use_cache=False from utils.py:<module>": 1, "backbone_use_cache=False from utils.py:<module>": 1}}}}
+    with pytest.raises(ValueError, match="name the models"):
+        ForwardAudit()

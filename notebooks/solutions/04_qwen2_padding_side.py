@@ -40,7 +40,7 @@ def exercise_1() -> None:
 
 
 def exercise_2() -> None:
-    """With per_device_eval_batch_size=4 in dpo_audit, how many evaluation forwards are right-padded?"""
+    """Call dpo_audit(4): how many evaluation forwards of each model are right-padded, and how many built a cache?"""
     checkpoint = run.output_dir / "qwen2-random"
     qwen2.save_pretrained(checkpoint)
     tokenizer.save_pretrained(checkpoint)
@@ -49,14 +49,16 @@ def exercise_2() -> None:
                                         per_device_eval_batch_size=4, max_steps=1),
                          train_dataset=data.preference_pairs(8, seed=run.subseed("dpo train")),
                          eval_dataset=data.preference_pairs(32, seed=run.subseed("dpo eval"))))
-    audit = ForwardAudit(trainer.model)
+    audit = ForwardAudit(policy=trainer.model, reference=trainer.ref_model)
     trainer.evaluate()
     audit.remove()
-    row = audit.summary()["eval"]
-    print(f"2. eval batch 4 (8 rows: chosen and rejected stacked): {row['right_padded']} of {row['forwards']} "
-          f"evaluation forwards right-padded, {row['cache_on']} with a cache: more rows, more chances of unequal "
-          "lengths, and still nothing would raise, because no forward asks for a cache.")
-    assert row["right_padded"] > 0 and row["cache_on"] == 0
+    rows = {model: modes["eval"] for model, modes in audit.summary().items()}
+    for model, row in rows.items():
+        print(f"2. eval batch 4, {model} (8 rows: chosen and rejected stacked): {row['right_padded']} of "
+              f"{row['forwards']} evaluation forwards right-padded, {row['cache_built']} built a cache.")
+    print("   More rows, more chances of unequal lengths, and still nothing would raise: no forward builds a cache.")
+    assert set(rows) == {"policy", "reference"}
+    assert all(row["right_padded"] > 0 and row["cache_built"] == 0 for row in rows.values())
 
 
 @torch.no_grad()

@@ -6,7 +6,9 @@ the evaluation loss a trainer should report at a batch size if padding changed n
 
 from __future__ import annotations
 
-from collections import Counter
+import functools
+import sys
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
@@ -14,7 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
 from trl_clinic.packing import pack
 
 SCORING_MODES = ("left", "right", "padding_free")
-AUDIT_COLUMNS = ("forwards", "right_padded", "cache_on", "right_padded_with_cache", "mask_to_attention")
+AUDIT_COLUMNS = ("forwards", "right_padded", "cache_built", "right_padded_with_cache", "mask_to_attention")
 
 
 def right_padded(attention_mask: torch.Tensor) -> bool:
@@ -22,59 +24,81 @@ def right_padded(attention_mask: torch.Tensor) -> bool:
     return bool((attention_mask[:, -1] == 0).any())
 
 
-def _checkpointing(model: PreTrainedModel) -> bool:
-    """transformers 5.23 renamed ``is_gradient_checkpointing`` (deprecated, warns) to
-    ``is_activation_checkpointing``; older 5.x releases know only the old name."""
-    if hasattr(type(model), "is_activation_checkpointing"):
-        return model.is_activation_checkpointing
-    return model.is_gradient_checkpointing
+def library_caller(skip: str = "trl_clinic") -> str | None:
+    """``file:function`` of the innermost calling frame in trl (the code that called the forward being
+    hooked): which of TRL's functions asked for (or against) a cache."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if "/trl/" in path and skip not in path:
+            return f"{Path(path).name}:{frame.f_code.co_name}"
+        frame = frame.f_back
+    return None
 
 
 class ForwardAudit:
-    """Counts a model's forwards by mode (train/eval), right padding, whether a KV cache is built and
-    whether the attention layers get a mask.
+    """Counts the forwards of named models (``ForwardAudit(policy=..., reference=...)``) by phase
+    (train/eval: the training flag of the first model named, the one a trainer trains, so a frozen
+    reference model's forwards count in the phase they belong to), right padding, the ``use_cache`` each forward was passed and by which TRL function,
+    whether the backbone really returned a KV cache, and whether attention got a mask.
 
-    A forward builds a cache unless ``use_cache=False`` is passed, or the config says no, or
-    activation checkpointing turns it off in training. That combination (a cache, an attention mask
-    and a right-padded row) is what made transformers 4.49-4.52 raise for Qwen2 + FlashAttention-2.
+    The cache is read from what the backbone (``model.base_model``) returns: ``past_key_values`` is
+    None unless a cache was built, whatever kwargs and config said. A cache, an attention mask and a
+    right-padded row together are what made Qwen2 + FlashAttention-2 raise in transformers
+    4.37.0-4.41.2 (``Qwen2Model.forward``) and 4.49.0-4.52.4 (``Qwen2Model._update_causal_mask``).
     The mask is read where attention receives it (the first ``self_attn`` module): transformers drops
     a mask without padding, so the kernel takes its causal fast path, and passes one when a row is
     padded (a boolean 4D mask for sdpa, the 2D padding mask for FlashAttention's unpadding).
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
-        self.counts: Counter[tuple[str, bool, bool]] = Counter()
-        self.masked: Counter[tuple[str, bool, bool]] = Counter()
-        self._pending: tuple[str, bool, bool] | None = None  # the forward whose first attention call is next
-        attention = next(module for name, module in model.named_modules() if name.endswith("self_attn"))
-        self._handles = [model.register_forward_pre_hook(self._record, with_kwargs=True),
-                         attention.register_forward_pre_hook(self._record_mask, with_kwargs=True)]
+    def __init__(self, **models: PreTrainedModel) -> None:
+        if not models:
+            raise ValueError("name the models to audit, e.g. ForwardAudit(policy=trainer.model)")
+        self.forwards: list[dict] = []
+        self._pending: dict[str, dict | None] = {}  # per model: the forward whose backbone/attention is next
+        self._handles = []
+        self._phase_of = next(iter(models.values()))
+        for name, model in models.items():
+            attention = next(module for key, module in model.named_modules() if key.endswith("self_attn"))
+            self._handles += [
+                model.register_forward_pre_hook(functools.partial(self._record, name), with_kwargs=True),
+                model.base_model.register_forward_hook(functools.partial(self._record_cache, name), with_kwargs=True),
+                attention.register_forward_pre_hook(functools.partial(self._record_mask, name), with_kwargs=True),
+            ]
 
-    def _record(self, module, args, kwargs):
+    def _record(self, name: str, module, args, kwargs) -> None:
         mask = kwargs.get("attention_mask")
-        use_cache = kwargs.get("use_cache")
-        if use_cache is None:
-            use_cache = bool(module.config.use_cache)
-        if module.training and _checkpointing(module):
-            use_cache = False
-        padded = mask is not None and mask.dim() == 2 and right_padded(mask)
-        self._pending = ("train" if module.training else "eval", padded, use_cache)
-        self.counts[self._pending] += 1
+        self._pending[name] = {
+            "model": name, "mode": "train" if self._phase_of.training else "eval",
+            "right_padded": mask is not None and mask.dim() == 2 and right_padded(mask),
+            "use_cache": kwargs.get("use_cache"), "asked_by": library_caller(),
+            "cache_built": False, "backbone_use_cache": None, "backbone_asked_by": None, "mask_to_attention": False}
+        self.forwards.append(self._pending[name])
 
-    def _record_mask(self, module, args, kwargs):
-        if self._pending is not None:  # once per forward: checkpointing calls attention again in backward
-            self.masked[self._pending] += kwargs.get("attention_mask") is not None
-            self._pending = None
+    def _record_cache(self, name: str, module, args, kwargs, output) -> None:
+        if self._pending.get(name) is not None:
+            self._pending[name].update(cache_built=getattr(output, "past_key_values", None) is not None,
+                                       backbone_use_cache=kwargs.get("use_cache"), backbone_asked_by=library_caller())
 
-    def summary(self) -> dict[str, dict[str, int]]:
-        table: dict[str, dict[str, int]] = {}
-        for (mode, padded, cache), n in self.counts.items():
-            row = table.setdefault(mode, dict.fromkeys(AUDIT_COLUMNS, 0))
-            row["forwards"] += n
-            row["right_padded"] += n * padded
-            row["cache_on"] += n * cache
-            row["right_padded_with_cache"] += n * (padded and cache)
-            row["mask_to_attention"] += self.masked[(mode, padded, cache)]
+    def _record_mask(self, name: str, module, args, kwargs) -> None:
+        forward = self._pending.get(name)
+        if forward is not None and not forward.get("_attention_seen"):  # checkpointing calls attention again
+            forward.update(mask_to_attention=kwargs.get("attention_mask") is not None, _attention_seen=True)
+
+    def summary(self) -> dict[str, dict[str, dict]]:
+        """Per model and mode: counts of each column, and who passed which ``use_cache`` (``asked``)."""
+        table: dict[str, dict[str, dict]] = {}
+        for forward in self.forwards:
+            row = table.setdefault(forward["model"], {}).setdefault(
+                forward["mode"], {**dict.fromkeys(AUDIT_COLUMNS, 0), "asked": {}})
+            row["forwards"] += 1
+            row["right_padded"] += forward["right_padded"]
+            row["cache_built"] += forward["cache_built"]
+            row["right_padded_with_cache"] += forward["right_padded"] and forward["cache_built"]
+            row["mask_to_attention"] += forward["mask_to_attention"]
+            for level in ("", "backbone_"):
+                key = f"{level}use_cache={forward[level + 'use_cache']} from {forward[level + 'asked_by']}"
+                row["asked"][key] = row["asked"].get(key, 0) + 1
         return table
 
     def remove(self) -> None:

@@ -1,26 +1,32 @@
-"""Lesson 04 then: Qwen2 + FlashAttention-2 right padding in DPO evaluation, on transformers 4.51.3 +
-trl 0.17.0 (era 04-transformers-4.51).
+"""Lesson 04 then: Qwen2 + FlashAttention-2 right padding, on the real old transformers, in two eras.
 
-The real old code: ``Qwen2Model._update_causal_mask`` in transformers 4.49.0-4.52.4's
-``models/qwen2/modeling_qwen2.py`` raises ``ValueError: You are attempting to perform batched
-generation with padding_side='right' ...`` when the config says ``flash_attention_2``, there is an
-attention mask and a cache (``use_cache=True`` creates one), and the last column of the mask is not all
-ones. TRL 0.17.0's ``DPOTrainer.concatenated_forward`` stacks chosen and rejected and flushes the
-batch left, so every batch whose two completions differ in length is right-padded, and
-``evaluate()`` runs with the config's ``use_cache=True``. The check runs before any flash kernel, so
-it raises on CPU: the tiny Qwen2 is built with eager attention and its config is then set to
-``flash_attention_2``, as loading with FlashAttention-2 on a GPU would leave it.
+The guard that raises ``ValueError: You are attempting to perform batched generation with
+padding_side='right' ...`` lived in two windows of transformers' ``models/qwen2/modeling_qwen2.py``
+(read in the released files of 4.37.0, 4.38.2, 4.39.3, 4.40.2, 4.41.2, 4.42.0, 4.42.4, 4.43.4, 4.44.2,
+4.45.2, 4.46.3, 4.47.1, 4.48.3, 4.49.0, 4.50.3, 4.51.3, 4.52.4 and 4.53.0):
+
+* 4.37.0-4.41.2, ``Qwen2Model.forward``: FlashAttention-2 (``self._attn_implementation``, set from the
+  config when the model is built), an attention mask, ``use_cache`` (the argument, else the config's)
+  and a right-padded row. Era ``04-transformers-4.40`` (transformers 4.40.2, trl 0.8.6).
+* 4.49.0-4.52.4, ``Qwen2Model._update_causal_mask``: the config's ``flash_attention_2``, an attention
+  mask, a cache object (``use_cache=True`` creates one) and a right-padded row. Era
+  ``04-transformers-4.51`` (transformers 4.51.3, trl 0.17.0, the report's versions).
+
+Both checks run before any attention kernel, so they raise on CPU: the tiny Qwen2 is built with eager
+attention and then told it is FlashAttention-2, as loading with FlashAttention-2 on a GPU leaves it
+(the config; on 4.40 also ``Qwen2Model._attn_implementation`` and the layers' ``Qwen2FlashAttention2``
+class). A forward that gets past the check then needs the real flash kernel, which CPU-only torch has
+not: what happened next is recorded as it is.
 
 Usage: ``python then_04_padding_side.py SPEC.json RESULT.json`` with the era's interpreter. The spec
 may set ``seed`` (default 0), ``eval_batch_size`` (default 1, the report's) and ``threads``.
 
-Each scenario builds a fresh model and trainer and calls ``evaluate()``; what it raised is recorded
-(type, message, the file, function and line of the traceback's last frame, the traceback):
-``as_reported``; ``tokenizer_left`` (the message's own advice, ``tokenizer.padding_side = "left"``);
-``use_cache_false`` (``model.config.use_cache = False``); ``padding_free`` (``DPOConfig(padding_free=True)``:
-no attention mask). A fix that gets past the check then needs the real flash kernel, which CPU-only
-torch has not: what happened next is recorded as it is. ``direct_forward`` does the same on one
-forward of the eval batch, right-padded and left-padded. Standalone: it must not import ``trl_clinic``.
+``direct_forward``: one forward of a chosen/rejected pair stacked as DPO stacks it, right-padded with
+and without the cache, and left-padded with it. ``scenarios``: the real ``DPOTrainer.evaluate()`` of
+the era's trl, each with a fresh model: ``as_reported``; ``tokenizer_left`` (the message's own advice);
+``use_cache_false`` (``model.config.use_cache = False``); ``padding_free`` (``DPOConfig(padding_free=True)``,
+where the era's trl has it). For each: the error's type, message, file, function and line (the
+traceback's last frame) and the traceback. Standalone: it must not import ``trl_clinic``.
 """
 
 from __future__ import annotations
@@ -48,24 +54,28 @@ PAIRS = [("the cat sat on", "the mat and then", "a dog"),
          ("the red cat", "was very fast and good", "slow")]
 
 
-def tiny_tokenizer():
-    """A word-level tokenizer built in place (nothing downloaded); pad and eos are their own tokens."""
+def tiny_tokenizer(bos: bool = False):
+    """A word-level tokenizer built in place (nothing downloaded); pad and eos are their own tokens, and
+    so is bos when asked (trl 0.8.6's DPO prepends ``bos_token_id`` to every prompt, even when None)."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {token: i for i, token in enumerate(["<pad>", "<eos>", "<unk>", *WORDS])}
+    vocab = {token: i for i, token in enumerate(["<pad>", "<eos>", "<unk>", *(["<bos>"] if bos else []), *WORDS])}
     tokenizer = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<eos>",
-                                   unk_token="<unk>", padding_side="right")
+                                   unk_token="<unk>", padding_side="right", **({"bos_token": "<bos>"} if bos else {}))
 
 
 def tiny_qwen2(tokenizer, seed: int, use_cache: bool = True):
     """Loaded eager, then told it is FlashAttention-2: what ``from_pretrained(attn_implementation=
-    "flash_attention_2")`` leaves in the config on a GPU, without needing the kernel to build it."""
+    "flash_attention_2")`` leaves on a GPU, without needing the kernel to build it. transformers <= 4.41
+    read the implementation once, into ``Qwen2Model._attn_implementation`` and each layer's attention
+    class (``Qwen2FlashAttention2``); later releases read the config at every forward."""
     from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers.models.qwen2 import modeling_qwen2
 
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -74,6 +84,10 @@ def tiny_qwen2(tokenizer, seed: int, use_cache: bool = True):
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", torch_dtype=torch.float32)
     model.config._attn_implementation = "flash_attention_2"
+    if hasattr(model.model, "_attn_implementation"):  # transformers <= 4.41
+        model.model._attn_implementation = "flash_attention_2"
+        for layer in model.model.layers:
+            layer.self_attn.__class__ = modeling_qwen2.Qwen2FlashAttention2
     return model
 
 
@@ -106,40 +120,71 @@ def outcome(call) -> dict:
     return result
 
 
-def evaluate(spec: dict, workdir: Path, *, use_cache: bool = True, padding_side: str = "right",
-             padding_free: bool = False) -> dict:
+def dpo_trainer(spec: dict, workdir: Path, model, tokenizer, padding_free: bool):
+    """The era's real DPOTrainer: trl 0.17's takes a DPOConfig; trl 0.8.6's takes TrainingArguments and its
+    DPO settings as arguments (it has no DPOConfig and no padding_free)."""
     from datasets import Dataset
-    from trl import DPOConfig, DPOTrainer
+    import trl
 
-    tokenizer = tiny_tokenizer()
-    tokenizer.padding_side = padding_side
-    model = tiny_qwen2(tokenizer, spec.get("seed", 0), use_cache=use_cache)
-    rows = [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in PAIRS]
-    args = DPOConfig(output_dir=str(workdir), per_device_eval_batch_size=spec.get("eval_batch_size", 1),
-                     per_device_train_batch_size=1, report_to=[], use_cpu=True, save_strategy="no",
-                     logging_strategy="no", disable_tqdm=True, bf16=False, max_length=64, max_prompt_length=32,
-                     padding_free=padding_free, seed=spec.get("seed", 0), dataloader_num_workers=0)
+    rows = Dataset.from_list([{"prompt": p, "chosen": c, "rejected": r} for p, c, r in PAIRS])
+    common = dict(output_dir=str(workdir), per_device_eval_batch_size=spec.get("eval_batch_size", 1),
+                  per_device_train_batch_size=1, report_to=[], use_cpu=True, save_strategy="no",
+                  logging_strategy="no", disable_tqdm=True, bf16=False, seed=spec.get("seed", 0),
+                  dataloader_num_workers=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
-                             eval_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+        if has_dpo_config():
+            args = trl.DPOConfig(**common, max_length=64, max_prompt_length=32, padding_free=padding_free)
+            return trl.DPOTrainer(model=model, args=args, train_dataset=rows, eval_dataset=rows,
+                                  processing_class=tokenizer)
+        from transformers import TrainingArguments
+
+        return trl.DPOTrainer(model=model, args=TrainingArguments(**common, remove_unused_columns=False),
+                              train_dataset=rows, eval_dataset=rows, tokenizer=tokenizer, max_length=64,
+                              max_prompt_length=32)
+
+
+def evaluate(spec: dict, workdir: Path, *, use_cache: bool = True, padding_side: str = "right",
+             padding_free: bool = False) -> dict:
+    tokenizer = tiny_tokenizer(bos=not has_dpo_config())
+    tokenizer.padding_side = padding_side
+    model = tiny_qwen2(tokenizer, spec.get("seed", 0), use_cache=use_cache)
+    trainer = dpo_trainer(spec, workdir, model, tokenizer, padding_free)
     return outcome(trainer.evaluate)
 
 
+def has_dpo_config() -> bool:
+    """trl 0.17 has ``DPOConfig`` (with ``padding_free``); trl 0.8.6 has neither."""
+    import trl
+
+    return hasattr(trl, "DPOConfig")
+
+
 def direct_forward(spec: dict) -> dict:
-    """One forward of a chosen/rejected pair stacked as DPO stacks it: right-padded, then left-padded."""
+    """One forward of a chosen/rejected pair stacked as DPO stacks it: right-padded with and without the
+    cache, and left-padded with it."""
     tokenizer = tiny_tokenizer()
     model = tiny_qwen2(tokenizer, spec.get("seed", 0)).eval()
     prompt, chosen, rejected = PAIRS[0]
     texts = [f"{prompt} {chosen}", f"{prompt} {rejected}"]
     results = {}
-    for side in ("right", "left"):
+    for name, side, use_cache in (("right", "right", True), ("right_no_cache", "right", False), ("left", "left", True)):
         tokenizer.padding_side = side
         batch = tokenizer(texts, padding=True, return_tensors="pt")
         with torch.no_grad():
-            results[side] = outcome(lambda: (model(**batch, use_cache=True), {})[1])
-        results[side]["attention_mask"] = batch["attention_mask"].tolist()
+            results[name] = outcome(lambda: (model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                                   use_cache=use_cache), {})[1])
+        results[name]["attention_mask"] = batch["attention_mask"].tolist()
     return results
+
+
+def guard_function(modeling_qwen2) -> str | None:
+    """The ``Qwen2Model`` method whose source holds the guard's message, or None."""
+    for name in ("forward", "_update_causal_mask"):
+        method = getattr(modeling_qwen2.Qwen2Model, name, None)
+        if method is not None and GUARD in inspect.getsource(method):
+            return f"Qwen2Model.{name}"
+    return None
 
 
 def main(spec_path: str, result_path: str) -> None:
@@ -154,14 +199,14 @@ def main(spec_path: str, result_path: str) -> None:
             "as_reported": evaluate(spec, scratch / "a"),
             "tokenizer_left": evaluate(spec, scratch / "b", padding_side="left"),
             "use_cache_false": evaluate(spec, scratch / "c", use_cache=False),
-            "padding_free": evaluate(spec, scratch / "d", padding_free=True),
         }
-    guard_source = inspect.getsource(modeling_qwen2.Qwen2Model._update_causal_mask)
+        if has_dpo_config():
+            scenarios["padding_free"] = evaluate(spec, scratch / "d", padding_free=True)
     result = {
         "era_versions": {name: importlib.metadata.version(name)
-                         for name in ("torch", "transformers", "trl", "peft", "accelerate")},
+                         for name in ("torch", "transformers", "trl", "peft", "accelerate", "datasets")},
         "flash_attn_installed": importlib.util.find_spec("flash_attn") is not None,
-        "guard_in_library": GUARD in guard_source,
+        "guard_function": guard_function(modeling_qwen2),
         "guard_file": inspect.getsourcefile(modeling_qwen2),
         "scenarios": scenarios,
         "direct_forward": direct_forward(spec),
