@@ -5,7 +5,7 @@ import json
 import sys
 import types
 
-from test_workbook import tiny_notebook
+from test_workbook import FINE_LESSON, tiny_notebook
 
 from trl_clinic.cli import main
 from trl_clinic.gpu_usage import GpuUsage
@@ -50,11 +50,7 @@ def test_the_runner_writes_them_per_lesson_into_the_summary_and_the_report(tmp_p
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml([2048], [75]))
     lessons = tmp_path / "notebooks"
     lessons.mkdir()
-    tiny_notebook(lessons / "02_fine.ipynb", "\n".join([
-        "from trl_clinic.parameters import start_run",
-        "from trl_clinic.results import save_metrics",
-        "run = start_run('02', profile, seed, output_dir)",
-        "save_metrics(run, '02', {'x': 1.0}, lambda n: ({'shown': n['x'] > 0}, {'fixed': True}))"]))
+    tiny_notebook(lessons / "02_fine.ipynb", FINE_LESSON)
     out = tmp_path / "out"
     assert main(["run", "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks", str(lessons)]) == 0
     [row] = json.loads((out / "summary.json").read_text())["lessons"]

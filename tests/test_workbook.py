@@ -60,6 +60,14 @@ def test_list_and_help_answer_without_importing_papermill_or_torch():
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
+# a lesson that passes its one check: the smallest real run of the runner
+FINE_LESSON = "\n".join([
+    "from trl_clinic.parameters import start_run",
+    "from trl_clinic.results import save_metrics",
+    "run = start_run('02', profile, seed, output_dir)",
+    "save_metrics(run, '02', {'x': 1.0}, lambda n: ({'shown': n['x'] > 0}, {'fixed': True}))"])
+
+
 def tiny_notebook(path, body):
     cells = [nbformat.v4.new_code_cell('profile = "cpu"\nseed = 0\noutput_dir = "out"'),
              nbformat.v4.new_code_cell(body)]
@@ -73,11 +81,7 @@ def test_a_failing_lesson_does_not_stop_the_others(tmp_path, capsys):
     lessons = tmp_path / "notebooks"
     lessons.mkdir()
     tiny_notebook(lessons / "01_broken.ipynb", "raise RuntimeError('this lesson is broken')")
-    tiny_notebook(lessons / "02_fine.ipynb", "\n".join([
-        "from trl_clinic.parameters import start_run",
-        "from trl_clinic.results import save_metrics",
-        "run = start_run('02', profile, seed, output_dir)",
-        "save_metrics(run, '02', {'x': 1.0}, lambda n: ({'shown': n['x'] > 0}, {'fixed': True}))"]))
+    tiny_notebook(lessons / "02_fine.ipynb", FINE_LESSON)
     out = tmp_path / "out"
     assert main(["run", "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks", str(lessons)]) == 1
     printed = capsys.readouterr().out
