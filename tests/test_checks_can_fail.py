@@ -66,9 +66,9 @@ def _04_era(era: str, group: str, name: str, **change):
 # check name (a unique part of it) -> how a run without the bug, or without the fix, changes the numbers
 MUTATIONS = {
     "01": {
+        "symptom: padding-free with the all-ones mask": lambda n: n["symptom"]["contaminated"].update(
+            loss=n["symptom"]["padded"]["loss"]),
         "grows with batch size in every setting": _01_reverse_first,
-        "every family (": lambda n: n["family_loss_ratio"].update(qwen2=n["family_loss_ratio"]["qwen2"][::-1]),
-        "every family: contaminated/padded ratio above 1.1": lambda n: n["family_loss_ratio"]["opt"].__setitem__(-1, 1.05),
         "contaminated grad norm at step 1": lambda n: n["training"]["contaminated"]["grad_norm"].__setitem__(
             0, n["training"]["padded"]["grad_norm"][0]),
         "logs a higher loss than padded to the end": lambda n: n["training"]["contaminated"].update(
@@ -76,7 +76,6 @@ MUTATIONS = {
         "remedies short of separation": lambda n: n["remedies"]["more warmup"].update(isolated=True),
         "a smaller batch hides": lambda n: n["remedies"]["smaller batch"].update(
             loss=n["remedies"]["smaller batch"]["baseline"]["loss"] + 0.1),
-        "probe finds Qwen2 isolated": lambda n: n["probes"]["qwen2, position_ids only"].update(isolated=False),
         "fixed follows padded step by step": lambda n: n.update(fixed_vs_padded_training=0.05),
         "separating the sequences cures it": lambda n: n["remedies"]["separate the sequences"].update(isolated=False),
         "(> 1.1) in every setting": lambda n: n["loss_ratio"][next(iter(n["loss_ratio"]))].__setitem__(-1, 1.0),
@@ -84,12 +83,14 @@ MUTATIONS = {
         "no difference at batch 1": lambda n: [r.__setitem__(0, 1.01) for r in n["loss_ratio"].values()],
         "grad norm at batch": lambda n: [r.__setitem__(-1, 1.0) for r in n["grad_norm_ratio"].values()],
         "probe flags an all-ones mask": lambda n: n["probes"]["llama, position_ids + all-ones mask"].update(isolated=True),
-        "probe flags OPT": lambda n: n["probes"]["opt, position_ids only"].update(isolated=True),
-        "changes OPT's loss": lambda n: n["family_gap_padding_free"].update(opt=0.0),
+        "probe flags a packed row run with use_cache=True": lambda n: n["probes"][
+            "llama, position_ids + use_cache=True"].update(isolated=True),
+        "probe flags OPT, Falcon, Bloom and MPT": lambda n: n["family_probes"]["bloom"].update(isolated=True),
+        "changes OPT's loss": lambda n: n.update(opt_gap=0.0),
         "ignored for a model instance": lambda n: n.update(attention_model_instance="eager"),
         "fixed equals padded": lambda n: n.update(fixed_vs_padded_max_relative=0.1),
         "probe finds Llama isolated": lambda n: n["probes"]["llama, position_ids only"].update(isolated=False),
-        "leaves Llama's and Qwen2's loss unchanged": lambda n: n["family_gap_padding_free"].update(qwen2=0.1),
+        "Llama and Qwen2 isolated at random init": lambda n: n["family_probes"]["qwen2"].update(isolated=False),
         "applies for a model path": lambda n: n.update(attention_model_path="sdpa"),
         "no pad tokens": lambda n: n["throughput"]["padding_free"].update(padding_share=0.2),
         "real collator's packed batch is contaminated": lambda n: [

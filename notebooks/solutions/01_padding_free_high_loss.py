@@ -8,81 +8,51 @@ the claim its answer makes.
 from __future__ import annotations
 
 import functools
-import logging
 import tempfile
 
 import torch
-from datasets import concatenate_datasets
 from trl import SFTConfig, SFTTrainer
 
 from trl_clinic import data
+from trl_clinic.companions import padding_free as companion
 from trl_clinic.models import make_causal_lm
 from trl_clinic.packing import pack, packed_vs_separate
 from trl_clinic.parameters import start_run
-from trl_clinic.recording import StepRecorder, quiet
 from trl_clinic.stand_ins import recreated_all_ones_mask
 from trl_clinic.tokenizer import build_tokenizer
 
 run = start_run("01", "cpu", 0, tempfile.mkdtemp(prefix="solutions-01-"))
 sizes = run.sizes  # the lesson's cpu warm-up and measurement sizes
-logging.getLogger("trl.trainer.sft_trainer").setLevel(logging.ERROR)
 
 
 @functools.cache
-def tokenizer():
-    return build_tokenizer()
+def bench() -> companion.Bench:
+    """The lesson's warm-up and lr-0 runner (warm_model trains a tiny Llama once, padded)."""
+    return companion.Bench(run, build_tokenizer())
 
 
-def config(name: str, **fields) -> SFTConfig:
-    """The lesson's run settings (cpu, fp32), whole-sequence loss, rows as long as their samples."""
-    return SFTConfig(**run.trainer_kwargs(name, progress=False), max_length=None, completion_only_loss=False, **fields)
-
-
-@functools.cache
-def warm_weights() -> dict:
-    """A tiny Llama trained briefly (padded), as in the lesson: contamination only shows once context matters."""
-    half = sizes.warmup_batch_size * sizes.warmup_steps // 2
-    warm_set = concatenate_datasets([data.mrc_samples(half, seed=run.seed),
-                                     data.instruction_pairs(half, seed=run.seed, max_people=2)])
-    model = make_causal_lm(tokenizer(), seed=run.seed)
-    trainer = SFTTrainer(model=model, args=config("warm-up", per_device_train_batch_size=sizes.warmup_batch_size,
-                                                  learning_rate=sizes.warmup_learning_rate,
-                                                  max_steps=sizes.warmup_steps),
-                         train_dataset=warm_set.shuffle(seed=run.seed), processing_class=tokenizer())
-    quiet(trainer)  # keeps the log rows out of the answer's output
-    trainer.train()
-    return model.state_dict()
-
-
-def warm_model() -> torch.nn.Module:
-    model = make_causal_lm(tokenizer(), seed=run.seed)
-    model.load_state_dict(warm_weights())
-    return model
+def sft_trainer(mode: str, batch_size: int, dataset, **config) -> SFTTrainer:
+    """The lesson's trainer: padded, or padding-free with the re-created all-ones mask ("contaminated")."""
+    args = SFTConfig(**run.trainer_kwargs(f"{mode}-{batch_size}", progress=False), per_device_train_batch_size=batch_size,
+                     padding_free=mode != "padded", max_length=None, completion_only_loss=False, **config)
+    trainer = SFTTrainer(model=bench().warm_model(), args=args, train_dataset=dataset, processing_class=bench().tokenizer)
+    if mode == "contaminated":
+        trainer.data_collator = recreated_all_ones_mask(trainer.data_collator)
+    return trainer
 
 
 def held_out(n: int) -> list[list[int]]:
-    tok = tokenizer()
-    return [tok(row["prompt"] + row["completion"])["input_ids"] + [tok.eos_token_id]
-            for row in data.mrc_samples(n, seed=run.subseed("held-out"))]
+    return [companion.as_sequence(bench().tokenizer, row) for row in data.mrc_samples(n, seed=run.subseed("held-out"))]
 
 
 def lr0_loss(mode: str, batch_size: int) -> float:
-    """Mean logged whole-sequence loss over the held-out MRC samples at lr 0 (the weights never change)."""
+    """Mean logged whole-sequence loss over held-out MRC samples at lr 0 (the weights never change)."""
     dataset = data.mrc_samples(sizes.measure_samples, seed=run.subseed("held-out"))
-    trainer = SFTTrainer(model=warm_model(), args=config(f"{mode}-{batch_size}", per_device_train_batch_size=batch_size,
-                                                         padding_free=mode != "padded", learning_rate=0.0,
-                                                         max_steps=sizes.measure_samples // batch_size),
-                         train_dataset=dataset, processing_class=tokenizer())
-    if mode == "contaminated":
-        trainer.data_collator = recreated_all_ones_mask(trainer.data_collator)
-    recorder = StepRecorder().watch(trainer)
-    trainer.train()
-    losses = recorder.series("loss")[1]
-    return sum(losses) / len(losses)
+    return bench().measure(sft_trainer, mode, batch_size, dataset)["loss"]
 
 
 def exercise_1() -> None:
-    """Add batch size 32 to BATCH_SIZES. Predict the contaminated/padded ratio first.
+    """Add batch size 32 to the sweep. Predict the contaminated/padded ratio first.
 
     Prediction: more sequences per row means more foreign context per token, so the ratio keeps
     growing past batch 16, more slowly (the foreign context a token sees grows, its share of the
@@ -96,8 +66,8 @@ def exercise_2() -> None:
     """Run packed_vs_separate(all_ones_mask=True) on a freshly initialised model and on a warmed-up one.
     Why does the lesson warm its models up before measuring contamination?"""
     sequences = held_out(8)
-    fresh = packed_vs_separate(make_causal_lm(tokenizer(), seed=run.seed), sequences, all_ones_mask=True)
-    warm = packed_vs_separate(warm_model(), sequences, all_ones_mask=True)
+    fresh = packed_vs_separate(make_causal_lm(bench().tokenizer, seed=run.seed), sequences, all_ones_mask=True)
+    warm = packed_vs_separate(bench().warm_model(), sequences, all_ones_mask=True)
     print(f"exercise 2: packed/alone loss with an all-ones mask: fresh model {fresh['ratio']:.4f}, "
           f"warmed-up {warm['ratio']:.3f}: a random model predicts badly whatever it attends to, so the foreign "
           "context barely moves its loss; a model that uses context is misled by it.")
@@ -108,7 +78,7 @@ def exercise_2() -> None:
 @torch.no_grad()
 def exercise_3() -> None:
     """Pass use_cache=True in a hand-written forward of a packed row (no mask). Is it still isolated?"""
-    model = warm_model().eval()
+    model = bench().warm_model().eval()
     sequences = held_out(4)
     row = pack(sequences)
     logits = {cache: model(**row, use_cache=cache).logits[0] for cache in (False, True)}

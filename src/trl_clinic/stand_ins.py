@@ -21,12 +21,12 @@ def recreated_all_ones_mask(collator):
     """RE-CREATED: TRL's padding-free collator that sent the packed row with an attention mask of ones.
 
     Stands for ``DataCollatorForLanguageModeling.torch_call`` with ``padding_free=True`` in
-    ``trl/trainer/sft_trainer.py`` of TRL 0.19.0-0.23.x, which concatenated the per-sequence masks
-    (all ones) into one row beside ``position_ids`` (0.19.1-0.23 dropped it only for packed
-    datasets; TRL 0.24.0, PR #4170, stopped sending it for every padding-free batch). With a mask present transformers builds one causal
-    mask over the whole row and no longer looks for sequence boundaries in ``position_ids``: every
-    token attends to the sequences packed before it, as under an attention kernel that ignores the
-    boundaries.
+    ``trl/trainer/sft_trainer.py`` of TRL 0.19.0-0.23.0, which concatenated the per-sequence masks
+    (all ones) into one row beside ``position_ids`` (0.19.1-0.23.0 dropped it only for packed
+    datasets; 0.23.1's and 0.24.0's send no mask with any padding-free batch; read in each released
+    file). With a mask present transformers builds one causal mask over the whole row and no longer
+    looks for sequence boundaries in ``position_ids``: every token attends to the sequences packed
+    before it, as under an attention kernel that ignores the boundaries.
     """
 
     def collate(examples):

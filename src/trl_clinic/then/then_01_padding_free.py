@@ -1,4 +1,4 @@
-"""Lesson 01 then: padding-free batches on the versions of TRL #2834's time and after.
+"""Lesson 01 then: padding-free batches on the report's collator (TRL 0.14.0) and after (TRL 0.21.0).
 
 Era 01-trl-0.14 (trl 0.14.0 + transformers 4.48.3): the real ``DataCollatorForCompletionOnlyLM(
 padding_free=True)`` flattens the batch into one row and returns ``input_ids``, ``labels`` and
@@ -7,8 +7,8 @@ padding_free=True)`` flattens the batch into one row and returns ``input_ids``, 
 sequence attends to the first: its logits differ from the same sequence run alone.
 
 Era 01-transformers-4.55 (trl 0.21.0 + transformers 4.55.4): ``masking_utils._preprocess_mask_arguments``
-(4.53+) builds a block mask from ``position_ids``, but only when there is no attention mask *and no
-cache*: a model in train mode whose config says ``use_cache=True`` makes a cache and is still
+(4.53.1 and later; 4.53.0's has no ``find_packed_sequence_indices``) builds a block mask from
+``position_ids``, but only when there is no attention mask *and no cache*: a model in train mode whose config says ``use_cache=True`` makes a cache and is still
 contaminated; ``use_cache=False`` keeps the sequences apart. trl 0.21's padding-free collator
 (``trl.trainer.sft_trainer.DataCollatorForLanguageModeling``) sends an all-ones attention mask, which
 turns the block mask off whatever the cache.
@@ -49,7 +49,7 @@ ISOLATED = 1e-4  # float noise of a 2-layer fp32 model is ~1e-6
 COPY_PROMPT = (3, 8)  # the copy task's prompt lengths (inclusive)
 PRETRAIN_STEPS, PRETRAIN_BATCH, PRETRAIN_LR = 200, 32, 3e-3
 LOSS_EXAMPLES = 64  # one epoch of the trainer: 64 steps at batch 1, 4 at batch 16
-LOSS_ATTENTION = "sdpa"  # transformers 4.48's default for Llama
+LOSS_ATTENTION = "sdpa"  # as the lesson's own runs on today's stack
 
 
 def tiny_llama(seed: int, attn_implementation: str, hidden_size: int = 32):
