@@ -174,6 +174,10 @@ MUTATIONS = {
         "more accumulation inflates the first logged loss": lambda n: n["fp16_by_accumulation"]["32"].update(
             first_log=0.5),
         "fused AdamW keeps": lambda n: n["fused_adamw_raw_loss"].__setitem__(-1, math.nan),
+        "default optimizer is the fused AdamW": lambda n: n.update(default_optim="adamw_torch"),
+        "clipping turns a finite gradient NaN": lambda n: n.update(clip_spreads_nan=False),
+        "gradient scaler refuses": lambda n: n.update(grad_scaler="unscaled"),
+        "fp16=True does not rescue": lambda n: n.update(fp16_amp="trained", fp16_amp_raw_loss=[0.69, 0.68]),
         "fixed run finite": lambda n: n["fixed_raw_loss"].__setitem__(-1, math.inf),
         "fixed head is trained and saved": lambda n: n["heads"]["with SEQ_CLS"].update(score_saved=False),
         "fixed reload reproduces": lambda n: n["heads"]["with SEQ_CLS"].update(reload_max_reward_change=0.1),
