@@ -55,8 +55,9 @@ def recreate_pre_446_loss(trainer: Trainer) -> Trainer:
 class MeanPerMicroBatchSFTTrainer(SFTTrainer):
     """RE-CREATED user code: a custom ``compute_loss`` that ignores ``num_items_in_batch``.
 
-    Stands for the overrides reported in transformers issue #37766: the loss is the mean over this
-    micro-batch's label tokens. Because the override accepts ``num_items_in_batch``, today's Trainer
+    Stands for a user's ``compute_loss`` override (lesson 02's custom-loss trap): the loss is the mean
+    over this micro-batch's label tokens. (Transformers issue #37766 reports the neighbouring case, a
+    model whose forward takes no loss kwargs; it is not what this class re-creates.) Because the override accepts ``num_items_in_batch``, today's Trainer
     believes the loss is already normalised for accumulation and does not divide by the steps.
     """
 
