@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "numbers"
 LESSONS = {"01": "01_padding_free_high_loss", "02": "02_gradient_accumulation_loss",
            "02b": "02b_gradient_accumulation_ddp", "03": "03_lora_reward_nan", "04": "04_qwen2_padding_side",
-           "05": "05_grpo_sigfpe"}
+           "05": "05_grpo_sigfpe", "06": "06_checkup_your_trainer"}
 
 
 def lesson_checks(notebook: str):
@@ -232,6 +232,30 @@ MUTATIONS = {
         "accepts the report's config as written": lambda n: n["then"].update(accepted=False),
         "runs in fp32 unless bf16 is named": lambda n: n["then"].update(default_bf16=True),
         "nor its max_grad_norm crashes a run": lambda n: n["suspects"]["max_grad_norm"].update(status="signal"),
+    },
+    "06": {
+        "custom compute_loss fails the accumulation probe": lambda n: n["findings"]["symptom"].update(
+            status="ok", value=1e-7),
+        "model_accepts_loss_kwargs=False (set by hand) fails it too": lambda n: n["findings"]["old path"].update(
+            status="ok"),
+        "OPT padding-free fails the packing probe": lambda n: n["packing"]["opt"].update(status="ok", value=1e-6),
+        "fp16 weights with adamw_torch": lambda n: n["findings"]["fp16 adamw"].update(status="warn"),
+        "without SEQ_CLS fails the reward_head": lambda n: n["reward"]["no task_type"].update(status="ok"),
+        "runs right-padded forwards with a cache": lambda n: n["cache"]["qwen2, use_cache=True"].update(value=0),
+        "all-or-nothing reward leaves every group equal": lambda n: n["groups"]["all or nothing"].update(
+            status="warn", value=0.75),
+        "fail labels_present": lambda n: n["findings"]["labels"].update(status="ok"),
+        "leaves no EOS target": lambda n: n["findings"]["eos"].update(status="ok"),
+        "leaves tensors without a gradient": lambda n: n["findings"]["gradients"].update(status="ok"),
+        "command line fails the OPT padding-free recipe": lambda n: n["command"].update(returncode=0),
+        "divided by num_items_in_batch passes": lambda n: n["findings"]["fixed"].update(status="fail", value=0.3),
+        "Llama padding-free passes": lambda n: n["packing"]["llama"].update(status="fail", value=0.1),
+        "with SEQ_CLS passes the reward_head": lambda n: n["reward"]["SEQ_CLS"].update(status="fail"),
+        "TRL's DPO builds no cache": lambda n: n["cache"]["dpo"].update(value=2),
+        "differs within groups passes": lambda n: n["groups"]["length"].update(status="fail"),
+        "healthy SFTTrainer has no warn or fail": lambda n: n["healthy"].update(accumulation="fail"),
+        "byte for byte as it was": lambda n: n.update(untouched=False),
+        "fixed recipe passes on the command line": lambda n: n["fixed_command"].update(returncode=1),
     },
 }
 
