@@ -28,8 +28,8 @@
 # [05](05_grpo_sigfpe.ipynb) (GRPO's groups); how TRL's scripts take a recipe
 # ([TRL's CLI docs](https://huggingface.co/docs/trl/clis)).
 #
-# **Time**: about 30 seconds on the cpu profile (30 s measured at seed 0 with `trl-clinic run 06` on 2 shared
-# CPU cores); gpu: not measured yet. About 20 minutes to read and try the exercises.
+# **Time**: about 30 seconds on the cpu profile (28-35 s measured at seeds 0-5 with `trl-clinic run 06` on 2
+# shared CPU cores); gpu: not measured yet. About 20 minutes to read and try the exercises.
 #
 # **What is real here.** Every trainer is a real one of today's TRL or transformers, every probe runs today's
 # code paths on it, and nothing is **re-created** or **injected**. Two traps are set up by hand and say so where
@@ -170,8 +170,8 @@ print([entry["id"] for entry in matching(stated)], [entry["id"] for entry in mat
 # against one that differs between completions:
 
 # %%
-grpo = {name: examples.grpo_trainer(tokenizer, run.output_dir / f"grpo-{name}", reward=reward_function,
-                                    **common)
+grpo = {name: examples.grpo_trainer(tokenizer, run.output_dir / f"grpo-{name}", reward=reward_function, **common,
+                                    per_device_train_batch_size=sizes.grpo_batch_size)  # / num_generations = prompts
         for name, reward_function in (("all or nothing", all_in_category_reward), ("length", examples.length_reward))}
 groups = {name: tour.finding(checkup(t, only=["grpo_config", "equal_rewards"]), "equal_rewards")
           for name, t in grpo.items()}
