@@ -28,7 +28,7 @@
 # [05](05_grpo_sigfpe.ipynb) (GRPO's groups); how TRL's scripts take a recipe
 # ([TRL's CLI docs](https://huggingface.co/docs/trl/clis)).
 #
-# **Time**: about 30 seconds on the cpu profile (28-35 s measured at seeds 0-5 with `trl-clinic run 06` on 2
+# **Time**: about 30 seconds on the cpu profile (26-32 s measured at seeds 0-5 with `trl-clinic run 06` on 2
 # shared CPU cores); gpu: not measured yet. About 20 minutes to read and try the exercises.
 #
 # **What is real here.** Every trainer is a real one of today's TRL or transformers, every probe runs today's
@@ -107,7 +107,8 @@ found["fixed"] = tour.finding(checkup(fixed, only=["accumulation"]), "accumulati
 # micro-batch's own mean. On TRL's own `SFTTrainer`:
 
 # %%
-old = examples.sft_trainer(tokenizer, run.output_dir / "sft-old", **common, gradient_accumulation_steps=sizes.accumulation)
+old = examples.sft_trainer(tokenizer, run.output_dir / "sft-old", model=make_causal_lm(tokenizer, seed=run.seed), **common,
+                          gradient_accumulation_steps=sizes.accumulation)
 old.model_accepts_loss_kwargs = False  # set by hand: a model whose forward takes no **kwargs
 found["old path"] = tour.finding(checkup(old, only=["accumulation"]), "accumulation")
 
@@ -238,13 +239,15 @@ command = tour.trl_clinic("checkup", "sft", "--config", str(recipe), timeout=siz
 print("$", " ".join(command.argv), "\n" + command.stdout, f"exit code: {command.returncode}")
 
 # %% [markdown]
-# The fix, in the recipe: `padding_free: false`. The same command, with `--json` as a CI job would run it
-# (each probe's status read from the JSON):
+# The fix, in the recipe: `padding_free: false`, the only line that changes. The same command, with `--json` as a
+# CI job would run it (each probe's status read from the JSON), and the probes that failed before and after:
 
 # %%
 recipe.write_text(recipe.read_text().replace("padding_free: true", "padding_free: false"))
 fixed_command = tour.trl_clinic("checkup", "sft", "--config", str(recipe), "--json", timeout=sizes.command_timeout_s)
 print("$", " ".join(fixed_command.argv), "\n", tour.command_numbers(fixed_command))
+print({name: [p for p, status in tour.command_numbers(c)["statuses"].items() if status == "fail"]
+       for name, c in (("padding_free: true", command), ("padding_free: false", fixed_command))})
 
 # %% [markdown]
 # ## 10. What to remember
