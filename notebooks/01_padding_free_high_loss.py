@@ -30,8 +30,8 @@
 #   ([transformers glossary](https://huggingface.co/docs/transformers/glossary#attention-mask));
 # * the Hugging Face post [Packing with FlashAttention-2](https://huggingface.co/blog/packing-with-FA2).
 #
-# **Time**: 120 s to run on the cpu profile (2 CPU cores, seed 0, measured; 119-156 s over seeds 0-5 on
-# a shared machine); gpu profile not measured yet. About 30 minutes to read and try the exercises.
+# **Time**: 137 s to run on the cpu profile (seed 0, 2 CPU cores, one lesson at a time: `trl-clinic run 01
+# --profile cpu --jobs 1`); gpu profile not measured yet. About 30 minutes to read and try the exercises.
 #
 # **What runs here, and what is re-created.**
 # * **Re-created** (sections 1, 4, 7, 8): the report's collator is gone from today's TRL and its

@@ -27,9 +27,8 @@
 # the KV cache in generation ([transformers' cache docs](https://huggingface.co/docs/transformers/kv_cache)),
 # and [lesson 01](01_padding_free_high_loss.ipynb) for padding-free batches.
 #
-# **Time**: 81 s to run on the cpu profile at seed 0 (78-96 s over seeds 0-5; 2 CPU cores, eras built,
-# measured with `trl-clinic run 04 --profile cpu`); gpu profile not measured yet. About 40 minutes to
-# read and try the exercises.
+# **Time**: 92 s to run on the cpu profile (seed 0, 2 CPU cores, one lesson at a time: `trl-clinic run 04
+# --profile cpu --jobs 1`); gpu profile not measured yet. About 40 minutes to read and try the exercises.
 #
 # **What is real here.** Everything runs real code: nothing is re-created or injected. **Then**: the
 # error itself runs on the real old transformers in two eras (side environments, `make eras`), 4.51.3

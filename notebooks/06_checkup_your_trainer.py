@@ -28,8 +28,8 @@
 # [05](05_grpo_sigfpe.ipynb) (GRPO's groups); how TRL's scripts take a recipe
 # ([TRL's CLI docs](https://huggingface.co/docs/trl/clis)).
 #
-# **Time**: about 30 seconds on the cpu profile (26-32 s measured at seeds 0-5 with `trl-clinic run 06` on 2
-# shared CPU cores); gpu: not measured yet. About 20 minutes to read and try the exercises.
+# **Time**: 29 s to run on the cpu profile (seed 0, 2 CPU cores, one lesson at a time: `trl-clinic run 06
+# --profile cpu --jobs 1`); gpu profile not measured yet. About 20 minutes to read and try the exercises.
 #
 # **What is real here.** Every trainer is a real one of today's TRL or transformers, every probe runs today's
 # code paths on it, and nothing is **re-created** or **injected**. Two traps are set up by hand and say so where

@@ -95,3 +95,15 @@ def test_the_report_gets_sentences_written_from_the_numbers(path):
     """The report shows each lesson's own summary, not raw metric keys: save_metrics(..., summary=...)."""
     assert re.search(r"save_metrics\([^)]*summary=", path.with_suffix(".py").read_text(), re.S), (
         f"{path.stem}: pass save_metrics a summary= written from the run's numbers")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS.values(), ids=NOTEBOOKS.keys())
+def test_the_opening_gives_the_measured_cpu_time(path):
+    """The run time a learner is promised is the one measured and declared in lessons.yaml."""
+    from trl_clinic.lessons import lessons
+
+    [lesson] = [lesson for lesson in lessons().values() if lesson.notebook == path.stem]
+    opening = re.sub(r"\s*\n#?\s*", " ", cells(path)[0].source)
+    time_line = opening[opening.index("**Time**"):]
+    assert f"{lesson.seconds['cpu']} s to run on the cpu profile" in time_line[:200], (
+        f"{path.stem}: the **Time** line must say '{lesson.seconds['cpu']} s to run on the cpu profile' (lessons.yaml)")

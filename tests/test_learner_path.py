@@ -7,7 +7,7 @@ folder is the copy's ``outputs/<notebook>`` and the real checkout stays untouche
 ``src`` comes first on the kernel's PYTHONPATH: the kernel runs the copied package, not the editable
 install's.
 
-The fastest lesson (by its measured cpu time, today 02b) runs in ``make test``: once from its folder,
+The fastest lesson (by its measured cpu time in lessons.yaml) runs in ``make test``: once from its folder,
 once from the repository root, and once through JupyterLab's own UI in headless Chromium. Every
 lesson runs in ``make test-slow`` (marker ``slow``).
 """

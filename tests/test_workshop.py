@@ -1,0 +1,78 @@
+"""Ready for a workshop (issue 21 part 3): `make lab` builds the eras and starts as root, and the
+facilitator's guide covers every lesson with the run times measured for it (lessons.yaml)."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from trl_clinic.lessons import lessons
+
+ROOT = Path(__file__).resolve().parents[1]
+GUIDE = ROOT / "docs" / "workshop.md"
+ERA = "04-transformers-4.51"  # built by `make test` (TEST_ERAS), so the era step is quick here
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serves(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def test_make_lab_builds_the_eras_then_serves_the_notebooks_as_this_user(tmp_path):
+    """As a facilitator types it (root in a workshop container): the eras step runs first, JupyterLab
+    starts (as root it needs --allow-root, which `make lab` adds) and serves lesson 04's notebook."""
+    port, token = free_port(), secrets.token_hex(16)
+    lab_args = (f"--no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port={port} --ServerApp.port_retries=0 "
+                f"--IdentityProvider.token={token} --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate")
+    log_path = tmp_path / "lab.log"
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    with log_path.open("w") as log:
+        lab = subprocess.Popen(["make", "lab", f"ERAS={ERA}", f"LAB_ARGS={lab_args}"], cwd=ROOT, env=env,
+                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api/contents/04_qwen2_padding_side.ipynb?content=0&token={token}"
+    try:
+        deadline = time.monotonic() + 300  # a stale venv stamp reinstalls first
+        while time.monotonic() < deadline and lab.poll() is None and not serves(url):
+            time.sleep(1)
+        log = log_path.read_text()
+        assert lab.poll() is None, f"make lab exited with {lab.returncode}:\n{log[-3000:]}"
+        assert serves(url), f"JupyterLab did not serve lesson 04 within 300 s:\n{log[-3000:]}"
+    finally:
+        os.killpg(lab.pid, signal.SIGTERM)
+        lab.wait(timeout=60)
+    eras_step, lab_step = log.find(f"trl_clinic.eras {ERA}"), log.find("jupyter lab notebooks")
+    assert 0 <= eras_step < lab_step, f"the eras are not built before JupyterLab starts:\n{log[:3000]}"
+    assert ("--allow-root" in log[lab_step:].splitlines()[0]) == (os.getuid() == 0)
+
+
+def test_the_facilitators_guide_covers_every_lesson_with_its_measured_time():
+    guide = GUIDE.read_text()
+    for key, lesson in lessons().items():
+        assert lesson.notebook in guide, f"docs/workshop.md does not cover {lesson.notebook}"
+        section = guide[guide.index(f"### {key} "):]
+        section = section[:section.find("\n### ", 1) if "\n### " in section[1:] else len(section)]
+        measured = lesson.seconds["cpu"]
+        assert re.search(rf"\bcpu[^\n]*\b{measured} s\b", section), (
+            f"lesson {key}: docs/workshop.md must give the measured cpu run time ({measured} s, lessons.yaml)")
+        for part in ("Objectives", "Prerequisites", "Reading time", "Discussion", "Where learners get stuck"):
+            assert part in section, f"lesson {key}: docs/workshop.md has no {part!r}"
+    for needed in ("trl-clinic doctor", "make lab", "report.html", "Half day", "Full day"):
+        assert needed in guide, f"docs/workshop.md does not mention {needed!r}"
