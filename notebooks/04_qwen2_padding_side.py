@@ -441,3 +441,4 @@ summary = companion.summary(numbers, len(prompts))
 metrics = save_metrics(run, "04", numbers, checks, summary=summary, eras=[report_era.to_metrics(), first_era.to_metrics()])
 display(Markdown(summary))
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
+print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")

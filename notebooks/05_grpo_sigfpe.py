@@ -415,3 +415,5 @@ summary = (f"A GRPO run with the report's settings died with SIGFPE and no trace
            f"{rule['gradient_accumulation_steps']} = {rule['generation_batch_size']} = num_generations).")
 metrics = save_metrics(run, "05", numbers, checks, summary=summary, eras=[then.to_metrics()])
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
+print(summary)
+print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")

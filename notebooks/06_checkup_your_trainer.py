@@ -347,3 +347,4 @@ summary = (f"checkup(trainer) failed a custom compute_loss that ignores num_item
 metrics = save_metrics(run, "06", numbers, checks, summary=summary)
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
 print(summary)
+print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")

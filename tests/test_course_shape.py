@@ -107,3 +107,10 @@ def test_the_opening_gives_the_measured_cpu_time(path):
     time_line = opening[opening.index("**Time**"):]
     assert f"{lesson.seconds['cpu']} s to run on the cpu profile" in time_line[:200], (
         f"{path.stem}: the **Time** line must say '{lesson.seconds['cpu']} s to run on the cpu profile' (lessons.yaml)")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS.values(), ids=NOTEBOOKS.keys())
+def test_the_last_cell_says_all_checks_passed(path):
+    """A learner who ran every cell reads the verdict last (the learner's-path tests wait for this line)."""
+    last = [cell for cell in cells(path) if cell.cell_type == "code"][-1].source.strip().splitlines()[-1]
+    assert last.startswith('print(f"all checks passed'), f"{path.stem}'s last line is {last!r}"
