@@ -39,10 +39,11 @@ workbook: $(STAMP) eras-for-workbook
 	$(BIN)/trl-clinic run $(LESSONS) --profile $(PROFILE) --out $(OUT); status=$$?; \
 	$(BIN)/trl-clinic report $(OUT) && exit $$status
 
-# Both cores: pytest-xdist spreads the tests, keeping those that share a long session run on one worker
-# (tests/conftest.py); the workbook inside runs its lessons two at a time (trl-clinic run --jobs).
+# Both cores: pytest-xdist spreads the test files over the cores; one file's tests stay on one worker, so a
+# session run they share (the workbook, era 01's scripts) runs once (xdist 3.8's loadgroup ignores its groups
+# on pytest 9.2: its node-id suffix is not read). The workbook runs its lessons two at a time (--jobs).
 test: $(STAMP) browser eras-for-tests
-	$(BIN)/python -m pytest -v -m "not slow" -n auto --dist loadgroup
+	$(BIN)/python -m pytest -v -m "not slow" -n auto --dist loadfile
 
 # Every lesson run as a learner runs it in JupyterLab, on a fresh copy of the repository
 # (tests/test_learner_path.py, marker `slow`): as long as all lessons' cpu runs together.

@@ -469,10 +469,11 @@ numbers = companion.collect_numbers(
     attention_model_path=attention_implementation(by_path.model), fa2=fa2_outcome, throughput=speed,
     then={era: companion.era_numbers(then) for era, then in (("01-trl-0.14", old), ("01-transformers-4.55", late))})
 by_batch = numbers["then"]["01-trl-0.14"].get("loss_ratio_by_batch_size", {})
-then_part = f" (the real TRL 0.14.0 + transformers 4.48.3: {by_batch[max(by_batch)]:.2f}x at batch {max(by_batch)})"
+then_part = (f" (the real TRL 0.14.0 + transformers 4.48.3: {by_batch[max(by_batch)]:.2f}x at batch {max(by_batch)})"
+             if by_batch else "")  # empty when the era was not built (skipped)
 summary = (f"Padding-free batches sent with an all-ones mask (re-created TRL 0.19.0-0.23.0) logged "
            f"{symptom['contaminated']['loss'] / symptom['padded']['loss']:.1f}x the padded loss at batch 16"
-           f"{then_part if by_batch else ''}. Today's collator matched padded to {fixed_vs_padded:.0e} on Llama, "
+           f"{then_part}. Today's collator matched padded to {fixed_vs_padded:.0e} on Llama, "
            f"while OPT's loss moved by {opt_gap:.0%} with today's padding_free=True.")
 metrics = save_metrics(run, "01", numbers, checks, summary=summary, eras=[old.to_metrics(), late.to_metrics()])
 assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"

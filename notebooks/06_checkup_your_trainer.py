@@ -128,6 +128,13 @@ packed = {family: examples.sft_trainer(tokenizer, run.output_dir / f"sft-{family
 packing = {family: checkup(t, only=["packing", "known_bugs"]) for family, t in packed.items()}
 
 # %% [markdown]
+# The two probes' numbers side by side, traps against fixes (a bar at the bottom is 0):
+
+# %%
+tour.plot_traps_and_fixes(found, {family: tour.finding(r, "packing") for family, r in packing.items()},
+                          run.output_dir)
+
+# %% [markdown]
 # ## 4. Precision and the reward head (lesson 03)
 #
 # fp16 trainable weights with the non-fused AdamW (`optim="adamw_torch"`), and a LoRA reward model whose

@@ -22,15 +22,3 @@ def notebooks():
 
     return find_lessons(Path(__file__).resolve().parents[1] / "notebooks")
 
-
-# `make test` spreads tests over the cores with pytest-xdist (-n auto --dist loadgroup). A session fixture
-# that runs something long (every lesson, an era's scripts) would run once per worker: the tests that use
-# one stay together on one worker.
-SHARED_RUNS = ("workbook", "era_01_runs")
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        for fixture in SHARED_RUNS:
-            if fixture in getattr(item, "fixturenames", ()):
-                item.add_marker(pytest.mark.xdist_group(fixture))

@@ -102,3 +102,28 @@ def command_numbers(command: Command) -> dict:
     else:
         rows = TABLE_ROW.findall(re.sub(r"\x1b\[[0-9;]*m", "", command.stdout))  # without rich's colour codes
     return {"returncode": command.returncode, "statuses": worst(rows)}
+
+
+def plot_traps_and_fixes(accumulation: dict[str, dict], packing: dict[str, dict], output_dir: Path,
+                         threshold: float = 1e-3) -> Path:
+    """Sections 2 and 3 side by side: the probes' own numbers for the traps (bad) and the fixes, with the
+    threshold a finding fails above. ``accumulation``: findings "symptom", "old path", "fixed";
+    ``packing``: findings "opt", "llama"."""
+    from trl_clinic import plotting
+
+    fig, (grad, pack) = plotting.figure(2, "The check-up's numbers: each trap fails, each fix passes")
+    rows = [("custom loss\n(trap)", accumulation["symptom"], "bad"),
+            ("old path\n(trap)", accumulation["old path"], "bad"),
+            ("÷ num_items\n(fix)", accumulation["fixed"], "fixed")]
+    floor = 1e-12  # a log axis cannot show 0: such a bar is drawn at the floor and labelled with its value
+    plotting.bars(grad, [r[0] for r in rows], [max(r[1]["value"], floor) for r in rows], [r[2] for r in rows],
+                  texts=[f"{r[1]['value']:.3g}" for r in rows])
+    values = [packing[family]["value"] for family in ("opt", "llama")]
+    plotting.bars(pack, ["OPT\n(trap)", "Llama"], [max(v, floor) for v in values], ["bad", "fixed"],
+                  texts=[f"{v:.3g}" for v in values])
+    for ax in (grad, pack):
+        ax.axhline(threshold, color="grey", linestyle=":", label=f"fails above {threshold:g}")
+    plotting.label(grad, "", "relative gradient error vs one big batch", "accumulation probe (lesson 02)", log_y=True)
+    plotting.label(pack, "", "loss change, packed vs alone", "packing probe, padding_free=True (lesson 01)",
+                   log_y=True)
+    return plotting.save(fig, output_dir, "checkup_traps_vs_fixes")
