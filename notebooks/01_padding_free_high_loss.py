@@ -375,7 +375,7 @@ companion.plot_throughput(run, speed)
 #
 # The claims above, asserted on this run's numbers.
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def symptom_checks(n: dict) -> dict:
     """The symptom and its growth with batch size (re-created mask), as functions of the numbers alone."""
     ratios, grad_ratios, probes, largest = n["loss_ratio"], n["grad_norm_ratio"], n["probes"], n["batch_sizes"][-1]
@@ -399,7 +399,7 @@ def symptom_checks(n: dict) -> dict:
     }
 
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def training_checks(n: dict) -> tuple[dict, dict]:
     """The short trainings and the remedies: what the contaminated runs show, and what cures them."""
     bad, padded, remedies = n["training"]["contaminated"], n["training"]["padded"], n["remedies"]
@@ -421,7 +421,7 @@ def training_checks(n: dict) -> tuple[dict, dict]:
     return symptom, fix
 
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def fix_checks(n: dict) -> dict:
     """Today's padding-free path where it is correct, and what reaches the model."""
     probes, families = n["probes"], n["family_probes"]
@@ -434,7 +434,7 @@ def fix_checks(n: dict) -> dict:
     }
 
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def then_checks(n: dict) -> tuple[dict, dict]:
     """The real old code, where its era ran (checks absent when skipped)."""
     symptom, fix = {}, {}

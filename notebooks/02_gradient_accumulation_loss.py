@@ -365,7 +365,7 @@ else:
 #
 # The claims above, asserted on this run's numbers and written to `metrics.json`.
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def old_path_checks(n: dict) -> dict:
     """The old normalisation's gradient (recreated; real 4.45.2 when the era ran), padded and packed."""
     at_n, packed, spread = n["first_step"], n["packed"], n["label_spread"]
@@ -388,7 +388,7 @@ def old_path_checks(n: dict) -> dict:
     return claims
 
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def old_run_checks(n: dict) -> dict:
     """The old normalisation trained to the end (recreated): another logged loss, another model."""
     held_out, short_long = n["held_out_loss"], n["held_out_short_long_ratio"]
@@ -402,7 +402,7 @@ def old_run_checks(n: dict) -> dict:
     }
 
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def custom_loss_checks(n: dict) -> dict:
     """A custom compute_loss that ignores num_items_in_batch: the old direction, N times longer, N times the loss."""
     old, custom = n["sweep"]["old"], n["sweep"]["custom"]
@@ -421,7 +421,7 @@ def custom_loss_checks(n: dict) -> dict:
     }
 
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def fix_checks(n: dict) -> dict:
     """Today's num_items_in_batch: batch 1 x N is batch N, step after step; the re-creation is the real 4.45.2."""
     held_out = n["held_out_loss"]

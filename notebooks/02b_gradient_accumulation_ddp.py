@@ -217,7 +217,7 @@ print(f"with it, the largest relative error against the big batch: {fixed_error:
 #
 # The claims above, asserted on this run's numbers.
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def checks(n: dict) -> tuple[dict, dict]:
     """The claims above as functions of the numbers alone (a test feeds them runs without the bug)."""
     errors = {s: [r["relative_error"] for r in rows] for s, rows in n["comparison"].items()}

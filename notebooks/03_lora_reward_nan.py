@@ -383,7 +383,7 @@ print(f"torch.amp.GradScaler({run.device.type!r}).unscale_ on {weight.grad.dtype
 #
 # The claims above, asserted on this run's numbers.
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def symptom_checks(n: dict) -> dict:
     """The report's numbers and the silent head bug, as functions of the numbers alone."""
     logged, raw, frozen = n["report_logged_loss"], n["report_raw_loss"], n["heads"]["without SEQ_CLS"]
@@ -399,7 +399,7 @@ def symptom_checks(n: dict) -> dict:
     }
 
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def mechanism_checks(n: dict) -> dict:
     """Why it happens: the first bad tensor, Adam's fp16 state, clipping, the NaN filter, accumulation."""
     logged, replayed = n["report_logged_loss"], n["replayed_logs"]
@@ -423,7 +423,7 @@ def mechanism_checks(n: dict) -> dict:
     }
 
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def today_checks(n: dict) -> dict:
     """What today's stack does with the report's settings."""
     spellings = n["legacy_spellings"]
@@ -439,7 +439,7 @@ def today_checks(n: dict) -> dict:
     }
 
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def fix_checks(n: dict) -> dict:
     """The fused optimizer and the fix keep every loss finite; the fixed head is trained, saved and reloaded."""
     fixed = n["heads"]["with SEQ_CLS"]

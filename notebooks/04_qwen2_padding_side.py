@@ -342,7 +342,7 @@ companion.figure(run, scoring, generation, audits)
 #
 # The claims above, asserted on this run's numbers.
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def era_checks(n: dict) -> dict:
     """The real old code (checks absent when an era is skipped or failed)."""
     report, first = n["then"]["4.51"], n["then"]["4.40"]
@@ -369,7 +369,7 @@ def era_checks(n: dict) -> dict:
     return found
 
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def audit_checks(n: dict) -> dict:
     """Today's DPO and SFT forwards, as the audit read them."""
     rows = [row for audit in n["audits"].values() for modes in audit.values() for row in modes.values()]
@@ -398,7 +398,7 @@ def audit_checks(n: dict) -> dict:
     }
 
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def padding_checks(n: dict) -> tuple[dict, dict]:
     """Scoring and generation: what padding does with and without a cache."""
     changed, smol_changed, smol_shift = n["changed_outputs"], n["smollm2_changed_outputs"], n["smollm2_first_token_logit_shift"]
@@ -420,7 +420,7 @@ def padding_checks(n: dict) -> tuple[dict, dict]:
     return symptom, fix
 
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def checks(n: dict) -> tuple[dict, dict]:
     """The claims above as functions of the numbers alone (a test feeds them runs without the bug)."""
     symptom, fix = padding_checks(n)

@@ -349,7 +349,7 @@ grpo_crash.figure(run, bisection, healthy_rows, silent_rows)
 #
 # The claims above, asserted on this run's numbers.
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def symptom_checks(n: dict) -> dict:
     """The symptom's claims as functions of the numbers alone (a test feeds them runs without the bug)."""
     crash, died = n["native_crash"], n["symptom"]
@@ -379,7 +379,7 @@ def symptom_checks(n: dict) -> dict:
     }
 
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def fix_checks(n: dict) -> dict:
     """The fix's claims, and the era's (absent when the era was skipped)."""
     fix = {

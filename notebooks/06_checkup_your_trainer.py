@@ -292,7 +292,7 @@ print({name: [p for p, status in tour.command_numbers(c)["statuses"].items() if 
 #
 # The claims above, asserted on this run's numbers.
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def symptom_checks(n: dict) -> dict:
     """Each trap's finding is a fail with the number that crossed its threshold (a test feeds runs without it)."""
     f = n["findings"]
@@ -316,7 +316,7 @@ def symptom_checks(n: dict) -> dict:
     }
 
 
-# %% tags=["checks"] jupyter={"source_hidden": true}
+# %% jupyter={"source_hidden": true} tags=["checks"]
 def fix_checks(n: dict) -> dict:
     """The healthy trainers and the fixes pass, and the check-up changed nothing."""
     f = n["findings"]
