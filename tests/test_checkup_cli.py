@@ -92,10 +92,15 @@ def test_flags_after_the_kind_and_a_table_by_default(local, capsys):
 
 
 def test_help_explains_every_probe_and_the_top_level_command_stays_light():
-    from trl_clinic.checkup import load_probes
+    from trl_clinic.checkup import load_probes, probe_catalogue
 
-    result = subprocess.run([sys.executable, "-m", "trl_clinic.cli", "checkup", "--help"], capture_output=True,
-                            text=True, check=True)
+    assert probe_catalogue() == [(p.name, p.lesson, p.explains) for p in load_probes().values()]
+    code = ("import sys, contextlib, io\nfrom trl_clinic.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):\n"
+            "    main(['checkup', '--help'])\n"
+            "print(sorted(m for m in ('torch', 'trl', 'transformers') if m in sys.modules), out.getvalue())")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.startswith("[]"), result.stdout[:300]  # answered without importing torch
     assert all(name in result.stdout for name in load_probes())
     light = subprocess.run([sys.executable, "-c", "import sys; from trl_clinic.cli import parser; parser(); "
                             "print(sorted(m for m in ('torch', 'trl', 'transformers') if m in sys.modules))"],

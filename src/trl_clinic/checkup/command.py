@@ -62,17 +62,17 @@ def checkup_from_command_line(kind: str, argv: list[str], only=None, skip=None, 
 
 def explain() -> str:
     """Every probe, the lesson that explains it, and what its fail or warn means (for --help)."""
-    from trl_clinic.checkup import load_probes
+    from trl_clinic.checkup import probe_catalogue
 
     lines = ["probes (each finding: ok / warn / fail / skipped with the reason, the number measured, the fix "
              "in one line, the lesson):"]
-    lines += [textwrap.fill(f"{p.name} (lesson {p.lesson}): {p.explains}", width=100, initial_indent="  ",
-                            subsequent_indent="      ") for p in load_probes().values()]
+    lines += [textwrap.fill(f"{name} (lesson {lesson}): {explains}", width=100, initial_indent="  ",
+                            subsequent_indent="      ") for name, lesson, explains in probe_catalogue()]
     return "\n".join(lines)
 
 
 class _Help(argparse.Action):
-    """Help that imports the probes (torch, transformers) only when asked, so ``trl-clinic --help`` stays quick."""
+    """Help that reads the probes' descriptions only when asked, from their source (``probe_catalogue``)."""
 
     def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
