@@ -46,7 +46,8 @@ test: $(STAMP) browser eras-for-tests
 	$(BIN)/python -m pytest -v -m "not slow" -n auto --dist loadfile
 
 # Every lesson run as a learner runs it in JupyterLab, on a fresh copy of the repository
-# (tests/test_learner_path.py, marker `slow`): as long as all lessons' cpu runs together.
+# (tests/test_learner_path.py), and lessons 02 and 02b at seeds 1 and 2 (marker `slow`): as long as all
+# lessons' cpu runs together, and more.
 test-slow: $(STAMP) browser
 	$(BIN)/python -m pytest -v -m slow
 
@@ -64,11 +65,14 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null); } || \
 	  echo "chromium not found and not installable here: the report's browser test will be skipped"
 
-# The eras first, so that each lesson's "then" section (04's real ValueError above all) runs on the learner's
-# path too. Workshop containers run as root, where JupyterLab refuses to start without --allow-root.
-# LAB_ARGS: further `jupyter lab` options (LAB_ARGS="--port 8899 --no-browser").
+# JupyterLab at once; the eras build in the background meanwhile (log: .eras/build.log), so that each lesson's
+# "then" section (04's real ValueError above all) runs on the learner's path too: a lesson that reaches its
+# era before the build ends waits for it (trl_clinic.eras.wait_for_builds). Workshop containers run as root,
+# where JupyterLab refuses to start without --allow-root. LAB_ARGS: further `jupyter lab` options
+# (LAB_ARGS="--port 8899 --no-browser").
 LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
-lab: $(STAMP) eras-for-workbook
+lab: $(STAMP)
+	mkdir -p .eras && nohup $(BIN)/python -m trl_clinic.eras $(ERAS) > .eras/build.log 2>&1 &
 	$(BIN)/jupyter lab notebooks $(LAB_FLAGS) $(LAB_ARGS)
 
 # Each lesson's source is notebooks/NN_*.py (percent format); this rebuilds every .ipynb from it, keeping

@@ -216,6 +216,31 @@ def test_a_built_era_runs_a_script_and_returns_its_json(fake_root, tmp_path):
     assert json.loads(json.dumps(run.to_metrics()))["kind"] == "measured"
 
 
+BACKGROUND_BUILD = textwrap.dedent('''\
+    import sys, time
+    from pathlib import Path
+    from trl_clinic import eras
+    root = Path(sys.argv[1])
+    eras.PROBE_IMPORTS = ("json",)
+    with eras._build_lock(root):  # as `python -m trl_clinic.eras` holds it across its builds
+        print("locked", flush=True)
+        time.sleep(2)
+        eras.build_era("99-test", root, installer=[str(root / "fake-uv")], torch_links=None)
+    ''')
+
+
+def test_a_lesson_waits_for_an_era_that_make_lab_is_building_in_the_background(fake_root, tmp_path, capsys):
+    script = write_script(tmp_path, "import json, sys\njson.dump({'ran': True}, open(sys.argv[2], 'w'))\n")
+    builder = subprocess.Popen([sys.executable, "-c", BACKGROUND_BUILD, str(fake_root)], stdout=subprocess.PIPE,
+                               text=True, env={**os.environ, "FAKE_UV_LOG": str(fake_root / "uv.log")})
+    assert builder.stdout.readline().strip() == "locked"
+    run = eras.run_in_era("99-test", script, {}, tmp_path / "work", root=fake_root)
+    assert builder.wait(timeout=60) == 0
+    assert run.finished and run.result == {"ran": True}, run.message
+    assert "waiting for the eras being built in the background" in capsys.readouterr().out
+    assert eras.wait_for_builds(fake_root, timeout=1) is False  # none running now: no wait
+
+
 def test_a_failing_script_is_reported_as_failed_not_raised(fake_root, tmp_path):
     build(fake_root)
     crash = write_script(tmp_path, "raise RuntimeError('old code broke')\n")

@@ -172,11 +172,14 @@ def run_in_era(era: str, script: str | Path, spec: dict, workdir: str | Path, *,
     ``spec`` is written to ``workdir/<script>.<era>.spec.json``; the script runs with ``workdir`` as its
     current folder, offline and without GPUs. Never raises: a missing era is ``skipped`` (with the
     message "era X is not installed, run `make eras`"), anything else that goes wrong is ``failed``.
+    An era still being built in the background (``make lab``) is waited for, up to ``timeout``.
     """
     path = then_script(script)
     name = path.stem
     try:
         ready, why = era_state(era, root)
+        if not ready and wait_for_builds(root or repo_root(), timeout):
+            ready, why = era_state(era, root)
         versions = era_versions(era, root)
         if not ready:
             return EraRun(era, name, "skipped", f"skipped: {why}", versions=versions)
@@ -278,19 +281,59 @@ def _probe_versions(python: Path) -> dict[str, str]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+_LOCKED: set[Path] = set()  # the checkouts' .eras folders whose build lock this process holds
+
+
+def _flock(handle, operation: str) -> bool:
+    """``fcntl.flock`` without blocking (``operation``: "exclusive" or "shared"); True when taken. Not
+    POSIX: no lock, always taken."""
+    try:
+        import fcntl
+    except ImportError:
+        return True
+    try:
+        fcntl.flock(handle, (fcntl.LOCK_EX if operation == "exclusive" else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
 @contextlib.contextmanager
 def _build_lock(root: Path) -> Iterator[None]:
-    """One build at a time per checkout (two `make` runs must not write the same venv)."""
+    """One build at a time per checkout (two `make` runs must not write the same venv). Re-entrant in one
+    process: ``main`` holds it across all its builds, so a lesson that waits for a background build
+    (``make lab``) never wakes up in the gap between two eras."""
     folder = root / ERAS_DIR
+    if folder in _LOCKED:
+        yield
+        return
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "w") as handle:
+        while not _flock(handle, "exclusive"):
+            time.sleep(0.5)
+        _LOCKED.add(folder)
         try:
-            import fcntl
+            yield
+        finally:
+            _LOCKED.discard(folder)
 
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        except ImportError:  # not POSIX: no lock
-            pass
-        yield
+
+def wait_for_builds(root: Path, timeout: float) -> bool:
+    """Wait while another process builds eras (``make lab`` starts the build in the background and
+    JupyterLab at once); True when one was running and has ended within ``timeout``."""
+    lock = root / ERAS_DIR / ".lock"
+    if not lock.is_file() or (root / ERAS_DIR) in _LOCKED:
+        return False
+    with open(lock) as handle:
+        if _flock(handle, "shared"):
+            return False
+        print(f"waiting for the eras being built in the background (log: {ERAS_DIR}/build.log)", flush=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            if _flock(handle, "shared"):
+                return True
+    return False
 
 
 def build_era(name: str, root: Path | None = None, *, installer: list[str] | None = None,
@@ -350,12 +393,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {era_state(name)[1]}")
         return 0
     failed = []
-    for name in names:
-        try:
-            build_era(name, force=args.force)
-        except EraBuildError as error:
-            print(f"era {name}: {error}", file=sys.stderr, flush=True)
-            failed.append(name)
+    with _build_lock(repo_root()):
+        for name in names:
+            try:
+                build_era(name, force=args.force)
+            except EraBuildError as error:
+                print(f"era {name}: {error}", file=sys.stderr, flush=True)
+                failed.append(name)
     if failed:
         print(f"eras not built: {', '.join(failed)}", file=sys.stderr)
         return 1
