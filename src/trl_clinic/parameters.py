@@ -21,6 +21,7 @@ from trl_clinic.runtime import (
     bf16_supported,
     cpu_flags,
     device_report,
+    freeze_what_is_loaded,
     no_activation_checkpointing,
     precision_flags,
     quiet_library_noise,
@@ -117,6 +118,7 @@ def _prepare(run: Run) -> None:
     set_threads(profile_settings(run.profile).torch_threads)
     seed_everything(run.seed)
     quiet_library_noise()
+    freeze_what_is_loaded()
 
 
 def start_run(lesson: str, profile: object, seed: object, output_dir: object = None) -> Run:

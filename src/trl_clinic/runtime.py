@@ -3,6 +3,7 @@ seeds, progress bars, versions."""
 
 from __future__ import annotations
 
+import gc
 import importlib.metadata
 import os
 import platform
@@ -94,6 +95,15 @@ def quiet_library_noise() -> None:
     datasets.disable_progress_bars()
     transformers_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+
+
+def freeze_what_is_loaded() -> None:
+    """Move every object alive now (the libraries' modules, above all) out of the garbage collector's
+    reach. Each ``Trainer.train`` calls accelerate's ``free_memory``, whose ``gc.collect()`` walks all
+    tracked objects: about 0.25 s per trainer after importing TRL, 13 s of lesson 01's 103 (cProfile,
+    50 trainers). Frozen objects are never collected, so the garbage of earlier runs is collected first."""
+    gc.collect()
+    gc.freeze()
 
 
 def set_threads(n: int | None) -> None:
