@@ -9,7 +9,7 @@ import pytest
 from trl_clinic.cli import main
 from trl_clinic.eras import era_names
 from trl_clinic.report import build_report
-from trl_clinic.workbook import check_parameters, find_lessons, select
+from trl_clinic.workbook import check_parameters, find_lessons, longest_first, select
 
 
 def test_select_by_number_or_name(notebooks):
@@ -151,10 +151,12 @@ def test_report_shows_the_lessons_sentence_and_says_when_the_real_old_code_ran(t
 def test_lessons_run_several_at_once_keep_their_order_and_the_report_says_so(tmp_path, capsys):
     lessons = tmp_path / "notebooks"
     lessons.mkdir()
-    for name in ("01_slow", "02_fast"):
+    for name in ("01_slow", "02_fast"):  # 01 ends a few seconds after 02 started, however loaded the machine
         tiny_notebook(lessons / f"{name}.ipynb", "\n".join([
             "import time, os",
-            f"time.sleep({2 if name == '01_slow' else 0})",
+            "fast = os.path.join(output_dir, '..', '02_fast', 'pid')",
+            "while {slow} and not os.path.exists(fast): time.sleep(0.2)".format(slow=name == "01_slow"),
+            f"time.sleep({3 if name == '01_slow' else 0})",
             "open(os.path.join(output_dir, 'pid'), 'w').write(str(os.getppid()))"]))
     out = tmp_path / "out"
     assert main(["run", "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks", str(lessons),
@@ -167,6 +169,15 @@ def test_lessons_run_several_at_once_keep_their_order_and_the_report_says_so(tmp
     assert summary["parameters"]["jobs"] == 2
     assert (out / "01_slow" / "pid").read_text() != (out / "02_fast" / "pid").read_text()  # one runner each
     assert "2 lessons ran at once" in build_report(out).read_text()
+
+
+def test_several_at_once_start_the_longest_lessons_first(notebooks):
+    from trl_clinic.lessons import lessons
+
+    cpu = {lesson.notebook: lesson.seconds["cpu"] for lesson in lessons().values()}
+    started = longest_first(list(notebooks.values()) + [Path("99_unmeasured.ipynb")], "auto")
+    assert [cpu.get(path.stem, 0) for path in started] == sorted(cpu.values(), reverse=True) + [0]
+    assert started[0].stem == max(cpu, key=cpu.get) and started[-1].stem == "99_unmeasured"
 
 
 def test_jobs_must_be_positive(tmp_path, capsys):
