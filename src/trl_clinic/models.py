@@ -119,13 +119,50 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32,
     """SmolLM2-135M-Instruct, dequantized from Q4_1 into a Llama model (close to, not equal to, the original).
 
     Its pad and eos are the same token, and its chat template adds a default system prompt: both
-    matter for the padding lessons.
+    matter for the padding lessons. Read from the GGUF once (about 16 s on one core), then from a
+    full-precision copy in the cache (``dequantized_smollm2``), in under a second.
     """
-    path = smollm2_gguf()
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                 attn_implementation=attn_implementation, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
-    return model, tokenizer
+    folder = dequantized_smollm2()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation,
+                                                 local_files_only=True)
+    return model, AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+def dequantized_smollm2() -> Path:
+    """The SmolLM2 GGUF dequantized to fp32 safetensors with its tokenizer (about 0.5 GB), made once per GGUF
+    file and transformers version under the clinic's cache folder. Lesson 04, its solutions and the tests
+    each loaded the GGUF again, 16 s a time. Two processes may make it at once: each writes its own folder
+    and renames it into place; the first wins."""
+    import hashlib
+    import os
+    import shutil
+    import tempfile
+
+    import transformers
+
+    from trl_clinic.tokenizer import cache_dir
+
+    gguf = smollm2_gguf()
+    key = hashlib.sha256(f"{gguf.name} {gguf.stat().st_size} {transformers.__version__}".encode()).hexdigest()[:16]
+    folder = cache_dir() / f"smollm2-{key}"
+    if (folder / "config.json").is_file():
+        return folder
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                 local_files_only=True)
+    # the weights are dequantized to full precision, but transformers still marks the model quantized (its
+    # config too): it would refuse to save it, and the Trainer to train a "purely quantized" model (found by
+    # tests/test_gpu_paths.py)
+    model.is_quantized, model.hf_quantizer = False, None
+    del model.config.quantization_config
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f"{folder.name}.", dir=folder.parent))
+    model.save_pretrained(partial)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True).save_pretrained(partial)
+    try:
+        os.rename(partial, folder)
+    except OSError:  # another process made it first
+        shutil.rmtree(partial, ignore_errors=True)
+    return folder
 
 
 PRETRAINED_SIZES = ("smollm2",)  # model_size names that load real weights instead of building from a config
@@ -138,13 +175,10 @@ def model_maker(model_size: str, *, seed: int = 0, attn_implementation: str = "s
     A comparison trains several runs from the same weights; a lesson's ``model_size`` says which:
     a ``MODEL_SIZES`` name is the clinic tokenizer and a random-init llama of that size built from
     ``seed`` (``make_causal_lm``); "smollm2" is SmolLM2-135M-Instruct with its own tokenizer
-    (``load_smollm2``), dequantized once and then copied, since loading the GGUF takes seconds.
+    (``load_smollm2``), loaded once and then copied.
     """
     if model_size == "smollm2":
         model, tokenizer = load_smollm2(attn_implementation=attn_implementation)
-        # the GGUF weights are dequantized to full precision, but transformers still marks the model quantized,
-        # and the Trainer refuses to train a "purely quantized" model (found by tests/test_gpu_paths.py)
-        model.is_quantized, model.hf_quantizer = False, None
         return lambda: copy.deepcopy(model), tokenizer
     if model_size not in MODEL_SIZES:
         raise ValueError(f"unknown model size {model_size!r}: choose one of {', '.join([*MODEL_SIZES, *PRETRAINED_SIZES])}")
