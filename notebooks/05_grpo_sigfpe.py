@@ -211,9 +211,11 @@ display(Markdown(
 # %% [markdown]
 # ## 5. Bisecting the config
 #
-# Bisection starts from a config that works and adds the user's settings until it fails: one by one,
-# in the user's order (a ladder), until a trial fails; then by halving, until the smallest set that
-# still fails is left (`trl_clinic.crash.bisect_settings`).
+# Bisection starts from a config that works and the user's config that fails, and halves, as `git
+# bisect` does: the shortest run of the user's settings (in the user's order) that still fails ends with
+# a setting that is needed; the same halving over the settings before it, with the needed ones added,
+# goes on until the needed ones fail on their own (`trl_clinic.crash.bisect_settings`). Each trial
+# halves what is left, so n settings cost about log2(n) trials per culprit, not n.
 #
 # ### On a real failure: which of the user's settings does today's TRL reject?
 #
@@ -307,7 +309,7 @@ grpo_crash.figure(run, bisection, healthy_rows, silent_rows)
 # * "Floating point exception (core dumped)" is a native crash: no Python traceback, no `except`.
 #   Run the suspect in a child process with `python -X faulthandler` and read the return code (−8 is
 #   SIGFPE) and the stack it printed.
-# * Find the guilty setting by bisection from a config that works: add settings one by one, then halve.
+# * Find the guilty setting by bisection between a config that works and the one that fails: halve.
 #   It works on a config error too: the message names what the code checked (`generation_batch_size`),
 #   the bisection names what *you* set (`per_device_train_batch_size`).
 # * Today `per_device_train_batch_size` x `gradient_accumulation_steps` x processes is the generation
@@ -331,8 +333,8 @@ grpo_crash.figure(run, bisection, healthy_rows, silent_rows)
 # 1. Suppose the H20 fault fired only when `max_grad_norm < 1`. Give `bisect_settings` the user's
 #    settings and a trial that fails exactly then. Which set does it find, and after how many trials?
 #    <details><summary>Hint</summary>A trial can be <code>in_process(f)</code> on a function
-#    <code>f</code> that raises when the subset's <code>max_grad_norm</code> is below 1; count the
-#    ladder's steps to the user's last setting.</details>
+#    <code>f</code> that raises when the subset's <code>max_grad_norm</code> is below 1; the user set it
+#    last, so every halving keeps the longer half.</details>
 # 2. Give the all-or-nothing reward to the *warm* policy. What happens to `frac_reward_zero_std`?
 #    <details><summary>Hint</summary>Call <code>grpo_crash.grpo_in_child</code> with
 #    <code>policies["warm"]</code> and <code>reward="all_in_category_reward"</code>; a group teaches

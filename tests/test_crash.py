@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from trl_clinic.child import Outcome, run_child
@@ -54,6 +56,8 @@ def test_bisection_finds_the_smallest_failing_set(culprits):
     assert result.culprits == [n for n in NAMES if n in culprits]
     assert result.trials[0].phase == "minimal" and not result.trials[0].outcome.crashed
     assert all(t.outcome.crashed == all(c in t.settings for c in culprits) for t in result.trials)
+    # halving: about log2(n) trials per culprit (8 settings: 3, and 1 to try the needed ones alone)
+    assert len(result.trials) <= 2 + len(culprits) * (math.ceil(math.log2(len(NAMES))) + 1)
 
 
 def test_bisection_when_nothing_fails_or_the_minimal_fails():

@@ -79,7 +79,8 @@ def run_child(args: list[str], timeout: float = 600, cwd: str | Path | None = No
         return Outcome("finished", 0, seconds, stderr=stderr)
     if done.returncode < 0:
         name = signal.Signals(-done.returncode).name
-        fatal = next((line for line in stderr.splitlines() if line.startswith("Fatal Python error")), "no message")
+        # searched in the whole stderr: with many threads, faulthandler's first line is beyond the kept tail
+        fatal = next((line for line in done.stderr.splitlines() if line.startswith("Fatal Python error")), "no message")
         return Outcome("signal", done.returncode, seconds, signal=name, message=fatal, stderr=stderr)
     lines = [line for line in done.stderr.splitlines() if _EXCEPTION_LINE.match(line)]
     return Outcome("exception", done.returncode, seconds, message=lines[-1] if lines else stderr.strip()[-300:],

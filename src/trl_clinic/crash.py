@@ -46,7 +46,7 @@ def in_process(call: Callable[[], object]) -> Outcome:
 class Trial:
     settings: list[str]  # names of the settings added to the minimal config
     outcome: Outcome
-    phase: str  # "minimal", "ladder" or "halving"
+    phase: str  # "minimal", "all" or "halving"
 
 
 @dataclass
@@ -56,12 +56,14 @@ class Bisection:
 
 
 def bisect_settings(names: list[str], run: Callable[[list[str]], Outcome]) -> Bisection:
-    """Find the smallest set of settings that turns a working minimal config into a crash.
+    """Find the smallest set of settings that turns a working minimal config into a crash, as ``git bisect``
+    finds a commit: by halving, so n settings cost about log2(n) trials per culprit, not n.
 
-    ``run(subset)`` runs the minimal config plus the named settings and returns its Outcome. First a
-    ladder adds the settings one by one, in order, until a run fails; the last one added is needed.
-    Then halving: the shortest prefix of the earlier settings that still fails together with the
-    needed ones adds one more needed setting, until the needed ones fail on their own.
+    ``run(subset)`` runs the minimal config plus the named settings and returns its Outcome. The minimal
+    config must work and all the settings together must fail. Halving then finds the shortest prefix of the
+    settings (in the user's order) that still fails: its last setting is needed. The same halving repeats over
+    the settings before it, with the needed ones added, until the needed ones fail on their own. It assumes
+    that adding a setting never cures a failure.
     """
     result = Bisection()
 
@@ -70,14 +72,11 @@ def bisect_settings(names: list[str], run: Callable[[list[str]], Outcome]) -> Bi
         result.trials.append(Trial(list(subset), outcome, phase))
         return outcome.crashed
 
-    if attempt([], "minimal"):
-        return result  # the minimal config itself fails: nothing to bisect
-    failing_prefix = next((k for k in range(1, len(names) + 1) if attempt(names[:k], "ladder")), None)
-    if failing_prefix is None:
-        return result
-    needed, rest = [names[failing_prefix - 1]], names[:failing_prefix - 1]
-    while rest and not attempt(needed, "halving"):
-        low, high = 1, len(rest)  # the full rest fails with `needed` (the ladder showed it)
+    if attempt([], "minimal") or not attempt(names, "all"):
+        return result  # the minimal config fails itself, or nothing the user set makes it fail
+    needed, rest = [], list(names)
+    while True:
+        low, high = 1, len(rest)  # rest[:high] + needed fails; rest[:0] + needed works
         while low < high:
             middle = (low + high) // 2
             if attempt(rest[:middle] + needed, "halving"):
@@ -86,5 +85,7 @@ def bisect_settings(names: list[str], run: Callable[[list[str]], Outcome]) -> Bi
                 low = middle + 1
         needed.insert(0, rest[low - 1])
         rest = rest[:low - 1]
+        if not rest or attempt(needed, "halving"):
+            break
     result.culprits = [name for name in names if name in needed]
     return result

@@ -188,19 +188,19 @@ def try_suspects(run: Run, suspects: dict[str, dict], config: dict, policy: Path
 def figure(run: Run, bisection: Bisection, healthy_rows: list[dict], silent_rows: list[dict]) -> None:
     """Section 7: the injected bisection's trials, the healthy and the silent runs' reward, and the healthy
     run's KL and zero-spread share."""
-    fig, (ax_ladder, ax_reward, ax_kl) = plotting.figure(
+    fig, (ax_trials, ax_reward, ax_kl) = plotting.figure(
         3, title="Child processes find the setting that kills the run (an injected fault); the healthy run learns")
     labels = [" + ".join(t.settings) if t.settings else "minimal" for t in bisection.trials]
     labels = [label if len(label) < 45 else "..." + label[-42:] for label in labels]
-    ax_ladder.barh(range(len(labels)), [1] * len(labels),
+    ax_trials.barh(range(len(labels)), [1] * len(labels),
                    color=[plotting.BAD if t.outcome.crashed else plotting.FIXED for t in bisection.trials])
-    ax_ladder.set_yticks(range(len(labels)), labels, fontsize=7)
-    ax_ladder.invert_yaxis()
-    ax_ladder.set_xticks([])
+    ax_trials.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax_trials.invert_yaxis()
+    ax_trials.set_xticks([])
     for i, trial in enumerate(bisection.trials):
-        ax_ladder.text(0.02, i, f"{trial.phase}: {trial.outcome.signal or trial.outcome.status}", va="center",
+        ax_trials.text(0.02, i, f"{trial.phase}: {trial.outcome.signal or trial.outcome.status}", va="center",
                        fontsize=7, color="white")
-    plotting.label(ax_ladder, "red: killed, green: finished", "", "bisection, in order")
+    plotting.label(ax_trials, "red: killed, green: finished", "", "bisection, in order")
     steps = [row["step"] for row in healthy_rows]
     plotting.line(ax_reward, steps, [row["reward"] for row in healthy_rows], "fixed", "healthy: mean reward",
                   markersize=0)
