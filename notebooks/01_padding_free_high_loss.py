@@ -30,7 +30,7 @@
 #   ([transformers glossary](https://huggingface.co/docs/transformers/glossary#attention-mask));
 # * the Hugging Face post [Packing with FlashAttention-2](https://huggingface.co/blog/packing-with-FA2).
 #
-# **Time**: 137 s to run on the cpu profile (seed 0, 2 CPU cores, one lesson at a time: `trl-clinic run 01
+# **Time**: 97 s to run on the cpu profile (seed 0, 2 CPU cores, one lesson at a time: `trl-clinic run 01
 # --profile cpu --jobs 1`); gpu profile not measured yet. About 30 minutes to read and try the exercises.
 #
 # **What runs here, and what is re-created.**

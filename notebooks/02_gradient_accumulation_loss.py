@@ -28,7 +28,7 @@
 #   [Fixing Gradient Accumulation](https://huggingface.co/blog/gradient_accumulation);
 # * a causal LM's loss: the cross-entropy over label tokens, where a label of `-100` does not count.
 #
-# **Time**: 120 s to run on the cpu profile (seed 0, 2 CPU cores, one lesson at a time: `trl-clinic run 02
+# **Time**: 87 s to run on the cpu profile (seed 0, 2 CPU cores, one lesson at a time: `trl-clinic run 02
 # --profile cpu --jobs 1`); gpu profile not measured yet. About 30 minutes to read and try the exercises.
 #
 # **What runs here**: today's real `SFTTrainer` (TRL, transformers) for the fix, the custom-loss trap and

@@ -32,7 +32,7 @@
 # * [TRL's `SFTTrainer`](https://huggingface.co/docs/trl/sft_trainer) and
 #   [`TrainingArguments`](https://huggingface.co/docs/transformers/main_classes/trainer#transformers.TrainingArguments).
 #
-# **Time**: 34 s to run on the cpu profile (seed 0, 2 CPU cores, one lesson at a time: `trl-clinic run 02b
+# **Time**: 21 s to run on the cpu profile (seed 0, 2 CPU cores, one lesson at a time: `trl-clinic run 02b
 # --profile cpu --jobs 1`); gpu profile not measured yet. About 25 minutes to read and try the exercises.
 #
 # **What ran here, and what did not**: today's real `SFTTrainer` on 2 processes. On the cpu profile

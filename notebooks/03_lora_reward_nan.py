@@ -28,7 +28,7 @@
 #   [bfloat16](https://en.wikipedia.org/wiki/Bfloat16_floating-point_format);
 # * gradient accumulation: lesson 02 ([02_gradient_accumulation_loss.ipynb](02_gradient_accumulation_loss.ipynb)).
 #
-# **Time**: 99 s to run on the cpu profile (seed 0, 2 CPU cores, one lesson at a time: `trl-clinic run 03
+# **Time**: 68 s to run on the cpu profile (seed 0, 2 CPU cores, one lesson at a time: `trl-clinic run 03
 # --profile cpu --jobs 1`); gpu profile not measured yet. About 30 minutes to read and try the exercises.
 #
 # **What is real here**: every run is today's real code path (TRL, transformers, peft, torch as

@@ -27,7 +27,7 @@
 # the KV cache in generation ([transformers' cache docs](https://huggingface.co/docs/transformers/kv_cache)),
 # and [lesson 01](01_padding_free_high_loss.ipynb) for padding-free batches.
 #
-# **Time**: 92 s to run on the cpu profile (seed 0, 2 CPU cores, one lesson at a time: `trl-clinic run 04
+# **Time**: 59 s to run on the cpu profile (seed 0, 2 CPU cores, one lesson at a time: `trl-clinic run 04
 # --profile cpu --jobs 1`); gpu profile not measured yet. About 40 minutes to read and try the exercises.
 #
 # **What is real here.** Everything runs real code: nothing is re-created or injected. **Then**: the

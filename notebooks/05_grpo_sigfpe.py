@@ -30,7 +30,7 @@
 # [`subprocess`](https://docs.python.org/3/library/subprocess.html); lesson 04 for eras (side
 # environments with old versions).
 #
-# **Time**: 189 s to run on the cpu profile (seed 0, 2 CPU cores, one lesson at a time: `trl-clinic run 05
+# **Time**: 106 s to run on the cpu profile (seed 0, 2 CPU cores, one lesson at a time: `trl-clinic run 05
 # --profile cpu --jobs 1`); gpu profile not measured yet. About 40 minutes to read and try the exercises.
 #
 # **What is real here.** The H20 crash needs an H20 GPU and cannot happen on this machine. The crash in

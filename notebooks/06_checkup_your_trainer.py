@@ -28,7 +28,7 @@
 # [05](05_grpo_sigfpe.ipynb) (GRPO's groups); how TRL's scripts take a recipe
 # ([TRL's CLI docs](https://huggingface.co/docs/trl/clis)).
 #
-# **Time**: 29 s to run on the cpu profile (seed 0, 2 CPU cores, one lesson at a time: `trl-clinic run 06
+# **Time**: 20 s to run on the cpu profile (seed 0, 2 CPU cores, one lesson at a time: `trl-clinic run 06
 # --profile cpu --jobs 1`); gpu profile not measured yet. About 20 minutes to read and try the exercises.
 #
 # **What is real here.** Every trainer is a real one of today's TRL or transformers, every probe runs today's
