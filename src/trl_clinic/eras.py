@@ -363,8 +363,9 @@ def build_era(name: str, root: Path | None = None, *, installer: list[str] | Non
                 pin = _torch_pin(requirements)
                 links = local_torch_links(pin) if pin else None
             extra = ["--find-links", str(links)] if links else []
-            _run([*uv, "pip", "install", "--quiet", "--python", str(_python_in(venv)), "-r", str(requirements), *extra],
-                 "uv pip install")
+            # bytecode compiled once here: the era scripts import old transformers and TRL in every run
+            _run([*uv, "pip", "install", "--quiet", "--compile-bytecode", "--python", str(_python_in(venv)), "-r",
+                  str(requirements), *extra], "uv pip install")
             versions = _probe_versions(_python_in(venv))
             stamp = {"requirements_sha256": requirements_digest(requirements), "versions": versions,
                      "torch_links": str(links) if links else None,
