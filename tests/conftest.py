@@ -8,8 +8,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session")
-def tokenizer(tmp_path_factory):
-    os.environ["TRL_CLINIC_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+def tokenizer():
+    """The lessons' tokenizer from the clinic's cache, as the lessons get it (trained there on first use)."""
     from trl_clinic.tokenizer import build_tokenizer
 
     return build_tokenizer()

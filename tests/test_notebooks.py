@@ -85,8 +85,12 @@ def test_has_one_parameters_cell_with_the_required_names(path):
 
 @pytest.fixture(scope="session")
 def workbook(tmp_path_factory):
+    """One lesson at a time: under `make test` pytest-xdist's other worker has the other core, and two lessons
+    here beside it overloaded the two cores (1260 CPU-seconds in 655 s of wall, about 1000 of them work).
+    `--jobs` itself is tested on small notebooks (tests/test_workbook.py)."""
     out = tmp_path_factory.mktemp("workbook")
-    code = main(["run", "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks", str(NOTEBOOKS_DIR)])
+    code = main(["run", "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks", str(NOTEBOOKS_DIR),
+                 "--jobs", "1"])
     summary = json.loads((out / SUMMARY_JSON).read_text())
     return out, code, {row["lesson"]: row for row in summary["lessons"]}
 

