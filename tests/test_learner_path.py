@@ -20,7 +20,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
+from trl_clinic.launch import free_port
 from trl_clinic.lessons import lessons
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,12 +147,6 @@ def test_an_explicit_output_dir_with_a_missing_parent_still_fails_clearly(repo, 
 
 # ---------------------------------------------------------------------------------------------------
 # The same lesson through JupyterLab's UI, in a real browser
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_lab(root: Path, state: Path, log) -> tuple[subprocess.Popen, str]:

@@ -43,20 +43,18 @@ def _cells(notebook) -> list[tuple[str, str, list[str]]]:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS.values(), ids=NOTEBOOKS.keys())
-def test_notebook_matches_its_text_source(path):
+def test_notebook_matches_its_text_source_exactly(path):
+    """The same cells, and the .py exactly as jupytext writes it: JupyterLab's jupytext refuses to open a
+    notebook ("File Load Error ... is more recent than ...") when the .ipynb is over a second newer than its
+    .py and the two texts differ at all, even in the order of a cell's metadata; a clone or copy can leave
+    them seconds apart."""
     source = path.with_suffix(".py")
     assert source.exists(), f"{path.name} has no percent-format source {source.name}"
-    assert _cells(nbformat.read(path, as_version=4)) == _cells(jupytext.read(source)), (
+    notebook = nbformat.read(path, as_version=4)
+    assert _cells(notebook) == _cells(jupytext.read(source)), (
         f"{path.name} and {source.name} disagree: edit the .py and run `make notebooks`")
-
-
-@pytest.mark.parametrize("path", NOTEBOOKS.values(), ids=NOTEBOOKS.keys())
-def test_text_source_is_exactly_what_jupytext_writes(path):
-    """JupyterLab's jupytext refuses to open a notebook ("File Load Error ... is more recent than ...")
-    when the .ipynb is over a second newer than its .py and the two texts differ at all, even in the
-    order of a cell's metadata; a clone or copy can leave them seconds apart."""
-    assert jupytext.writes(nbformat.read(path, as_version=4), fmt="py:percent") == path.with_suffix(".py").read_text(), (
-        f"{path.stem}.py is not what jupytext writes from {path.name}: run `make notebooks`, then "
+    assert jupytext.writes(notebook, fmt="py:percent") == source.read_text(), (
+        f"{source.name} is not what jupytext writes from {path.name}: run "
         f"`.venv/bin/jupytext --to py:percent {path.name}` from notebooks/")
 
 

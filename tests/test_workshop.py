@@ -7,7 +7,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -15,17 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from trl_clinic.launch import free_port
 from trl_clinic.lessons import lessons
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "workshop.md"
 ERA = "04-transformers-4.51"  # built by `make test` (TEST_ERAS), so the era step is quick here
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def serves(url: str) -> bool:

@@ -8,11 +8,16 @@ ships give pretrained behaviour where a user has them.
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib.util
+import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
@@ -133,13 +138,6 @@ def dequantized_smollm2() -> Path:
     file and transformers version under the clinic's cache folder. Lesson 04, its solutions and the tests
     each loaded the GGUF again, 16 s a time. Two processes may make it at once: each writes its own folder
     and renames it into place; the first wins."""
-    import hashlib
-    import os
-    import shutil
-    import tempfile
-
-    import transformers
-
     from trl_clinic.tokenizer import cache_dir
 
     gguf = smollm2_gguf()
@@ -149,9 +147,9 @@ def dequantized_smollm2() -> Path:
         return folder
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
                                                  local_files_only=True)
-    # the weights are dequantized to full precision, but transformers still marks the model quantized (its
-    # config too): it would refuse to save it, and the Trainer to train a "purely quantized" model (found by
-    # tests/test_gpu_paths.py)
+    # the weights are dequantized to full precision, but transformers (5.23.0) still marks the model quantized
+    # (its config too): save_pretrained raised "quantized with gguf and is not serializable", and the Trainer
+    # refused to train a "purely quantized" model (found by tests/test_gpu_paths.py)
     model.is_quantized, model.hf_quantizer = False, None
     del model.config.quantization_config
     folder.parent.mkdir(parents=True, exist_ok=True)

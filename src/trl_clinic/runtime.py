@@ -99,8 +99,9 @@ def quiet_library_noise() -> None:
 
 def freeze_what_is_loaded() -> None:
     """Move every object alive now (the libraries' modules, above all) out of the garbage collector's
-    reach. Each ``Trainer.train`` calls accelerate's ``free_memory``, whose ``gc.collect()`` walks all
-    tracked objects: about 0.25 s per trainer after importing TRL, 13 s of lesson 01's 103 (cProfile,
+    reach. Each ``Trainer.train`` calls accelerate's ``free_memory`` (transformers 5.23.0 ``trainer.py``),
+    whose ``release_memory`` runs ``gc.collect()`` over all tracked objects (accelerate 1.15.0
+    ``utils/memory.py``): about 0.25 s per trainer after importing TRL, 13 s of lesson 01's 103 (cProfile,
     50 trainers). Frozen objects are never collected, so the garbage of earlier runs is collected first."""
     gc.collect()
     gc.freeze()
