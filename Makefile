@@ -70,12 +70,12 @@ browser:
 
 # JupyterLab at once; the eras build in the background meanwhile (log: .eras/build.log), so that each lesson's
 # "then" section (04's real ValueError above all) runs on the learner's path too: a lesson that reaches its
-# era before the build ends waits for it (trl_clinic.eras.wait_for_builds). Workshop containers run as root,
+# era before the build ends waits for it (trl_clinic.course.eras.wait_for_builds). Workshop containers run as root,
 # where JupyterLab refuses to start without --allow-root. LAB_ARGS: further `jupyter lab` options
 # (LAB_ARGS="--port 8899 --no-browser").
 LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: $(STAMP)
-	mkdir -p .eras && nohup $(BIN)/python -m trl_clinic.eras $(ERAS) > .eras/build.log 2>&1 &
+	mkdir -p .eras && nohup $(BIN)/python -m trl_clinic.course.eras $(ERAS) > .eras/build.log 2>&1 &
 	$(BIN)/jupyter lab notebooks $(LAB_FLAGS) $(LAB_ARGS)
 
 # Each lesson's source is notebooks/NN_*.py (percent format); this rebuilds every .ipynb from it, keeping
@@ -98,13 +98,13 @@ ERAS ?=
 TEST_ERAS := 02-transformers-4.45 04-transformers-4.51 04-transformers-4.40
 
 eras: $(STAMP)
-	$(BIN)/python -m trl_clinic.eras $(ERAS)
+	$(BIN)/python -m trl_clinic.course.eras $(ERAS)
 
 eras-for-tests: $(STAMP)
-	$(BIN)/python -m trl_clinic.eras $(TEST_ERAS)
+	$(BIN)/python -m trl_clinic.course.eras $(TEST_ERAS)
 
 test: export TRL_CLINIC_REQUIRE_ERAS := $(TEST_ERAS)
 
 # A lesson whose era is missing reports its era part as skipped, so a failed build does not stop the workbook.
 eras-for-workbook: $(STAMP)
-	-$(BIN)/python -m trl_clinic.eras $(ERAS)
+	-$(BIN)/python -m trl_clinic.course.eras $(ERAS)

@@ -37,7 +37,7 @@
 # * **Re-created** (sections 1, 4, 7, 8): the report's collator is gone from today's TRL and its
 #   transformers cannot run beside today's, so the symptom is made on today's real
 #   `SFTTrainer(padding_free=True)` by sending the packed row with an all-ones attention mask, as TRL 0.19.0-0.23.0's collator did
-#   (`trl_clinic.stand_ins.recreated_all_ones_mask` names that code). It is a different cause with
+#   (`trl_clinic.course.stand_ins.recreated_all_ones_mask` names that code). It is a different cause with
 #   the same effect: attention that does not stop at sequence boundaries.
 # * **Then** (sections 2 and 6): the report's own mechanism, for real, in a side environment with
 #   TRL 0.14.0 and transformers 4.48.3: TRL's collator sends `position_ids` and no mask, and that
@@ -55,14 +55,14 @@ output_dir = None  # None: outputs/01_padding_free_high_loss at the repository r
 from IPython.display import Markdown, display
 from trl import SFTConfig, SFTTrainer
 
-from trl_clinic import data
-from trl_clinic.companions import padding_free as companion
-from trl_clinic.models import attention_implementation, make_causal_lm
-from trl_clinic.packing import packed_vs_separate
-from trl_clinic.parameters import start_run
-from trl_clinic.results import failed_checks, recreated, save_metrics
-from trl_clinic.stand_ins import recreated_all_ones_mask
-from trl_clinic.tokenizer import build_tokenizer
+from trl_clinic.course import data
+from trl_clinic.course.companions import padding_free as companion
+from trl_clinic.course.models import attention_implementation, make_causal_lm
+from trl_clinic.probes.packing import packed_vs_separate
+from trl_clinic.course.parameters import start_run
+from trl_clinic.course.results import failed_checks, recreated, save_metrics
+from trl_clinic.course.stand_ins import recreated_all_ones_mask
+from trl_clinic.course.tokenizer import build_tokenizer
 
 run = start_run("01", profile, seed, output_dir)
 print(run.describe())

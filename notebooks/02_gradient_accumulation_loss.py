@@ -33,7 +33,7 @@
 #
 # **What runs here**: today's real `SFTTrainer` (TRL, transformers) for the fix, the custom-loss trap and
 # `loss_is_scaled_for_ga`. The old normalisation of transformers before 4.46.0 is **re-created** on
-# today's `Trainer` by one line, `model_accepts_loss_kwargs = False` (`trl_clinic.stand_ins.recreate_pre_446_loss`
+# today's `Trainer` by one line, `model_accepts_loss_kwargs = False` (`trl_clinic.course.stand_ins.recreate_pre_446_loss`
 # names the 4.45 code it stands for). **Then** (section 7): the real transformers 4.45.2 `Trainer` and
 # TRL 0.11.4 `SFTTrainer` run the same step in a side environment, and the re-creation is compared with them.
 
@@ -43,15 +43,15 @@ seed = 0
 output_dir = None  # None: outputs/02_gradient_accumulation_loss at the repository root
 
 # %%
-from trl_clinic import data, eras, handshake
-from trl_clinic.companions import accumulation as companion
-from trl_clinic.companions.accumulation import FirstStep, degrees_apart
-from trl_clinic.gradients import first_step_gradient, label_counts, relative_error
-from trl_clinic.models import model_maker
-from trl_clinic.parameters import start_run
-from trl_clinic.results import failed_checks, recreated, save_metrics
-from trl_clinic.runtime import progress
-from trl_clinic.stand_ins import MeanPerMicroBatchSFTTrainer
+from trl_clinic.course import data, eras, handshake
+from trl_clinic.course.companions import accumulation as companion
+from trl_clinic.course.companions.accumulation import FirstStep, degrees_apart
+from trl_clinic.probes.gradients import first_step_gradient, label_counts, relative_error
+from trl_clinic.course.models import model_maker
+from trl_clinic.course.parameters import start_run
+from trl_clinic.course.results import failed_checks, recreated, save_metrics
+from trl_clinic.course.runtime import progress
+from trl_clinic.course.stand_ins import MeanPerMicroBatchSFTTrainer
 
 run = start_run("02", profile, seed, output_dir)
 print(run.describe())
@@ -122,7 +122,7 @@ print(f"label tokens per sample: {min(counts)} to {max(counts)}; on the old path
 # the old path of section 1 today. Transformers issue [#37766](https://github.com/huggingface/transformers/issues/37766)
 # reported that case on 4.47.1, where the loss grew with `gradient_accumulation_steps`. A custom
 # `compute_loss` that takes the mean over its micro-batch is another way; `MeanPerMicroBatchSFTTrainer`
-# (in `trl_clinic.stand_ins`) is such a user override:
+# (in `trl_clinic.course.stand_ins`) is such a user override:
 #
 # ```python
 # class MeanPerMicroBatchSFTTrainer(SFTTrainer):

@@ -41,7 +41,7 @@
 # accelerate runs it as plain DDP: **FSDP on GPUs has not been run** for this lesson, nor has the
 # multi-GPU launch (`accelerate launch --multi_gpu`, NCCL) that the notebook uses when there is one
 # GPU per process. The old per-process mean is **re-created** on today's `Trainer`
-# (`trl_clinic.stand_ins.recreate_pre_446_loss`); no old library version runs here.
+# (`trl_clinic.course.stand_ins.recreate_pre_446_loss`); no old library version runs here.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
@@ -51,12 +51,12 @@ output_dir = None  # None: outputs/02b_gradient_accumulation_ddp at the reposito
 # %%
 from trl import SFTConfig
 
-from trl_clinic import child
-from trl_clinic.companions.accumulation_ddp import compare, plot_errors, reference_gradients, same_label_tokens
-from trl_clinic.gradients import relative_error
-from trl_clinic.launch import distributed_args
-from trl_clinic.parameters import start_run
-from trl_clinic.results import failed_checks, recreated, save_metrics
+from trl_clinic.course import child
+from trl_clinic.course.companions.accumulation_ddp import compare, plot_errors, reference_gradients, same_label_tokens
+from trl_clinic.probes.gradients import relative_error
+from trl_clinic.course.launch import distributed_args
+from trl_clinic.course.parameters import start_run
+from trl_clinic.course.results import failed_checks, recreated, save_metrics
 
 run = start_run("02b", profile, seed, output_dir)
 print(run.describe())
@@ -70,13 +70,13 @@ sizes = run.sizes  # this lesson's numbers for the profile (lessons.yaml)
 # synchronised it, at each accumulation count. Then one process takes the same rows as one batch.
 
 # %% tags=["symptom"]
-SETTINGS = {  # SFTConfig changes; the child builds SFTTrainer with them (trl_clinic/companions/accumulation_ddp.py)
+SETTINGS = {  # SFTConfig changes; the child builds SFTTrainer with them (trl_clinic/course/companions/accumulation_ddp.py)
     "old": {"average_tokens_across_devices": False},  # + recreate_pre_446_loss(trainer): re-created < 4.46
     "per-process": {"average_tokens_across_devices": False},  # num_items_in_batch of this process only
     "across-processes": {"average_tokens_across_devices": True},  # the label counts of all processes
     "across-processes, fsdp": {"average_tokens_across_devices": True, "fsdp": True},
 }
-launched = child.call(run, "trl_clinic.companions.accumulation_ddp:distributed_gradients", {"settings": SETTINGS},
+launched = child.call(run, "trl_clinic.course.companions.accumulation_ddp:distributed_gradients", {"settings": SETTINGS},
                       name="ddp", processes=sizes.processes, timeout=sizes.child_timeout_s)
 assert not launched.outcome.crashed, launched.outcome.stderr[-3000:]
 references = reference_gradients(run)  # one process, batch processes x accumulation, no accumulation
@@ -98,7 +98,7 @@ for setting in ("old", "per-process"):
 # label tokens it saw.
 
 # %%
-print("python", " ".join(distributed_args(["-m", "trl_clinic.child", "child_ddp.json"], sizes.processes,
+print("python", " ".join(distributed_args(["-m", "trl_clinic.course.child", "child_ddp.json"], sizes.processes,
                                           cpu=run.device.type == "cpu")))
 world, ran_as, counts = launched.result["world"], launched.result["ran_as"], launched.result["counts"]
 print(f"{world['processes']} processes over {world['backend']}, {launched.outcome.describe()}")

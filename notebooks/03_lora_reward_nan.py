@@ -47,16 +47,16 @@ import torch
 from IPython.display import Markdown, display
 from trl import RewardTrainer
 
-from trl_clinic import data
-from trl_clinic.companions.reward_nan import (accumulation_sweep, adam_underflow, head_report, load_outcome, lora,
+from trl_clinic.course import data
+from trl_clinic.course.companions.reward_nan import (accumulation_sweep, adam_underflow, head_report, load_outcome, lora,
                                               plot_comparison, print_log, reward_config, save_checkpoints,
                                               train_recorded)
-from trl_clinic.models import make_reward_model
-from trl_clinic.nonfinite import NonFiniteProbe
-from trl_clinic.parameters import start_run
-from trl_clinic.recording import StepRecorder, quiet, replay_nan_filter
-from trl_clinic.results import failed_checks, save_metrics
-from trl_clinic.tokenizer import build_tokenizer
+from trl_clinic.course.models import make_reward_model
+from trl_clinic.probes.nonfinite import NonFiniteProbe
+from trl_clinic.course.parameters import start_run
+from trl_clinic.probes.recording import StepRecorder, quiet, replay_nan_filter
+from trl_clinic.course.results import failed_checks, save_metrics
+from trl_clinic.course.tokenizer import build_tokenizer
 
 run = start_run("03", profile, seed, output_dir)
 print(run.describe())
@@ -142,7 +142,7 @@ for init_kwargs, stored in (({"dtype": "half"}, torch.float32), ({"torch_dtype":
 #
 # ## 3. Diagnose: the first non-finite tensor
 #
-# `NonFiniteProbe` (from `trl_clinic.nonfinite`) checks every trainable tensor's gradient before each
+# `NonFiniteProbe` (from `trl_clinic.probes.nonfinite`) checks every trainable tensor's gradient before each
 # optimizer step and its value after it, and stops at the first NaN/inf, naming the tensor.
 
 # %%
@@ -207,7 +207,7 @@ print(f"clip_grad_norm_ on one NaN gradient: total norm {total.item()}, the fini
 # running sum by `1 + 1/s`, once per micro-batch: 32 times per step. If only step 1 was finite, its
 # loss is multiplied by `(26/2)³² = 13³²` by step 25, then divided by 25 steps. After the log the
 # running sum restarts at 0, and `0 · (1 + 1/s)` stays 0: every later log says 0.0.
-# `replay_nan_filter` (from `trl_clinic.recording`) replays that arithmetic on this run's raw losses:
+# `replay_nan_filter` (from `trl_clinic.probes.recording`) replays that arithmetic on this run's raw losses:
 
 # %%
 raw_losses = report.series("raw_loss")[1]

@@ -48,14 +48,14 @@ from IPython.display import Markdown, display
 from transformers import AutoModelForCausalLM
 from trl import DPOConfig, DPOTrainer
 
-from trl_clinic import data, eras
-from trl_clinic.companions import padding_side as companion
-from trl_clinic.models import smollm2_gguf
-from trl_clinic.padding import (ForwardAudit, batched_eval_loss, generation_check, per_row_eval_losses, right_padded,
+from trl_clinic.course import data, eras
+from trl_clinic.course.companions import padding_side as companion
+from trl_clinic.course.models import smollm2_gguf
+from trl_clinic.probes.padding import (ForwardAudit, batched_eval_loss, generation_check, per_row_eval_losses, right_padded,
                                 scoring_check, sequence_logprobs)
-from trl_clinic.parameters import start_run
-from trl_clinic.results import failed_checks, save_metrics
-from trl_clinic.tokenizer import build_tokenizer
+from trl_clinic.course.parameters import start_run
+from trl_clinic.course.results import failed_checks, save_metrics
+from trl_clinic.course.tokenizer import build_tokenizer
 
 run = start_run("04", profile, seed, output_dir)
 print(run.describe())
@@ -127,7 +127,7 @@ model, checkpoint = companion.sft_checkpoint(run, tokenizer)
 # ## 4. Today: what DPO's forwards really are
 #
 # DPO train and evaluation steps with `per_device_eval_batch_size` 1 and 2, activation checkpointing on.
-# `ForwardAudit` (from `trl_clinic.padding`) hooks the policy **and** the reference model and records
+# `ForwardAudit` (from `trl_clinic.probes.padding`) hooks the policy **and** the reference model and records
 # for every forward its padding, the `use_cache` it was passed and by which TRL function, and whether
 # the backbone really returned a KV cache (`past_key_values` in its output).
 
@@ -212,7 +212,7 @@ companion.explain_batch_effect(sft_eval, predicted, sft_eval_gap)
 #
 # ### Scoring (training, DPO and reward evaluation): no cache, padding is harmless
 #
-# `scoring_check` (from `trl_clinic.padding`) scores completions given prompts, as DPO does, one at a
+# `scoring_check` (from `trl_clinic.probes.padding`) scores completions given prompts, as DPO does, one at a
 # time and as one left-padded, right-padded or padding-free batch, all with `use_cache=False`, and
 # reports the largest log-probability difference from one at a time.
 

@@ -35,7 +35,7 @@
 #
 # **What is real here.** The H20 crash needs an H20 GPU and cannot happen on this machine. The crash in
 # the symptom and in section 5's second bisection comes from a fault **injected** on purpose
-# (`trl_clinic.stand_ins.InjectedH20Fault`, a native SIGFPE when `bf16` is on), labelled wherever it
+# (`trl_clinic.course.stand_ins.InjectedH20Fault`, a native SIGFPE when `bf16` is on), labelled wherever it
 # appears; the process deaths, the GRPO runs, the native SIGFPE of section 2 and today's config errors
 # are real. **Then**: the report's config on the real TRL 0.14.0, in an era.
 
@@ -51,11 +51,11 @@ import sys
 from IPython.display import Markdown, display
 from trl import GRPOConfig
 
-from trl_clinic import child, eras
-from trl_clinic.companions import grpo_crash
-from trl_clinic.crash import bisect_settings, in_process
-from trl_clinic.parameters import start_run
-from trl_clinic.results import failed_checks, injected, save_metrics
+from trl_clinic.course import child, eras
+from trl_clinic.course.companions import grpo_crash
+from trl_clinic.course.crash import bisect_settings, in_process
+from trl_clinic.course.parameters import start_run
+from trl_clinic.course.results import failed_checks, injected, save_metrics
 
 run = start_run("05", profile, seed, output_dir)
 print(run.describe())
@@ -91,11 +91,11 @@ print(f"a Python traceback in its output: {'Traceback' in symptom.stderr}; its l
 # A SIGFPE raised inside a C++ kernel is not a Python exception: no `try` catches it, the process
 # ends with return code −8 and, without `faulthandler`, prints nothing itself. Run in the notebook, it
 # would end the kernel's process. On CPU, torch has a real one: integer division of the smallest int64 by
-# −1 (`trl_clinic.crash.native_sigfpe`). We run it in a child without faulthandler, from a shell (which
+# −1 (`trl_clinic.course.crash.native_sigfpe`). We run it in a child without faulthandler, from a shell (which
 # words the report's message), and with faulthandler:
 
 # %%
-code = "from trl_clinic.crash import native_sigfpe; print('about to divide', flush=True); native_sigfpe()"
+code = "from trl_clinic.course.crash import native_sigfpe; print('about to divide', flush=True); native_sigfpe()"
 plain = child.run_child(["-c", code], faulthandler=False)
 traced = child.run_child(["-c", code])
 shell = subprocess.run(["bash", "-c", f'"{sys.executable}" -c "{code}"; exit $?'], capture_output=True, text=True)
@@ -214,7 +214,7 @@ display(Markdown(
 # Bisection starts from a config that works and the user's config that fails, and halves, as `git
 # bisect` does: the shortest run of the user's settings (in the user's order) that still fails ends with
 # a setting that is needed; the same halving over the settings before it, with the needed ones added,
-# goes on until the needed ones fail on their own (`trl_clinic.crash.bisect_settings`). Each trial
+# goes on until the needed ones fail on their own (`trl_clinic.course.crash.bisect_settings`). Each trial
 # halves what is left, so n settings cost about log2(n) trials per culprit, not n.
 #
 # ### On a real failure: which of the user's settings does today's TRL reject?

@@ -50,14 +50,14 @@ from peft import LoraConfig, get_peft_model
 from transformers import DataCollatorForLanguageModeling
 
 from trl_clinic import checkup
-from trl_clinic.checkup import examples
+from trl_clinic.course import examples
 from trl_clinic.checkup.known_bugs import Facts, matching
-from trl_clinic.companions import checkup_tour as tour
-from trl_clinic.data import all_in_category_reward
-from trl_clinic.models import make_causal_lm
-from trl_clinic.parameters import start_run
-from trl_clinic.results import failed_checks, save_metrics
-from trl_clinic.tokenizer import build_tokenizer
+from trl_clinic.course.companions import checkup_tour as tour
+from trl_clinic.course.data import all_in_category_reward
+from trl_clinic.course.models import make_causal_lm
+from trl_clinic.course.parameters import start_run
+from trl_clinic.course.results import failed_checks, save_metrics
+from trl_clinic.course.tokenizer import build_tokenizer
 
 run = start_run("06", profile, seed, output_dir)
 print(run.describe())

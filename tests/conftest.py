@@ -10,7 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 @pytest.fixture(scope="session")
 def tokenizer():
     """The lessons' tokenizer from the clinic's cache, as the lessons get it (trained there on first use)."""
-    from trl_clinic.tokenizer import build_tokenizer
+    from trl_clinic.course.tokenizer import build_tokenizer
 
     return build_tokenizer()
 
@@ -18,7 +18,7 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def notebooks():
     """The lesson notebooks by name, in order, as the runner finds them."""
-    from trl_clinic.workbook import find_lessons
+    from trl_clinic.course.workbook import find_lessons
 
     return find_lessons(Path(__file__).resolve().parents[1] / "notebooks")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import jupytext
 import pytest
 
-from trl_clinic.results import from_json_safe, injected, recreated
+from trl_clinic.course.results import from_json_safe, injected, recreated
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "numbers"

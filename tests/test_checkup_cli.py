@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from trl_clinic import cli
-from trl_clinic.data import instruction_pairs, preference_pairs, reward_prompts
-from trl_clinic.models import make_causal_lm
+from trl_clinic.course.data import instruction_pairs, preference_pairs, reward_prompts
+from trl_clinic.course.models import make_causal_lm
 
 DATA = {"sft": instruction_pairs, "dpo": preference_pairs, "reward": preference_pairs, "grpo": reward_prompts}
 
@@ -45,7 +45,7 @@ def run_json(capsys, argv):
 
 @pytest.mark.parametrize("kind,extra", [
     ("sft", {}), ("dpo", {}), ("reward", {}),
-    ("grpo", {"reward_funcs": ["trl_clinic.checkup.examples.length_reward"], "num_generations": 4,
+    ("grpo", {"reward_funcs": ["trl_clinic.course.examples.length_reward"], "num_generations": 4,
               "per_device_train_batch_size": 4, "max_completion_length": 8}),
 ])
 def test_each_trainer_kind_builds_from_local_files_and_passes(local, capsys, kind, extra):
@@ -74,7 +74,7 @@ def test_a_warning_does_not_fail_the_checkup(local, capsys):
 
 
 def test_grpo_config_that_trl_refuses_is_a_fail_with_trls_message(local, capsys):
-    config = recipe(local, "grpo", reward_funcs=["trl_clinic.data.category_reward"], num_generations=3,
+    config = recipe(local, "grpo", reward_funcs=["trl_clinic.course.data.category_reward"], num_generations=3,
                     per_device_train_batch_size=4)
     code, report = run_json(capsys, ["checkup", "grpo", "--config", config, "--json"])
     assert code == 1

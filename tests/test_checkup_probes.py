@@ -6,10 +6,10 @@ from peft import LoraConfig, get_peft_model
 from transformers import DataCollatorForLanguageModeling
 
 from trl_clinic import checkup
-from trl_clinic.checkup import examples
+from trl_clinic.course import examples
 from trl_clinic.checkup.known_bugs import Facts, matching
-from trl_clinic.data import all_in_category_reward
-from trl_clinic.models import make_causal_lm
+from trl_clinic.course.data import all_in_category_reward
+from trl_clinic.course.models import make_causal_lm
 
 
 def status(trainer, probe):

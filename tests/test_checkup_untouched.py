@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trl_clinic import checkup
-from trl_clinic.checkup import examples
+from trl_clinic.course import examples
 
 
 def snapshot(trainer):

@@ -17,7 +17,7 @@ import jupytext
 import nbformat
 import pytest
 
-from trl_clinic.workbook import find_lessons
+from trl_clinic.course.workbook import find_lessons
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = find_lessons(ROOT / "notebooks")
@@ -100,7 +100,7 @@ def test_the_report_gets_sentences_written_from_the_numbers(path):
 @pytest.mark.parametrize("path", NOTEBOOKS.values(), ids=NOTEBOOKS.keys())
 def test_the_opening_gives_the_measured_cpu_time(path):
     """The run time a learner is promised is the one measured and declared in lessons.yaml."""
-    from trl_clinic.lessons import lessons
+    from trl_clinic.course.lessons import lessons
 
     [lesson] = [lesson for lesson in lessons().values() if lesson.notebook == path.stem]
     opening = re.sub(r"\s*\n#?\s*", " ", cells(path)[0].source)

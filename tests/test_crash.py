@@ -2,12 +2,12 @@ import math
 
 import pytest
 
-from trl_clinic.child import Outcome, run_child
-from trl_clinic.crash import bisect_settings, in_process
+from trl_clinic.course.child import Outcome, run_child
+from trl_clinic.course.crash import bisect_settings, in_process
 
 
 def test_native_sigfpe_is_reported_as_a_signal():
-    outcome = run_child(["-c", "from trl_clinic.crash import native_sigfpe; native_sigfpe()"], timeout=120)
+    outcome = run_child(["-c", "from trl_clinic.course.crash import native_sigfpe; native_sigfpe()"], timeout=120)
     assert outcome.status == "signal" and outcome.signal == "SIGFPE" and outcome.returncode == -8
     assert outcome.message.startswith("Fatal Python error: Floating point exception")
     assert "native_sigfpe" in outcome.stderr  # faulthandler printed the Python stack
@@ -66,7 +66,7 @@ def test_bisection_when_nothing_fails_or_the_minimal_fails():
 
 
 def test_walk_config_applies_the_fix_each_error_names_until_accepted():
-    from trl_clinic.companions.grpo_crash import walk_config
+    from trl_clinic.course.companions.grpo_crash import walk_config
 
     def build(config):
         if "old" in config:
@@ -87,7 +87,7 @@ def test_todays_grpo_config_sizes_the_generation_batch_from_batch_and_accumulati
     """The rule lesson 05 prints, read from the installed grpo_config.py and measured: 4 x 4 holds 16 generations."""
     from trl import GRPOConfig
 
-    from trl_clinic.companions.grpo_crash import rule_lines
+    from trl_clinic.course.companions.grpo_crash import rule_lines
 
     lines = rule_lines()
     assert any("generation_batch_size = self.per_device_train_batch_size" in line for line in lines)

@@ -3,7 +3,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trl_clinic import data
+from trl_clinic.course import data
 
 
 def names_in(text):

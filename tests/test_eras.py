@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_clinic import eras
+from trl_clinic.course import eras
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRE_ENV = "TRL_CLINIC_REQUIRE_ERAS"
@@ -76,14 +76,14 @@ def test_make_test_requires_the_eras_its_tests_run():
 
 
 def test_the_eras_module_imports_without_torch():
-    code = "import sys, trl_clinic.eras, trl_clinic.handshake; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, trl_clinic.course.eras, trl_clinic.course.handshake; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_era_scripts_ship_with_the_package_and_do_not_import_trl_clinic():
     from setuptools import find_packages
 
-    assert "trl_clinic.then" in find_packages(ROOT / "src")
+    assert "trl_clinic.course.then" in find_packages(ROOT / "src")
     scripts = sorted(eras.THEN_DIR.glob("then_*.py"))
     assert {"then_02_accumulation", "then_04_padding_side"} <= {path.stem for path in scripts}
     for path in scripts:
@@ -219,10 +219,10 @@ def test_a_built_era_runs_a_script_and_returns_its_json(fake_root, tmp_path):
 BACKGROUND_BUILD = textwrap.dedent('''\
     import sys, time
     from pathlib import Path
-    from trl_clinic import eras
+    from trl_clinic.course import eras
     root = Path(sys.argv[1])
     eras.PROBE_IMPORTS = ("json",)
-    with eras._build_lock(root):  # as `python -m trl_clinic.eras` holds it across its builds
+    with eras._build_lock(root):  # as `python -m trl_clinic.course.eras` holds it across its builds
         print("locked", flush=True)
         time.sleep(2)
         eras.build_era("99-test", root, installer=[str(root / "fake-uv")], torch_links=None)
@@ -265,7 +265,7 @@ def test_a_script_s_time_limit_is_a_failure(fake_root, tmp_path):
 @pytest.mark.era
 def test_02_accumulation_on_transformers_4_45_and_today_s_recreation_agree(tmp_path):
     need_era("02-transformers-4.45")
-    from trl_clinic import handshake
+    from trl_clinic.course import handshake
 
     spec = handshake.accumulation_spec(tmp_path)
     run = eras.run_in_era("02-transformers-4.45", "then_02_accumulation", spec, tmp_path)

@@ -8,12 +8,12 @@ import pytest
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from trl_clinic import child, data
-from trl_clinic.gradients import first_step_gradient, relative_error
-from trl_clinic.launch import distributed_args
-from trl_clinic.lessons import find_lesson
-from trl_clinic.models import SMOLLM2_PACKAGE, make_causal_lm, model_maker, trained_model
-from trl_clinic.parameters import start_run
+from trl_clinic.course import child, data
+from trl_clinic.probes.gradients import first_step_gradient, relative_error
+from trl_clinic.course.launch import distributed_args
+from trl_clinic.course.lessons import find_lesson
+from trl_clinic.course.models import SMOLLM2_PACKAGE, make_causal_lm, model_maker, trained_model
+from trl_clinic.course.parameters import start_run
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def test_a_cpu_runs_children_see_no_gpu(run):
 
 def test_a_child_that_dies_or_overruns_says_so(run):
     probe = run.output_dir / "probe.py"
-    probe.write_text("import time\nfrom trl_clinic.crash import native_sigfpe\n"
+    probe.write_text("import time\nfrom trl_clinic.course.crash import native_sigfpe\n"
                      "def crash(run, spec):\n    native_sigfpe()\n"
                      "def sleep(run, spec):\n    time.sleep(30)\n")
     died = child.call(run, f"{probe}:crash", name="crash", timeout=120)
@@ -93,7 +93,7 @@ def test_two_processes_use_the_gpus_only_with_one_gpu_each(run, monkeypatch, gpu
     where = child.placed(gpu_run(run, monkeypatch, gpus), 2)
     assert where.device.type == device and where.precision == ("fp32" if device == "cpu" else "bf16")
     assert child.child_env(where) == ({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})
-    assert launcher in distributed_args(["-m", "trl_clinic.child", "spec.json"], 2, cpu=device == "cpu")
+    assert launcher in distributed_args(["-m", "trl_clinic.course.child", "spec.json"], 2, cpu=device == "cpu")
     said = child.placement(gpu_run(run, monkeypatch, gpus), 2)
     assert ("over nccl" in said) == (device == "cuda") and ("fewer GPUs than processes" in said) == (device == "cpu")
     assert child.placed(gpu_run(run, monkeypatch, gpus), 1).device.type == "cuda"  # one process keeps its GPU

@@ -8,8 +8,8 @@ import types
 from test_workbook import FINE_LESSON, tiny_notebook
 
 from trl_clinic.cli import main
-from trl_clinic.gpu_usage import GpuUsage
-from trl_clinic.report import build_report
+from trl_clinic.course.gpu_usage import GpuUsage
+from trl_clinic.course.report import build_report
 
 
 def fake_nvml(memory_mib: list[float], busy: list[int]) -> types.ModuleType:

@@ -1,6 +1,6 @@
 import socket
 
-from trl_clinic.launch import backend, distributed_args, free_port
+from trl_clinic.course.launch import backend, distributed_args, free_port
 
 
 def test_free_port_can_be_bound():
@@ -10,10 +10,10 @@ def test_free_port_can_be_bound():
 
 
 def test_cpu_machines_use_torchrun_with_gloo():
-    args = distributed_args(["-m", "trl_clinic.child", "spec.json"], processes=2)
+    args = distributed_args(["-m", "trl_clinic.course.child", "spec.json"], processes=2)
     assert backend(2, cpu=False) == "gloo"
     assert args[:4] == ["-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    assert args[-3:] == ["-m", "trl_clinic.child", "spec.json"]
+    assert args[-3:] == ["-m", "trl_clinic.course.child", "spec.json"]
 
 
 def test_multi_gpu_machines_use_accelerate_launch(monkeypatch):

@@ -31,8 +31,8 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from trl_clinic.launch import free_port
-from trl_clinic.lessons import lessons
+from trl_clinic.course.launch import free_port
+from trl_clinic.course.lessons import lessons
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = {path.stem: path.relative_to(ROOT) for path in sorted((ROOT / "notebooks").glob("[0-9]*_*.ipynb"))}

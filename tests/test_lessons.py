@@ -5,9 +5,9 @@ The gpu profile has rarely run on a GPU, so what its sizes must satisfy is check
 
 import pytest
 
-from trl_clinic import lessons
-from trl_clinic.lessons import CONCRETE_PROFILES, describe_shape, find_lesson, profile_settings
-from trl_clinic.models import MODEL_SIZES, PRETRAINED_SIZES
+from trl_clinic.course import lessons
+from trl_clinic.course.lessons import CONCRETE_PROFILES, describe_shape, find_lesson, profile_settings
+from trl_clinic.course.models import MODEL_SIZES, PRETRAINED_SIZES
 
 TABLE = lessons.lessons()
 SHAPES = [(key, profile) for key in TABLE for profile in CONCRETE_PROFILES]

@@ -17,9 +17,9 @@ import papermill
 import pytest
 
 from trl_clinic.cli import main
-from trl_clinic.report import build_report
-from trl_clinic.results import load_metrics
-from trl_clinic.workbook import SUMMARY_JSON, find_lessons, notebook_parameters
+from trl_clinic.course.report import build_report
+from trl_clinic.course.results import load_metrics
+from trl_clinic.course.workbook import SUMMARY_JSON, find_lessons, notebook_parameters
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = find_lessons(NOTEBOOKS_DIR)

@@ -1,10 +1,10 @@
 import torch
 
-from trl_clinic import data
-from trl_clinic.companions.padding_free import FAMILY_CONFIGS, family_probe
-from trl_clinic.models import make_causal_lm
-from trl_clinic.packing import pack, packed_vs_separate
-from trl_clinic.stand_ins import recreated_all_ones_mask
+from trl_clinic.course import data
+from trl_clinic.course.companions.padding_free import FAMILY_CONFIGS, family_probe
+from trl_clinic.course.models import make_causal_lm
+from trl_clinic.probes.packing import pack, packed_vs_separate
+from trl_clinic.course.stand_ins import recreated_all_ones_mask
 
 
 def sequences(tokenizer, n=3):

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from trl_clinic import data
-from trl_clinic.models import make_causal_lm
-from trl_clinic.padding import (
+from trl_clinic.course import data
+from trl_clinic.course.models import make_causal_lm
+from trl_clinic.probes.padding import (
     AUDIT_COLUMNS,
     ForwardAudit,
     generation_check,

@@ -4,10 +4,10 @@ import pytest
 import torch
 from trl import SFTConfig
 
-from trl_clinic import parameters, runtime
-from trl_clinic.lessons import find_lesson
-from trl_clinic.parameters import Run, default_output_dir, start_run
-from trl_clinic.profiles import resolve_profile
+from trl_clinic.course import parameters, runtime
+from trl_clinic.course.lessons import find_lesson
+from trl_clinic.course.parameters import Run, default_output_dir, start_run
+from trl_clinic.course.profiles import resolve_profile
 
 
 def test_auto_follows_cuda():

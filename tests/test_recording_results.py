@@ -4,12 +4,12 @@ import math
 import pytest
 from trl import SFTConfig, SFTTrainer
 
-from trl_clinic import data, plotting
-from trl_clinic.gradients import cosine, first_step_gradient, relative_error
-from trl_clinic.models import make_causal_lm
-from trl_clinic.parameters import start_run
-from trl_clinic.recording import StepRecorder
-from trl_clinic.results import failed_checks, injected, load_metrics, recreated, save_metrics
+from trl_clinic.course import data, plotting
+from trl_clinic.probes.gradients import cosine, first_step_gradient, relative_error
+from trl_clinic.course.models import make_causal_lm
+from trl_clinic.course.parameters import start_run
+from trl_clinic.probes.recording import StepRecorder
+from trl_clinic.course.results import failed_checks, injected, load_metrics, recreated, save_metrics
 
 
 @pytest.fixture
@@ -98,8 +98,8 @@ def test_nonfinite_probe_names_the_fp16_head(run, tokenizer):
     from peft import LoraConfig
     from trl import RewardConfig, RewardTrainer
 
-    from trl_clinic.models import make_reward_model
-    from trl_clinic.nonfinite import NonFiniteProbe
+    from trl_clinic.course.models import make_reward_model
+    from trl_clinic.probes.nonfinite import NonFiniteProbe
 
     args = RewardConfig(**run.trainer_kwargs("probe", logging=False), optim="adamw_torch", max_steps=5,
                         per_device_train_batch_size=4, learning_rate=5e-3)
@@ -115,7 +115,7 @@ def test_nonfinite_probe_names_the_fp16_head(run, tokenizer):
 
 
 def test_nonfinite_probe_stays_silent_on_a_healthy_run(run, tokenizer):
-    from trl_clinic.nonfinite import NonFiniteProbe
+    from trl_clinic.probes.nonfinite import NonFiniteProbe
 
     trainer = tiny_trainer(run, tokenizer)
     probe = NonFiniteProbe()
@@ -125,7 +125,7 @@ def test_nonfinite_probe_stays_silent_on_a_healthy_run(run, tokenizer):
 
 
 def test_replay_nan_filter_follows_trainer_arithmetic():
-    from trl_clinic.recording import replay_nan_filter
+    from trl_clinic.probes.recording import replay_nan_filter
 
     # lesson 03's report: step 1 finite, then NaN; 32 micro-batches a step, a log every 25 steps
     logs = replay_nan_filter([2.0] + [math.nan] * 49, accumulation=32, logging_steps=25)

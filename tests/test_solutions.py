@@ -15,7 +15,7 @@ from pathlib import Path
 import jupytext
 import pytest
 
-from trl_clinic.workbook import find_lessons
+from trl_clinic.course.workbook import find_lessons
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = find_lessons(ROOT / "notebooks")

@@ -3,8 +3,8 @@ import importlib.util
 import pytest
 import torch
 
-from trl_clinic import models
-from trl_clinic.tokenizer import build_tokenizer, cache_dir
+from trl_clinic.course import models
+from trl_clinic.course.tokenizer import build_tokenizer, cache_dir
 
 
 def test_tokenizer_round_trip_and_special_tokens(tokenizer):

@@ -7,9 +7,9 @@ import nbformat
 import pytest
 
 from trl_clinic.cli import main
-from trl_clinic.eras import era_names
-from trl_clinic.report import build_report
-from trl_clinic.workbook import check_parameters, find_lessons, longest_first, select
+from trl_clinic.course.eras import era_names
+from trl_clinic.course.report import build_report
+from trl_clinic.course.workbook import check_parameters, find_lessons, longest_first, select
 
 
 def test_select_by_number_or_name(notebooks):
@@ -62,8 +62,8 @@ def test_list_and_help_answer_without_importing_papermill_or_torch():
 
 # a lesson that passes its one check: the smallest real run of the runner
 FINE_LESSON = "\n".join([
-    "from trl_clinic.parameters import start_run",
-    "from trl_clinic.results import save_metrics",
+    "from trl_clinic.course.parameters import start_run",
+    "from trl_clinic.course.results import save_metrics",
     "run = start_run('02', profile, seed, output_dir)",
     "save_metrics(run, '02', {'x': 1.0}, lambda n: ({'shown': n['x'] > 0}, {'fixed': True}))"])
 
@@ -106,7 +106,7 @@ def test_list_shows_parameters_and_every_profile_shape(notebooks, capsys):
 
 
 def test_the_runner_starts_without_torch():
-    code = "import sys, trl_clinic.cli, trl_clinic.workbook, trl_clinic.lessons; print('torch' in sys.modules)"
+    code = "import sys, trl_clinic.cli, trl_clinic.course.workbook, trl_clinic.course.lessons; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
@@ -135,8 +135,8 @@ def test_report_shows_the_lessons_sentence_and_says_when_the_real_old_code_ran(t
     era = {"era": "02-transformers-4.45", "script": "then_02.py", "status": "finished", "message": "",
            "versions": {"transformers": "4.45.2"}}
     tiny_notebook(lessons / "02_fine.ipynb", "\n".join([
-        "from trl_clinic.parameters import start_run",
-        "from trl_clinic.results import recreated, save_metrics",
+        "from trl_clinic.course.parameters import start_run",
+        "from trl_clinic.course.results import recreated, save_metrics",
         "run = start_run('02', profile, seed, output_dir)",
         "save_metrics(run, '02', {'error': 0.5}, lambda n: ({'bad': recreated(n['error'] > 0.1)}, {'fixed': True}),",
         f"             eras=[{era!r}], summary=f'The old path missed the big batch by 0.5.')"]))
@@ -172,7 +172,7 @@ def test_lessons_run_several_at_once_keep_their_order_and_the_report_says_so(tmp
 
 
 def test_several_at_once_start_the_longest_lessons_first(notebooks):
-    from trl_clinic.lessons import lessons
+    from trl_clinic.course.lessons import lessons
 
     cpu = {lesson.notebook: lesson.seconds["cpu"] for lesson in lessons().values()}
     started = longest_first(list(notebooks.values()) + [Path("99_unmeasured.ipynb")], "auto")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from trl_clinic.launch import free_port
-from trl_clinic.lessons import lessons
+from trl_clinic.course.launch import free_port
+from trl_clinic.course.lessons import lessons
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "workshop.md"
@@ -59,7 +59,7 @@ def test_make_lab_serves_at_once_and_builds_the_eras_in_the_background(tmp_path)
         os.killpg(lab.pid, signal.SIGTERM)
         lab.wait(timeout=60)
     assert served_after < 30, f"JupyterLab served lesson 04 after {served_after:.0f} s"
-    eras_step, lab_step = log.find(f"trl_clinic.eras {ERA} > .eras/build.log 2>&1 &"), log.find("jupyter lab notebooks")
+    eras_step, lab_step = log.find(f"trl_clinic.course.eras {ERA} > .eras/build.log 2>&1 &"), log.find("jupyter lab notebooks")
     assert 0 <= eras_step < lab_step, f"the eras are not started in the background:\n{log[:3000]}"
     assert f"era {ERA}: up to date" in build_log.read_text()
     assert ("--allow-root" in log[lab_step:].splitlines()[0]) == (os.getuid() == 0)

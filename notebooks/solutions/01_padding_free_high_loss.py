@@ -13,13 +13,13 @@ import tempfile
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from trl_clinic import data
-from trl_clinic.companions import padding_free as companion
-from trl_clinic.models import make_causal_lm
-from trl_clinic.packing import pack, packed_vs_separate
-from trl_clinic.parameters import start_run
-from trl_clinic.stand_ins import recreated_all_ones_mask
-from trl_clinic.tokenizer import build_tokenizer
+from trl_clinic.course import data
+from trl_clinic.course.companions import padding_free as companion
+from trl_clinic.course.models import make_causal_lm
+from trl_clinic.probes.packing import pack, packed_vs_separate
+from trl_clinic.course.parameters import start_run
+from trl_clinic.course.stand_ins import recreated_all_ones_mask
+from trl_clinic.course.tokenizer import build_tokenizer
 
 run = start_run("01", "cpu", 0, tempfile.mkdtemp(prefix="solutions-01-"))
 sizes = run.sizes  # the lesson's cpu warm-up and measurement sizes

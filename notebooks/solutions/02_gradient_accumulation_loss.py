@@ -2,7 +2,7 @@
 
 Run from the repository root: ``python notebooks/solutions/02_gradient_accumulation_loss.py``. Each answer
 is measured on the cpu profile (tiny llama, fp32, seed 0) with the lesson's own one-step trainers
-(``trl_clinic.companions.accumulation.FirstStep``) and today's real SFTTrainer, printed, and asserted, so the
+(``trl_clinic.course.companions.accumulation.FirstStep``) and today's real SFTTrainer, printed, and asserted, so the
 file fails if an answer stops being true. An accumulation of 8 (instead of the lesson's 32) keeps it short.
 """
 
@@ -11,11 +11,11 @@ import tempfile
 from datasets import Dataset
 from trl import SFTTrainer
 
-from trl_clinic import data
-from trl_clinic.companions.accumulation import FirstStep
-from trl_clinic.gradients import label_counts, relative_error
-from trl_clinic.models import model_maker
-from trl_clinic.parameters import start_run
+from trl_clinic.course import data
+from trl_clinic.course.companions.accumulation import FirstStep
+from trl_clinic.probes.gradients import label_counts, relative_error
+from trl_clinic.course.models import model_maker
+from trl_clinic.course.parameters import start_run
 
 N = 8
 run = start_run("02", "cpu", 0, tempfile.mkdtemp(prefix="solutions-02-"))

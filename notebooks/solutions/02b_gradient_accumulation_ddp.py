@@ -2,7 +2,7 @@
 
 Run from the repository root: ``python notebooks/solutions/02b_gradient_accumulation_ddp.py``. Each answer
 is measured on the cpu profile (tiny llama, fp32, seed 0, 2 CPU processes over gloo, started by
-``trl_clinic.child.call`` as the lesson does) with today's real SFTTrainer, printed, and asserted, so the
+``trl_clinic.course.child.call`` as the lesson does) with today's real SFTTrainer, printed, and asserted, so the
 file fails if an answer stops being true. One launch computes every distributed gradient the answers need.
 Rows are dealt to the processes in turn, one batch each (accelerate 1.15, ``data_loader.py``,
 ``BatchSamplerShard`` with ``split_batches=False``), as the lesson's ``one_step_trainer`` sets them up.
@@ -15,11 +15,11 @@ import torch
 from datasets import Dataset
 from trl import SFTTrainer
 
-from trl_clinic import child, data
-from trl_clinic.companions.accumulation_ddp import one_step_trainer
-from trl_clinic.gradients import first_step_gradient, label_counts, relative_error
-from trl_clinic.parameters import Run, start_run
-from trl_clinic.stand_ins import recreate_pre_446_loss
+from trl_clinic.course import child, data
+from trl_clinic.course.companions.accumulation_ddp import one_step_trainer
+from trl_clinic.probes.gradients import first_step_gradient, label_counts, relative_error
+from trl_clinic.course.parameters import Run, start_run
+from trl_clinic.course.stand_ins import recreate_pre_446_loss
 
 PROCESSES, ACCUMULATION = 2, 2
 CASES = {"mixed, batch 1": ("mixed", 1), "biographies, batch 1": ("biographies", 1), "mixed, batch 2": ("mixed", 2)}

@@ -1,7 +1,7 @@
 """Worked solutions to lesson 03's exercises (LoRA reward model: loss 1e+34, grad norm NaN, then 0).
 
 Run from the repository root: ``python notebooks/solutions/03_lora_reward_nan.py``. Each answer is
-measured on the cpu profile with the lesson's own helpers (``trl_clinic.companions.reward_nan``), printed,
+measured on the cpu profile with the lesson's own helpers (``trl_clinic.course.companions.reward_nan``), printed,
 and asserted, so the file fails if an answer stops being true. Short runs (accumulation 4) keep the whole
 file under a minute.
 """
@@ -14,12 +14,12 @@ from datasets import Dataset
 from peft import LoraConfig
 from trl import RewardTrainer
 
-from trl_clinic import data
-from trl_clinic.companions.reward_nan import head_report, lora, reward_config, train_recorded
-from trl_clinic.models import make_reward_model
-from trl_clinic.parameters import start_run
-from trl_clinic.recording import StepRecorder
-from trl_clinic.tokenizer import build_tokenizer
+from trl_clinic.course import data
+from trl_clinic.course.companions.reward_nan import head_report, lora, reward_config, train_recorded
+from trl_clinic.course.models import make_reward_model
+from trl_clinic.course.parameters import start_run
+from trl_clinic.probes.recording import StepRecorder
+from trl_clinic.course.tokenizer import build_tokenizer
 
 run = start_run("03", "cpu", 0, tempfile.mkdtemp(prefix="solutions-03-"))
 tokenizer = build_tokenizer()

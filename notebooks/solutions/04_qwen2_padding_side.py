@@ -12,12 +12,12 @@ from collections import defaultdict
 import torch
 from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
-from trl_clinic import data
-from trl_clinic.models import make_causal_lm
-from trl_clinic.padding import ForwardAudit, batched_eval_loss, generation_check, per_row_eval_losses
-from trl_clinic.parameters import start_run
-from trl_clinic.recording import quiet
-from trl_clinic.tokenizer import build_tokenizer
+from trl_clinic.course import data
+from trl_clinic.course.models import make_causal_lm
+from trl_clinic.probes.padding import ForwardAudit, batched_eval_loss, generation_check, per_row_eval_losses
+from trl_clinic.course.parameters import start_run
+from trl_clinic.probes.recording import quiet
+from trl_clinic.course.tokenizer import build_tokenizer
 
 run = start_run("04", "cpu", 0, tempfile.mkdtemp(prefix="solutions-04-"))
 tokenizer = build_tokenizer()

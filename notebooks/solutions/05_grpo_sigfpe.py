@@ -11,12 +11,12 @@ import tempfile
 
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_clinic import data
-from trl_clinic.companions import grpo_crash
-from trl_clinic.crash import bisect_settings, in_process
-from trl_clinic.parameters import start_run
-from trl_clinic.recording import StepRecorder, quiet
-from trl_clinic.tokenizer import build_tokenizer
+from trl_clinic.course import data
+from trl_clinic.course.companions import grpo_crash
+from trl_clinic.course.crash import bisect_settings, in_process
+from trl_clinic.course.parameters import start_run
+from trl_clinic.probes.recording import StepRecorder, quiet
+from trl_clinic.course.tokenizer import build_tokenizer
 
 run = start_run("05", "cpu", 0, tempfile.mkdtemp(prefix="solutions-05-"))
 sizes = run.sizes

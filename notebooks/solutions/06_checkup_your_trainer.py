@@ -1,7 +1,7 @@
 """Worked solutions to lesson 06's exercises (the check-up on your own trainer).
 
 Run from the repository root: ``python notebooks/solutions/06_checkup_your_trainer.py``. Each answer is
-measured on the cpu profile's tiny trainers (``trl_clinic.checkup.examples``, fp32, seed 0) with today's
+measured on the cpu profile's tiny trainers (``trl_clinic.course.examples``, fp32, seed 0) with today's
 real trainers and the real probes, printed, and asserted, so the file fails if an answer stops being true.
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from trl_clinic import checkup
-from trl_clinic.checkup import examples
-from trl_clinic.tokenizer import build_tokenizer
+from trl_clinic.course import examples
+from trl_clinic.course.tokenizer import build_tokenizer
 
 OUT = Path(tempfile.mkdtemp(prefix="solutions-06-"))
 TOKENIZER = build_tokenizer()

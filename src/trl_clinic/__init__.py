@@ -1,17 +1,12 @@
-"""Helpers shared by the TRL Clinic notebooks.
+"""TRL Clinic: catch the TRL training failures people hit, in your own trainer, and the course that explains them.
 
-Each module holds one kind of plumbing, so that a notebook can show only the TRL and transformers
-calls its lesson is about:
+Two rooms:
 
-* the run: ``lessons`` (the lesson table, ``lessons.yaml``), ``profiles``, ``parameters``, ``runtime``;
-* the material: ``tokenizer``, ``models``, ``data``;
-* the probes: ``recording``, ``nonfinite``, ``gradients``, ``packing``, ``padding``, ``crash``;
-* processes: ``child`` (a lesson's function in a child process), ``launch`` (several processes);
-* stand-ins: ``stand_ins`` (old behaviour re-created, faults injected, each labelled);
-* the past, for real: ``eras`` (side environments with old versions), ``handshake``, ``then/`` scripts;
-* the output: ``plotting``, ``results``;
-* the ``trl-clinic`` command: ``workbook``, ``report``, ``doctor``, ``cli``;
-* your own trainer: ``checkup`` (``from trl_clinic import checkup; checkup(trainer)``).
+* the library, which installs beside your own torch/transformers/TRL: ``checkup`` (before training:
+  ``from trl_clinic import checkup; checkup(trainer)``), built on ``probes`` (measurements on a real batch or model);
+* the course (``trl_clinic.course``): the lessons' runs, material, stand-ins, eras and the workbook runner.
+
+The library never imports the course.
 """
 
 __version__ = "0.1.0"

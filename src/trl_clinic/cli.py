@@ -12,8 +12,8 @@ from pathlib import Path
 import yaml
 
 from trl_clinic.checkup.command import add_parser as add_checkup  # stdlib only: torch loads when it runs
-from trl_clinic.lessons import CONCRETE_PROFILES, PROFILE_NAMES, describe_shape, find_lesson
-from trl_clinic.workbook import (LessonResult, check_parameters, default_jobs, find_lessons, notebook_parameters,
+from trl_clinic.course.lessons import CONCRETE_PROFILES, PROFILE_NAMES, describe_shape, find_lesson
+from trl_clinic.course.workbook import (LessonResult, check_parameters, default_jobs, find_lessons, notebook_parameters,
                                  run_lessons, select, write_summary)
 
 
@@ -76,14 +76,14 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from trl_clinic.report import build_report
+    from trl_clinic.course.report import build_report
 
     print(f"wrote {build_report(args.out)}")
     return 0
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from trl_clinic.doctor import doctor
+    from trl_clinic.course.doctor import doctor
 
     print(doctor())
     return 0

@@ -1,6 +1,6 @@
 """Probe 2 (lesson 02): does accumulating k micro-batches give the gradient of one batch k times larger?
 
-Lesson 02 trains one real step (``trl_clinic.gradients.first_step_gradient``); a check-up may not
+Lesson 02 trains one real step (``trl_clinic.probes.gradients.first_step_gradient``); a check-up may not
 step the user's optimizer, so this probe calls the trainer's own ``get_batch_samples`` (which counts
 ``num_items_in_batch``) and ``training_step`` (loss, scaling, backward) on the same samples twice:
 as k micro-batches of b, and as one batch of b*k, and compares the two gradients. Dropout is off

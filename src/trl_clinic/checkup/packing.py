@@ -1,6 +1,6 @@
 """Probe 1 (lesson 01): do the sequences of a packed row see each other?
 
-Lesson 01's probe (``trl_clinic.packing.packed_vs_separate``) packs sequences by hand; here the row
+Lesson 01's probe (``trl_clinic.probes.packing.packed_vs_separate``) packs sequences by hand; here the row
 is the one the trainer's own collator builds, sent to the model with every key the collator gives
 (mask, positions, FlashAttention's ``cu_seq_lens``), so any cause of contamination shows: the kernel,
 a family whose mask ignores ``position_ids``, a cache, a mask sent with the row.

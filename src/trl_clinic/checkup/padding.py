@@ -13,7 +13,7 @@ import torch
 
 from trl_clinic.checkup.engine import Finding, Skip, probe
 from trl_clinic.checkup.view import TrainerView
-from trl_clinic.padding import ForwardAudit
+from trl_clinic.probes.padding import ForwardAudit
 
 
 @torch.no_grad()

@@ -1,0 +1,126 @@
+"""A lesson's verdict: the numbers it measured and the claims they were checked against.
+
+Every notebook ends by writing ``metrics.json`` (read by the tests and the workbook report) and then
+asserting its checks, so the file records the truth even when a check fails. Each check says its
+kind: ``measured`` on today's real code path, ``recreated`` through an old behaviour re-created on
+today's stack, or ``injected`` through a fault put there on purpose (``trl_clinic.course.stand_ins``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trl_clinic.probes.jsonable import json_safe
+
+if TYPE_CHECKING:
+    from trl_clinic.course.parameters import Run
+
+METRICS_FILE = "metrics.json"
+KINDS = ("measured", "recreated", "injected")
+
+
+@dataclass(frozen=True)
+class Check:
+    passed: bool
+    kind: str = "measured"
+
+
+def recreated(passed: bool) -> Check:
+    """A check whose bad behaviour comes from a re-creation of old library code."""
+    return Check(passed, "recreated")
+
+
+def injected(passed: bool) -> Check:
+    """A check whose failure was put there on purpose."""
+    return Check(passed, "injected")
+
+
+NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def from_json_safe(value: object) -> object:
+    """The inverse of ``json_safe`` for numbers: "nan", "inf" and "-inf" strings become floats again."""
+    if isinstance(value, dict):
+        return {k: from_json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_json_safe(v) for v in value]
+    return NON_FINITE.get(value, value) if isinstance(value, str) else value
+
+
+def stored(numbers: dict) -> dict:
+    """The numbers exactly as ``metrics.json`` holds them (tuples as lists, keys as strings), non-finite
+    floats kept: what a lesson's ``checks`` function sees, in the notebook and in the tests alike."""
+    return from_json_safe(json.loads(json.dumps(json_safe(numbers))))
+
+
+Checks = Callable[[dict], "tuple[dict[str, bool | Check], dict[str, bool | Check]]"]
+
+
+def _as_check(name: str, value: object) -> Check:
+    check = value if isinstance(value, Check) else Check(value)
+    if not isinstance(check.passed, bool):
+        raise TypeError(f"check {name!r} must be a bool, got {check.passed!r}")
+    if check.kind not in KINDS:
+        raise ValueError(f"check {name!r} has unknown kind {check.kind!r}: choose one of {', '.join(KINDS)}")
+    return check
+
+
+def _kind_of(checks: dict[str, Check]) -> str:
+    """"measured" only when every check is; otherwise the stand-in kinds involved, so a report never
+    says "reproduced" for a re-created or injected symptom without saying so."""
+    kinds = sorted({check.kind for check in checks.values()} - {"measured"})
+    return " + ".join(kinds) if kinds else "measured"
+
+
+def save_metrics(run: "Run", lesson: str, numbers: dict, checks: Checks, eras: list[dict] | None = None,
+                 summary: str = "") -> dict:
+    """Write ``metrics.json`` with the verdict of ``checks(numbers)``: a pair of dicts, the checks that
+    the bad run shows the failure (symptom) and those that the fixed run does not (fix). A plain bool
+    is a ``measured`` check.
+
+    ``checks`` sees nothing but the numbers as ``metrics.json`` stores them, so a test can feed it the
+    numbers of a run without the bug, or without the fix, and see it report failure: a check that
+    cannot fail is not a check. ``eras``: the records of the lesson's runs of real old code
+    (``EraRun.to_metrics()``); a skipped or failed era is listed as such, and its checks are absent.
+    ``summary``: one or two sentences a workshop participant can read, written from this run's numbers;
+    the report shows it instead of raw metric keys.
+    """
+    if not isinstance(summary, str):
+        raise TypeError(f"summary must be a str, got {type(summary).__name__}")
+    symptom, fix = checks(stored(numbers))
+    groups = {"symptom": {name: _as_check(name, value) for name, value in symptom.items()},
+              "fix": {name: _as_check(name, value) for name, value in fix.items()}}
+    payload = {
+        "lesson": lesson,
+        "summary": summary,
+        "profile": run.profile,
+        "seed": run.seed,
+        "symptom_reproduced": all(check.passed for check in groups["symptom"].values()),
+        "symptom_kind": _kind_of(groups["symptom"]),
+        "fix_verified": all(check.passed for check in groups["fix"].values()),
+        "fix_kind": _kind_of(groups["fix"]),
+        "checks": {group: {name: {"passed": check.passed, "kind": check.kind} for name, check in checks.items()}
+                   for group, checks in groups.items()},
+        "eras": [{key: record[key] for key in ("era", "script", "status", "message", "versions")}
+                 for record in eras or []],
+        "sizes": dict(run.sizes),
+        "numbers": numbers,
+        "versions": run.versions,
+        "device": run.device_report(),
+    }
+    payload = json_safe(payload)
+    (run.output_dir / METRICS_FILE).write_text(json.dumps(payload, indent=2))
+    return payload
+
+
+def failed_checks(metrics: dict) -> list[str]:
+    return [name for group in metrics["checks"].values() for name, check in group.items() if not check["passed"]]
+
+
+def load_metrics(output_dir: str | Path) -> dict:
+    return json.loads((Path(output_dir) / METRICS_FILE).read_text())

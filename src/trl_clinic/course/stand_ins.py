@@ -1,0 +1,81 @@
+"""Stand-ins: old library behaviour re-created on today's stack, and faults injected on purpose.
+
+Everything a lesson shows that is *not* today's real code path lives here, so that a notebook's
+import line says what is real: ``from trl_clinic.course.stand_ins import ...`` means "re-created" or
+"injected", and the notebook, ``metrics.json`` and the report label it so. Each stand-in names the
+library version and the code it stands for.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Trainer, TrainerCallback
+from trl import SFTTrainer
+
+from trl_clinic.course.crash import native_sigfpe
+
+RECREATED, INJECTED = "recreated", "injected"
+
+
+def recreated_all_ones_mask(collator):
+    """RE-CREATED: TRL's padding-free collator that sent the packed row with an attention mask of ones.
+
+    Stands for ``DataCollatorForLanguageModeling.torch_call`` with ``padding_free=True`` in
+    ``trl/trainer/sft_trainer.py`` of TRL 0.19.0-0.23.0, which concatenated the per-sequence masks
+    (all ones) into one row beside ``position_ids`` (0.19.1-0.23.0 dropped it only for packed
+    datasets; 0.23.1's and 0.24.0's send no mask with any padding-free batch; read in each released
+    file). With a mask present transformers builds one causal mask over the whole row and no longer
+    looks for sequence boundaries in ``position_ids``: every token attends to the sequences packed
+    before it, as under an attention kernel that ignores the boundaries.
+    """
+
+    def collate(examples):
+        batch = collator(examples)
+        batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+        return batch
+
+    return collate
+
+
+def recreate_pre_446_loss(trainer: Trainer) -> Trainer:
+    """RE-CREATED: the gradient-accumulation loss of transformers before 4.46.
+
+    Stands for ``Trainer.training_step`` of transformers 4.45: ``compute_loss(model, inputs)`` returned
+    the model's loss, a mean over the micro-batch's own label tokens, and accelerate's
+    ``Accelerator.backward`` divided it by ``gradient_accumulation_steps`` (``num_items_in_batch`` and
+    ``model_accepts_loss_kwargs`` arrived in 4.46.0). Today's ``Trainer.training_step`` still takes
+    that path when ``model_accepts_loss_kwargs`` is False: no ``num_items_in_batch`` reaches the model,
+    and each micro-batch mean is divided by the accumulation steps.
+    Set after the trainer is built (the trainer sets the attribute in ``__init__``).
+    """
+    trainer.model_accepts_loss_kwargs = False
+    return trainer
+
+
+class MeanPerMicroBatchSFTTrainer(SFTTrainer):
+    """RE-CREATED user code: a custom ``compute_loss`` that ignores ``num_items_in_batch``.
+
+    Stands for a user's ``compute_loss`` override (lesson 02's custom-loss trap): the loss is the mean
+    over this micro-batch's label tokens. (Transformers issue #37766 reports the neighbouring case, a
+    model whose forward takes no loss kwargs; it is not what this class re-creates.) Because the override accepts ``num_items_in_batch``, today's Trainer
+    believes the loss is already normalised for accumulation and does not divide by the steps.
+    """
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=None)
+
+
+class InjectedH20Fault(TrainerCallback):
+    """INJECTED: dies with a native SIGFPE at the first step when ``bf16`` is on.
+
+    Stands in for the crash of TRL issue #2906 (TRL 0.14.0, torch 2.5.1+cu121, an H20 GPU; gone with
+    ``bf16=False``), which needs an H20 GPU. Floating point exceptions on H20 with torch's cu121 wheels
+    are reported for a bf16 ``nn.Linear`` (pytorch #133548) and an fp16 ``matmul`` (pytorch #152017);
+    that #2906 is the same crash is inferred, not measured. It reproduces the report's *shape* (a native
+    SIGFPE at the first step, only with ``bf16``) so that crash isolation and bisection can be shown on
+    a real process death; it says nothing about cuBLAS.
+    """
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if args.bf16:
+            native_sigfpe()
