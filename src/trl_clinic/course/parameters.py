@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from trl_clinic.course import OFFLINE
 from trl_clinic.course.lessons import Sizes, find_lesson, profile_settings
 from trl_clinic.course.profiles import resolve_profile
 from trl_clinic.course.runtime import (
@@ -114,7 +116,17 @@ def default_output_dir(notebook: str, start: Path | None = None) -> Path:
     return here / OUTPUTS / notebook
 
 
+def go_offline() -> None:
+    """Offline, even when the notebook imported transformers before the course: huggingface_hub read the
+    variable at its own import (constants.py, ``HF_HUB_OFFLINE``) and ``is_offline_mode()`` returns that."""
+    os.environ.update(OFFLINE)
+    hub = sys.modules.get("huggingface_hub.constants")
+    if hub is not None:
+        hub.HF_HUB_OFFLINE = True
+
+
 def _prepare(run: Run) -> None:
+    go_offline()
     set_threads(profile_settings(run.profile).torch_threads)
     seed_everything(run.seed)
     quiet_library_noise()
