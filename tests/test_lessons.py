@@ -14,7 +14,7 @@ SHAPES = [(key, profile) for key in TABLE for profile in CONCRETE_PROFILES]
 
 
 def test_every_notebook_has_a_lesson_entry_and_back(notebooks):
-    assert [lesson.notebook for lesson in TABLE.values()] == list(notebooks)
+    assert [lesson.stem for lesson in TABLE.values()] == list(notebooks)
 
 
 def test_profiles_declare_device_precision_and_attention():

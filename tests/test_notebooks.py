@@ -22,7 +22,10 @@ from trl_clinic.course.results import load_metrics
 from trl_clinic.course.workbook import SUMMARY_JSON, find_lessons, notebook_parameters
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
-NOTEBOOKS = find_lessons(NOTEBOOKS_DIR)
+SOURCES_DIR = NOTEBOOKS_DIR.parent / "sources"
+NOTEBOOKS = find_lessons(NOTEBOOKS_DIR)  # cores and deep dives: what the runner runs
+EVERY_NOTEBOOK = {str(p.relative_to(NOTEBOOKS_DIR)): p for p in sorted(NOTEBOOKS_DIR.rglob("*.ipynb"))
+                  if ".ipynb_checkpoints" not in p.parts}  # and the worked solutions
 REQUIRED = {"profile", "seed", "output_dir"}
 
 
@@ -30,7 +33,11 @@ def test_there_are_lessons():
     assert NOTEBOOKS
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS.values(), ids=NOTEBOOKS.keys())
+def source_of(path: Path) -> Path:
+    return SOURCES_DIR / path.relative_to(NOTEBOOKS_DIR).with_suffix(".py")
+
+
+@pytest.mark.parametrize("path", EVERY_NOTEBOOK.values(), ids=EVERY_NOTEBOOK.keys())
 def test_committed_without_outputs(path):
     notebook = nbformat.read(path, as_version=4)
     for cell in notebook.cells:
@@ -42,34 +49,37 @@ def _cells(notebook) -> list[tuple[str, str, list[str]]]:
     return [(cell.cell_type, cell.source, cell.metadata.get("tags", [])) for cell in notebook.cells]
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS.values(), ids=NOTEBOOKS.keys())
+@pytest.mark.parametrize("path", EVERY_NOTEBOOK.values(), ids=EVERY_NOTEBOOK.keys())
 def test_notebook_matches_its_text_source_exactly(path):
-    """The same cells, and the .py exactly as jupytext writes it: JupyterLab's jupytext refuses to open a
-    notebook ("File Load Error ... is more recent than ...") when the .ipynb is over a second newer than its
-    .py and the two texts differ at all, even in the order of a cell's metadata; a clone or copy can leave
-    them seconds apart."""
-    source = path.with_suffix(".py")
-    assert source.exists(), f"{path.name} has no percent-format source {source.name}"
+    """The same cells, and the .py exactly as jupytext writes it (jupytext.toml pairs notebooks/ with sources/):
+    jupytext refuses to open a paired notebook ("File Load Error ... is more recent than ...") when the
+    .ipynb is over a second newer than its .py and the two texts differ at all, even in the order of a cell's
+    metadata; a clone or copy can leave them seconds apart."""
+    source = source_of(path)
+    assert source.exists(), f"{path.name} has no percent-format source {source.relative_to(SOURCES_DIR.parent)}"
     notebook = nbformat.read(path, as_version=4)
     assert _cells(notebook) == _cells(jupytext.read(source)), (
-        f"{path.name} and {source.name} disagree: edit the .py and run `make notebooks`")
+        f"{path.name} and {source.name} disagree: edit the source and run `make notebooks`")
     assert jupytext.writes(notebook, fmt="py:percent") == source.read_text(), (
-        f"{source.name} is not what jupytext writes from {path.name}: run "
-        f"`.venv/bin/jupytext --to py:percent {path.name}` from notebooks/")
+        f"{source.name} is not what jupytext writes from {path.name}: run `make notebooks`")
+
+
+def test_every_text_source_has_its_notebook():
+    sources = {str(p.relative_to(SOURCES_DIR).with_suffix(".ipynb")) for p in SOURCES_DIR.rglob("*.py")}
+    assert sources == set(EVERY_NOTEBOOK)
+
+
+def test_learners_see_one_file_per_notebook():
+    """JupyterLab opens on notebooks/: no text source beside a notebook there."""
+    assert not [p for p in NOTEBOOKS_DIR.rglob("*.py")], "text sources belong under sources/"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS.values(), ids=NOTEBOOKS.keys())
 def test_sizes_come_from_the_profile_not_from_the_device(path):
     """A notebook reads its numbers from run.sizes (lessons.yaml); it never asks which device it is on."""
-    source = path.with_suffix(".py").read_text()
+    source = source_of(path).read_text()
     for branch in ("on_gpu", "cuda.is_available", "is_flash_attn"):
         assert branch not in source, f"{path.stem} decides something by the device ({branch}): put it in lessons.yaml"
-    assert f'start_run("{path.stem.split("_")[0]}", profile, seed, output_dir)' in source
-
-
-def test_every_text_source_has_its_notebook():
-    sources = {path.stem for path in NOTEBOOKS_DIR.glob("[0-9][0-9]*_*.py")}
-    assert sources == set(NOTEBOOKS)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS.values(), ids=NOTEBOOKS.keys())

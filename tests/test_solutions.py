@@ -1,60 +1,56 @@
-"""Every exercise has a worked solution, and every solution still gives the answer it claims.
+"""Every core's exercises have worked solutions, as a runnable notebook at the lesson's own sizes, and every
+solution still gives the answer it claims.
 
-A lesson's solutions live beside it in ``notebooks/solutions/<notebook>.py``: one ``exercise_N``
-function per numbered item of the lesson's Exercise cell, each asserting the claim its answer makes.
-Running the file runs them all, on the CPU, as a learner would from the repository root.
+A core's solutions live in ``notebooks/solutions/<core>.ipynb`` (source: ``sources/solutions/<core>.py``): a
+``parameters`` cell as the lessons have, then one section per numbered exercise (``## Exercise N``), each ending
+with an assertion of the claim its answer makes. Papermill runs them here on the cpu profile, as a learner would.
 """
 
-import ast
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import jupytext
+import papermill
 import pytest
 
-from trl_clinic.course.workbook import find_lessons
+from trl_clinic.course.lessons import lessons
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = find_lessons(ROOT / "notebooks")
-SOLUTIONS = ROOT / "notebooks" / "solutions"
-TIME_LIMIT_S = 180  # each file is written to finish in about 40 s on one thread; a loaded CI machine is slower
+CORES = {key: lesson for key, lesson in lessons().items() if lesson.is_core}
 
 
-def exercise_items(notebook: Path) -> list[str]:
-    """The numbered items of the markdown cell headed "Exercise"."""
-    cells = [cell.source for cell in jupytext.read(notebook.with_suffix(".py")).cells
-             if cell.cell_type == "markdown" and re.search(r"^#+ .*Exercise", cell.source, re.M)]
-    assert len(cells) == 1, f"{notebook.stem} must have one Exercise cell"
-    return re.findall(r"^(\d+)\. ", cells[0], re.M)
+def exercise_count(lesson) -> int:
+    [cell] = [cell.source for cell in jupytext.read(ROOT / "sources" / f"{lesson.notebook}.py").cells
+              if cell.cell_type == "markdown" and re.search(r"^#+ .*Exercises", cell.source, re.M)]
+    return len(re.findall(r"^\d+\. ", cell, re.M))
 
 
-def exercise_functions(solution: Path) -> list[str]:
-    return [node.name for node in ast.parse(solution.read_text()).body
-            if isinstance(node, ast.FunctionDef) and node.name.startswith("exercise_")]
+def solution_source(lesson) -> Path:
+    return ROOT / "sources" / "solutions" / f"{lesson.stem}.py"
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS.values(), ids=NOTEBOOKS.keys())
-def test_every_exercise_has_a_worked_solution(notebook):
-    solution = SOLUTIONS / f"{notebook.stem}.py"
-    assert solution.exists(), f"{notebook.stem}'s exercises have no worked solution at {solution.relative_to(ROOT)}"
-    items = exercise_items(notebook)
-    assert exercise_functions(solution) == [f"exercise_{n}" for n in items], (
-        f"{solution.name} must define exercise_1 .. exercise_{len(items)}, one per item, in order")
-    assert f"solutions/{solution.name}" in notebook.with_suffix(".py").read_text(), (
-        f"{notebook.stem}'s Exercise cell must link its worked solution")
+@pytest.mark.parametrize("key", CORES)
+def test_every_exercise_has_a_worked_solution_that_asserts_its_answer(key):
+    lesson = CORES[key]
+    source = solution_source(lesson)
+    assert source.exists(), f"{lesson.stem}'s exercises have no worked solution at {source.relative_to(ROOT)}"
+    sections = re.split(r"^# ## Exercise (\d+)", source.read_text(), flags=re.M)
+    numbers = [int(n) for n in sections[1::2]]
+    assert numbers == list(range(1, exercise_count(lesson) + 1)), (
+        f"{source.name} must have one '## Exercise N' section per exercise, in order: {numbers}")
+    for number, body in zip(numbers, sections[2::2]):
+        assert "assert " in body, f"{source.name}: exercise {number} asserts nothing"
+    assert f'start_run("{key}", profile, seed, output_dir)' in source.read_text(), (
+        f"{source.name}: read the lesson's own sizes (start_run(\"{key}\", ...))")
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS.values(), ids=NOTEBOOKS.keys())
-def test_worked_solution_runs_and_its_answers_hold(notebook, tmp_path):
-    solution = SOLUTIONS / f"{notebook.stem}.py"
-    if not solution.exists():
-        pytest.skip("no solution (the test above fails)")
-    # the clinic's cache as the lessons use it: the tokenizer and SmolLM2's dequantized copy are made once
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg", "TRL_CLINIC_PROGRESS": "0"}
-    done = subprocess.run([sys.executable, str(solution)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=TIME_LIMIT_S)
-    assert done.returncode == 0, f"{solution.name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-    assert done.stdout.strip(), f"{solution.name} printed no answers"
+@pytest.mark.notebook
+@pytest.mark.parametrize("key", CORES)
+def test_worked_solutions_run_and_their_answers_hold(key, tmp_path):
+    lesson = CORES[key]
+    notebook = ROOT / "notebooks" / "solutions" / f"{lesson.stem}.ipynb"
+    if not notebook.exists():
+        pytest.skip("no solutions (the test above fails)")
+    papermill.execute_notebook(str(notebook), str(tmp_path / notebook.name), cwd=str(notebook.parent),
+                               progress_bar=False, kernel_name="python3",
+                               parameters={"profile": "cpu", "seed": 0, "output_dir": str(tmp_path / "out")})

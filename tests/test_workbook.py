@@ -174,7 +174,7 @@ def test_lessons_run_several_at_once_keep_their_order_and_the_report_says_so(tmp
 def test_several_at_once_start_the_longest_lessons_first(notebooks):
     from trl_clinic.course.lessons import lessons
 
-    cpu = {lesson.notebook: lesson.seconds["cpu"] for lesson in lessons().values()}
+    cpu = {lesson.stem: lesson.seconds["cpu"] for lesson in lessons().values()}
     started = longest_first(list(notebooks.values()) + [Path("99_unmeasured.ipynb")], "auto")
     assert [cpu.get(path.stem, 0) for path in started] == sorted(cpu.values(), reverse=True) + [0]
     assert started[0].stem == max(cpu, key=cpu.get) and started[-1].stem == "99_unmeasured"

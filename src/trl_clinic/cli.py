@@ -47,7 +47,7 @@ def _said(result: LessonResult) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    lessons = select(find_lessons(args.notebooks), args.lessons)
+    lessons = select(find_lessons(args.notebooks), args.lessons, cores_only=args.cores)
     args.out = _writable_out(args.out)
     parameters: dict[str, object] = {"profile": args.profile, "seed": args.seed}
     # papermill's own -p convention: values are read as YAML, so 3 is an int and "3" stays a string
@@ -101,6 +101,7 @@ def parser() -> argparse.ArgumentParser:
                      help="another notebook parameter, as papermill's -p")
     run.add_argument("--notebooks", default="notebooks", help="folder holding the lesson notebooks")
     run.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
+    run.add_argument("--cores", action="store_true", help="the cores only, without their deep dives (a workshop)")
     run.add_argument("--jobs", type=int, default=0,
                      help="lessons at once, each in its own process (default: one per core on the cpu profile, "
                           "where each lesson uses one torch thread; one at a time on a GPU)")

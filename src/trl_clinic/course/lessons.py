@@ -17,6 +17,7 @@ import yaml
 PROFILE_NAMES = ("auto", "cpu", "gpu")
 CONCRETE_PROFILES = ("cpu", "gpu")
 _PROFILE_KEYS = {"device", "precision", "attention", "torch_threads"}
+DEEPER = "-deeper"  # a deep dive's key is its core's key and this: "01-deeper"
 
 
 class Sizes(dict):
@@ -43,8 +44,8 @@ class ProfileSettings:
 
 @dataclass(frozen=True)
 class Lesson:
-    key: str  # "01", "02b", ...
-    notebook: str  # file stem under notebooks/
+    key: str  # "01", "02b", ... for a core; "01-deeper" for its deep dive
+    notebook: str  # path under notebooks/ without .ipynb: "01_padding_free_high_loss", "deeper/01_..._deeper"
     title: str
     report: str
     accelerators: tuple[str, ...]
@@ -53,6 +54,16 @@ class Lesson:
 
     def sizes(self, profile: str) -> Sizes:
         return self.shapes[profile]
+
+    @property
+    def stem(self) -> str:
+        """The notebook's file name without .ipynb: the name of its output folder."""
+        return Path(self.notebook).name
+
+    @property
+    def is_core(self) -> bool:
+        """A core tells one failure's story; its deep dive (``notebooks/deeper/``) keeps the evidence."""
+        return DEEPER not in self.key
 
 
 def _read() -> dict:
@@ -97,7 +108,7 @@ def find_lesson(name: str) -> Lesson:
     """A lesson by key ("02b") or notebook name; an unknown one is an error that lists the known."""
     table = lessons()
     for lesson in table.values():
-        if Path(name).stem in (lesson.key, lesson.notebook):
+        if name in (lesson.key, lesson.notebook) or Path(name).stem in (lesson.key, lesson.stem):
             return lesson
     raise ValueError(f"unknown lesson {name!r}; known: {', '.join(table)}")
 

@@ -112,8 +112,8 @@ def default_output_dir(notebook: str, start: Path | None = None) -> Path:
     here = (start or Path.cwd()).resolve()
     for folder in (here, *here.parents):
         if (folder / "notebooks" / f"{notebook}.ipynb").exists():
-            return folder / OUTPUTS / notebook
-    return here / OUTPUTS / notebook
+            return folder / OUTPUTS / Path(notebook).name
+    return here / OUTPUTS / Path(notebook).name
 
 
 def go_offline() -> None:

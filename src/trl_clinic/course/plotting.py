@@ -15,15 +15,27 @@ BAD, FIXED, REFERENCE, OTHER = "#d62728", "#2ca02c", "#7f7f7f", "#1f77b4"
 STYLE = {"bad": BAD, "fixed": FIXED, "reference": REFERENCE, "other": OTHER}
 
 
-def figure(ncols: int = 1, title: str = "", width: float = 5.0, height: float = 3.6):
-    """A row of ``ncols`` axes with the clinic's style; returns (fig, list of axes)."""
-    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+MAX_PER_ROW = 2  # readable at laptop width (issue 28): more panels wrap onto further rows
+
+
+def figure(panels: int = 1, title: str = "", width: float = 5.0, height: float = 3.6):
+    """``panels`` axes with the clinic's style, at most two a row; returns (fig, list of axes).
+
+    A title states the finding, not the variable names."""
+    if panels < 1:
+        raise ValueError(f"a figure needs at least one panel, got {panels}")
+    cols = min(panels, MAX_PER_ROW)
+    rows = -(-panels // cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
     if title:
         fig.suptitle(title, fontsize=12, fontweight="bold")
-    for ax in axes[0]:
+    axes = list(grid.flat)
+    for ax in axes[panels:]:
+        ax.set_visible(False)
+    for ax in axes[:panels]:
         ax.grid(alpha=0.3)
         ax.spines[["top", "right"]].set_visible(False)
-    return fig, list(axes[0])
+    return fig, axes[:panels]
 
 
 def line(ax, x: Sequence[float], y: Sequence[float], kind: str, label: str, **kwargs) -> None:

@@ -27,7 +27,12 @@ KINDS = ("measured", "recreated", "injected")
 @dataclass(frozen=True)
 class Check:
     passed: bool
-    kind: str = "measured"
+    kind: str  # one of KINDS: every check says what it rests on
+
+
+def measured(passed: bool) -> Check:
+    """A check on a measurement of the real code path (today's libraries, or an old version in its era)."""
+    return Check(passed, "measured")
 
 
 def recreated(passed: bool) -> Check:
@@ -62,7 +67,9 @@ Checks = Callable[[dict], "tuple[dict[str, bool | Check], dict[str, bool | Check
 
 
 def _as_check(name: str, value: object) -> Check:
-    check = value if isinstance(value, Check) else Check(value)
+    if not isinstance(value, Check):
+        raise TypeError(f"check {name!r} must say its kind: wrap it in measured(), recreated() or injected()")
+    check = value
     if not isinstance(check.passed, bool):
         raise TypeError(f"check {name!r} must be a bool, got {check.passed!r}")
     if check.kind not in KINDS:
@@ -80,8 +87,8 @@ def _kind_of(checks: dict[str, Check]) -> str:
 def save_metrics(run: "Run", lesson: str, numbers: dict, checks: Checks, eras: list[dict] | None = None,
                  summary: str = "") -> dict:
     """Write ``metrics.json`` with the verdict of ``checks(numbers)``: a pair of dicts, the checks that
-    the bad run shows the failure (symptom) and those that the fixed run does not (fix). A plain bool
-    is a ``measured`` check.
+    the bad run shows the failure (symptom) and those that the fixed run does not (fix). Each check is
+    ``measured(...)``, ``recreated(...)`` or ``injected(...)``: a plain bool is refused.
 
     ``checks`` sees nothing but the numbers as ``metrics.json`` stores them, so a test can feed it the
     numbers of a run without the bug, or without the fix, and see it report failure: a check that

@@ -41,16 +41,26 @@ class LessonResult:
 
 
 def find_lessons(notebooks_dir: str | Path) -> dict[str, Path]:
-    """Lesson notebooks by name (file stem), in order: ``NN_*.ipynb`` and parts such as ``NNb_*.ipynb``."""
+    """Lesson notebooks by name (file stem), in order: the cores ``NN_*.ipynb`` (and parts such as
+    ``NNb_*.ipynb``), then their deep dives ``deeper/NN_*.ipynb``."""
     folder = Path(notebooks_dir)
     if not folder.is_dir():
         raise FileNotFoundError(
             f"no notebooks folder at {folder.resolve()}: run from the repository root or pass --notebooks")
-    return {path.stem: path for path in sorted(folder.glob("[0-9][0-9]*_*.ipynb"))}
+    pattern = "[0-9][0-9]*_*.ipynb"
+    found = sorted(folder.glob(pattern)) + sorted((folder / "deeper").glob(pattern))
+    return {path.stem: path for path in found}
 
 
-def select(lessons: dict[str, Path], wanted: list[str]) -> dict[str, Path]:
-    """Pick lessons by number ("02") or full name; an unknown one is an error that lists the known."""
+def is_deep_dive(path: Path) -> bool:
+    return path.parent.name == "deeper"
+
+
+def select(lessons: dict[str, Path], wanted: list[str], cores_only: bool = False) -> dict[str, Path]:
+    """Pick lessons by number ("02": its core and its deep dive) or full name; an unknown one is an error
+    that lists the known. ``cores_only``: leave the deep dives out (a workshop's run)."""
+    if cores_only:
+        lessons = {name: path for name, path in lessons.items() if not is_deep_dive(path)}
     if not wanted:
         return lessons
     chosen = {}
@@ -166,7 +176,7 @@ def longest_first(lessons: list[Path], profile: str) -> list[Path]:
     measured under neither keeps its place after the others."""
     from trl_clinic.course.lessons import lessons as table
 
-    measured = {lesson.notebook: lesson.seconds for lesson in table().values()}
+    measured = {lesson.stem: lesson.seconds for lesson in table().values()}
 
     def seconds(path: Path) -> float:
         row = measured.get(path.stem, {})
