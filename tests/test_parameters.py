@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -173,3 +174,28 @@ def test_a_lesson_goes_offline_itself_even_after_the_hub_was_imported_online(tmp
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.stdout.split() == ["True", "1", "1"], out.stderr[-2000:]
+
+
+def test_the_gpu_profile_says_it_is_unverified_until_a_real_run_is_recorded(tmp_path):
+    """Issue 31: `auto` picks gpu wherever CUDA is present; until docs/gpu-runs/ holds a run where every lesson
+    passed, the lesson says so plainly and how to pick cpu; once one is recorded, it names it."""
+    from trl_clinic.course.profiles import GPU_RUNS, gpu_profile_note
+
+    assert "unverified" in gpu_profile_note(tmp_path) and "profile='cpu'" in gpu_profile_note(tmp_path)
+    runs = tmp_path / GPU_RUNS
+    runs.mkdir(parents=True)
+    (runs / "2026-11-24-h100.json").write_text(json.dumps({"all_passed": False, "device": "NVIDIA H100", "date": "x"}))
+    assert "unverified" in gpu_profile_note(tmp_path)
+    (runs / "2026-11-25-h100.json").write_text(
+        json.dumps({"all_passed": True, "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-25"}))
+    note = gpu_profile_note(tmp_path)
+    assert "unverified" not in note and "NVIDIA H100 80GB HBM3" in note and "2026-11-25-h100.json" in note
+
+
+def test_a_gpu_run_prints_the_note_and_a_cpu_run_does_not(tmp_path):
+    gpu = Run(lesson="02", profile="gpu", device=torch.device("cpu"), precision="bf16", attention="sdpa",
+              sizes=find_lesson("02").sizes("gpu"), seed=0, output_dir=tmp_path)
+    assert "profile gpu" in gpu.describe()
+    cpu = Run(lesson="02", profile="cpu", device=torch.device("cpu"), precision="fp32", attention="sdpa",
+              sizes=find_lesson("02").sizes("cpu"), seed=0, output_dir=tmp_path)
+    assert "profile gpu" not in cpu.describe()

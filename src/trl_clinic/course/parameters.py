@@ -17,7 +17,8 @@ import torch
 
 from trl_clinic.course import OFFLINE
 from trl_clinic.course.lessons import Sizes, find_lesson, profile_settings
-from trl_clinic.course.profiles import resolve_profile
+from trl_clinic.course.eras import repo_root
+from trl_clinic.course.profiles import gpu_profile_note, resolve_profile
 from trl_clinic.course.runtime import (
     best_attention,
     bf16_supported,
@@ -89,6 +90,8 @@ class Run:
         lines += [f"{key}: {value}" for key, value in self.device_report().items()]
         lines.append("sizes: " + ", ".join(f"{key}={value}" for key, value in self.sizes.items()))
         lines.append(f"output_dir: {self.output_dir}")
+        if self.profile == "gpu":
+            lines.append(gpu_profile_note(repo_root()))
         return "\n".join(lines)
 
     def to_spec(self) -> dict[str, object]:

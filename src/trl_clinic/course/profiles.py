@@ -6,7 +6,12 @@ module only decides which one applies, without importing torch.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from trl_clinic.course.lessons import PROFILE_NAMES
+
+GPU_RUNS = Path("docs") / "gpu-runs"  # one JSON record per real GPU run of the workbook, committed (issue 31)
 
 
 def resolve_profile(name: object, cuda_available: bool) -> str:
@@ -25,3 +30,23 @@ def resolve_profile(name: object, cuda_available: bool) -> str:
     if name == "gpu" and not cuda_available:
         raise ValueError("profile 'gpu' needs a CUDA device and torch sees none: use profile 'cpu' or 'auto'")
     return name
+
+
+def gpu_profile_note(root: Path) -> str:
+    """What a learner on a CUDA machine should know about the gpu profile, in one plain line.
+
+    Until a real run of every lesson on a GPU is recorded under ``docs/gpu-runs/`` (a JSON file with
+    ``"all_passed": true``, ``"device"`` and ``"date"``), the gpu profile is unverified, and the line says
+    how to pick the cpu profile, which is; once one is, it names the run."""
+    records = []
+    for path in sorted((root / GPU_RUNS).glob("*.json")):
+        record = json.loads(path.read_text())
+        if record.get("all_passed") is True:
+            records.append((path, record))
+    if not records:
+        return ("profile gpu is unverified: no run of every lesson on a real GPU is recorded in docs/gpu-runs/ yet. "
+                "For the verified path pass profile='cpu' (trl-clinic run --profile cpu, or set profile = \"cpu\" "
+                "in the notebook's first cell).")
+    path, record = records[-1]
+    return (f"profile gpu: every lesson passed on {record['device']} on {record['date']} "
+            f"({GPU_RUNS / path.name}).")
