@@ -9,7 +9,12 @@ def test_free_port_can_be_bound():
         s.bind(("127.0.0.1", port))
 
 
-def test_cpu_machines_use_torchrun_with_gloo():
+def test_cpu_machines_use_torchrun_with_gloo(monkeypatch):
+    """CUDA mocked away: on a host with two or more GPUs this would otherwise choose NCCL (AUDIT B13)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     args = distributed_args(["-m", "trl_clinic.course.child", "spec.json"], processes=2)
     assert backend(2, cpu=False) == "gloo"
     assert args[:4] == ["-m", "torch.distributed.run", "--nproc_per_node", "2"]
