@@ -9,7 +9,7 @@ from trl_clinic.probes.gradients import cosine, first_step_gradient, relative_er
 from trl_clinic.course.models import make_causal_lm
 from trl_clinic.course.parameters import start_run
 from trl_clinic.probes.recording import StepRecorder
-from trl_clinic.course.results import failed_checks, injected, load_metrics, recreated, save_metrics
+from trl_clinic.course.results import failed_checks, injected, load_metrics, measured, recreated, save_metrics
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def test_metrics_file_records_checks_and_non_finite_numbers(run):
 
     def checks(numbers):
         seen.update(numbers)
-        return {"bad is bad": numbers["loss"] == math.inf}, {"fixed is fine": False}
+        return {"bad is bad": measured(numbers["loss"] == math.inf)}, {"fixed is fine": measured(False)}
 
     metrics = save_metrics(run, "00", {"loss": math.inf, "nested": [1.0, math.nan], "pair": (1, 2), 3: "x"}, checks)
     # the checks see the numbers as stored: non-finite floats kept, tuples as lists, keys as strings
@@ -68,15 +68,17 @@ def test_metrics_file_records_checks_and_non_finite_numbers(run):
 
 
 def test_checks_say_their_kind_and_the_verdict_names_stand_ins(run):
-    metrics = save_metrics(run, "00", {}, lambda n: ({"real": True, "old code": recreated(True)},
+    metrics = save_metrics(run, "00", {}, lambda n: ({"real": measured(True), "old code": recreated(True)},
                                                      {"fault gone": injected(True)}))
     assert metrics["checks"]["symptom"]["old code"] == {"passed": True, "kind": "recreated"}
     assert metrics["symptom_kind"] == "recreated" and metrics["fix_kind"] == "injected"
 
 
-def test_checks_must_be_bools(run):
+def test_checks_must_say_their_kind_and_be_bools(run):
+    with pytest.raises(TypeError, match="must say its kind"):
+        save_metrics(run, "00", {}, lambda n: ({"x": True}, {}))
     with pytest.raises(TypeError, match="must be a bool"):
-        save_metrics(run, "00", {}, lambda n: ({"x": 1.0}, {}))
+        save_metrics(run, "00", {}, lambda n: ({"x": measured(1.0)}, {}))
     with pytest.raises(TypeError, match="must be a bool"):
         save_metrics(run, "00", {}, lambda n: ({"x": recreated(None)}, {}))
 

@@ -63,9 +63,9 @@ def test_list_and_help_answer_without_importing_papermill_or_torch():
 # a lesson that passes its one check: the smallest real run of the runner
 FINE_LESSON = "\n".join([
     "from trl_clinic.course.parameters import start_run",
-    "from trl_clinic.course.results import save_metrics",
+    "from trl_clinic.course.results import measured, save_metrics",
     "run = start_run('02', profile, seed, output_dir)",
-    "save_metrics(run, '02', {'x': 1.0}, lambda n: ({'shown': n['x'] > 0}, {'fixed': True}))"])
+    "save_metrics(run, '02', {'x': 1.0}, lambda n: ({'shown': measured(n['x'] > 0)}, {'fixed': measured(True)}))"])
 
 
 def tiny_notebook(path, body):
@@ -136,9 +136,9 @@ def test_report_shows_the_lessons_sentence_and_says_when_the_real_old_code_ran(t
            "versions": {"transformers": "4.45.2"}}
     tiny_notebook(lessons / "02_fine.ipynb", "\n".join([
         "from trl_clinic.course.parameters import start_run",
-        "from trl_clinic.course.results import recreated, save_metrics",
+        "from trl_clinic.course.results import measured, recreated, save_metrics",
         "run = start_run('02', profile, seed, output_dir)",
-        "save_metrics(run, '02', {'error': 0.5}, lambda n: ({'bad': recreated(n['error'] > 0.1)}, {'fixed': True}),",
+        "save_metrics(run, '02', {'error': 0.5}, lambda n: ({'bad': recreated(n['error'] > 0.1)}, {'fixed': measured(True)}),",
         f"             eras=[{era!r}], summary=f'The old path missed the big batch by 0.5.')"]))
     out = tmp_path / "out"
     assert main(["run", "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks", str(lessons)]) == 0
