@@ -45,7 +45,8 @@ workbook: $(STAMP) eras-for-workbook
 # Both cores: pytest-xdist spreads the test files over the cores; one file's tests stay on one worker, so a
 # session run they share (the workbook, era 01's scripts) runs once (xdist 3.8's loadgroup ignores its groups
 # on pytest 9.2: its node-id suffix is not read). The workbook runs its lessons one at a time beside the other worker.
-test: $(STAMP) browser eras-for-tests
+test: $(STAMP) browser
+	$(BIN)/python -m trl_clinic.course.eras --background --log .eras/test-build.log $(TEST_ERAS)
 	$(BIN)/python -m pytest -v -m "not slow" -n auto --dist loadfile
 
 # Every lesson run as a learner runs it in JupyterLab, on a fresh copy of the repository
@@ -104,7 +105,8 @@ clean:
 # ERAS="02-transformers-4.45 04-transformers-4.51" picks some (default: every eras/*.txt).
 # torch==2.13.0 comes from the wheel pip would install (here a local CPU build that uv cannot see).
 ERAS ?=
-# The eras whose scripts the tests run for real; under `make test` a missing one fails, not skips.
+# The eras whose scripts the tests run for real; under `make test` a missing one fails, not skips. They build in
+# the background while the first tests run (what needs an era waits for the build lock: eras.wait_for_builds).
 TEST_ERAS := 01-trl-0.14 01-transformers-4.55 02-transformers-4.45 04-transformers-4.51 04-transformers-4.40
 
 eras: $(STAMP)

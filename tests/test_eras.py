@@ -37,6 +37,8 @@ def need_era(name: str) -> Path:
     if required is not None and name not in required.split():
         pytest.skip(f"era {name} is not one of make test's eras: run `pytest tests/test_eras.py` after `make eras`")
     python = eras.era_python(name)
+    if python is None and eras.wait_for_builds(eras.repo_root(), timeout=1200):  # make test builds in the background
+        python = eras.era_python(name)
     if python is None:
         why = eras.era_state(name)[1]
         if required is not None:
@@ -385,3 +387,32 @@ def test_05_the_report_s_grpo_config_is_accepted_and_trains_on_trl_0_14(tmp_path
     assert run.result["config_accepted_as_written"] is True and run.result["error"] is None
     assert run.result["config_as_read"]["num_generations"] == 16
     assert run.result["optimizer_steps"] == 1
+
+
+BACKGROUND_MAIN = textwrap.dedent('''\
+    import sys, time
+    from pathlib import Path
+    from trl_clinic.course import eras
+    root, log = Path(sys.argv[1]), sys.argv[2]
+    eras.PROBE_IMPORTS = ("json",)
+    build = eras.build_era
+    def slow_build(name, root=None, *, force=False, **_):
+        time.sleep(10)
+        return build(name, root, installer=[str(root or eras.repo_root()) + "/fake-uv"], torch_links=None, force=force)
+    eras.build_era = slow_build
+    sys.exit(eras.main(["--background", "--log", log, "99-test"]))
+    ''')
+
+
+def test_make_test_builds_the_eras_in_the_background_and_tests_wait_for_them(fake_root, tmp_path):
+    """`make test` starts the eras' build and its tests at once: the command returns with the build lock already
+    taken, so a test that needs an era waits for it instead of finding it missing."""
+    log = tmp_path / "build.log"
+    env = {**os.environ, "TRL_CLINIC_ROOT": str(fake_root), "FAKE_UV_LOG": str(fake_root / "uv.log")}
+    done = subprocess.run([sys.executable, "-c", BACKGROUND_MAIN, str(fake_root), str(log)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "in the background" in done.stdout, done.stderr
+    assert eras.era_python("99-test", fake_root) is None  # returned at once: the build sleeps 10 s before it starts
+    assert eras.wait_for_builds(fake_root, timeout=120) is True
+    assert eras.era_python("99-test", fake_root) is not None, log.read_text()
+    assert "era 99-test: built" in log.read_text()

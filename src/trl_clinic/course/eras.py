@@ -309,6 +309,8 @@ def _build_lock(root: Path) -> Iterator[None]:
         return
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "w") as handle:
+        if not _flock(handle, "exclusive"):
+            print(f"waiting for another build of the eras to end ({folder / '.lock'})", flush=True)
         while not _flock(handle, "exclusive"):
             time.sleep(0.5)
         _LOCKED.add(folder)
@@ -387,17 +389,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="eras to build (default: every eras/*.txt)")
     parser.add_argument("--force", action="store_true", help="rebuild even when the stamp matches")
     parser.add_argument("--list", action="store_true", help="say which eras are ready and exit")
+    parser.add_argument("--log", type=Path, default=None, help=f"the background build's log (default {ERAS_DIR}/build.log)")
+    parser.add_argument("--background", action="store_true",
+                        help=f"take the build lock, then build in a background process (log: {ERAS_DIR}/build.log) "
+                             "and return at once: what needs an era waits for the lock (make test, make lab)")
     args = parser.parse_args(argv)
     names = args.names or era_names()
     if args.list:
         for name in names:
             print(f"{name}: {era_state(name)[1]}")
         return 0
+    if args.background:
+        return _build_in_background(names, args.force, args.log)
+    return _build_all(names, args.force)
+
+
+def _build_in_background(names: list[str], force: bool, log: Path | None = None) -> int:
+    """The lock is taken before this returns, so a test or lesson started next cannot find an era missing in
+    the gap before the build begins: it waits on the lock instead (``wait_for_builds``). The forked child
+    inherits the locked file and releases it when its last build ends."""
+    root = repo_root()
+    log = log or root / ERAS_DIR / "build.log"
+    with _build_lock(root):
+        if os.fork():
+            print(f"building eras {', '.join(names)} in the background (log: {log})", flush=True)
+            os._exit(0)
+        os.setsid()
+        with open(log, "w") as out, open(os.devnull) as nothing:
+            os.dup2(nothing.fileno(), 0)
+            os.dup2(out.fileno(), 1)
+            os.dup2(out.fileno(), 2)
+        status = _build_all(names, force)
+    os._exit(status)
+
+
+def _build_all(names: list[str], force: bool) -> int:
     failed = []
     with _build_lock(repo_root()):
         for name in names:
             try:
-                build_era(name, force=args.force)
+                build_era(name, force=force)
             except EraBuildError as error:
                 print(f"era {name}: {error}", file=sys.stderr, flush=True)
                 failed.append(name)
