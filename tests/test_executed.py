@@ -32,6 +32,7 @@ def test_each_executed_copy_has_its_sources_code_outputs_and_figures(path):
     assert any("image/png" in output.get("data", {}) for output in outputs), f"{copy.name} shows no figure"
     assert not any(output.get("output_type") == "error" for output in outputs), f"{copy.name} ended in an error"
     assert "papermill" not in executed.metadata
+    assert list((EXECUTED / "figures" / path.stem).glob("*.png")), f"no figures copied for {path.stem}"
 
 
 def test_the_copy_drops_what_changes_at_every_run(tmp_path):

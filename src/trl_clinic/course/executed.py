@@ -3,11 +3,13 @@
 ``python -m trl_clinic.course.executed RUN_OUT docs/executed`` copies each executed notebook of a
 ``trl-clinic run`` (cpu profile, seed 0) to the same relative path it has under ``notebooks/``, outputs and
 figures included, without what changes at every run and says nothing (papermill's per-cell timings and the
-kernel's execution metadata). The sources under ``notebooks/`` stay without outputs.
+kernel's execution metadata), and the figures each notebook saved to ``figures/<notebook>/`` beside them (the
+README shows one per lesson). The sources under ``notebooks/`` stay without outputs.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -39,6 +41,12 @@ def copy_run(run_out: Path, target_dir: Path, notebooks_dir: Path = Path("notebo
         target = target_dir / source.relative_to(notebooks_dir)
         executed_copy(executed, target)
         written.append(target)
+        figures = target_dir / "figures" / stem
+        shutil.rmtree(figures, ignore_errors=True)
+        figures.mkdir(parents=True)
+        for png in sorted((run_out / stem).glob("*.png")):
+            shutil.copy2(png, figures / png.name)
+            written.append(figures / png.name)
     return written
 
 
