@@ -9,6 +9,7 @@ TRL_CLINIC_REQUIRE_ERAS) a missing era fails; a plain `pytest` without eras skip
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
 import re
@@ -308,13 +309,24 @@ def assert_padding_error(outcome: dict, era: str, function: str) -> None:
 @pytest.mark.era
 def test_04_dpo_evaluate_raises_the_real_qwen2_padding_error_on_transformers_4_51(tmp_path):
     result = then_04("04-transformers-4.51", ("4.51.3", "0.17.0"), tmp_path)
+    scenarios = result["scenarios"]
     assert result["guard_function"] == "Qwen2Model._update_causal_mask"
-    assert_padding_error(result["scenarios"]["as_reported"], "04-transformers-4.51", "_update_causal_mask")
-    assert result["scenarios"]["tokenizer_left"]["padding_guard"]  # DPO re-pads right: the advice alone fails
-    for fix in ("use_cache_false", "padding_free"):
-        assert result["scenarios"][fix]["passed_guard"], result["scenarios"][fix]["error"]
+    assert_padding_error(scenarios["as_reported"], "04-transformers-4.51", "_update_causal_mask")
+    assert scenarios["tokenizer_left"]["verdict"] == "guard"  # DPO re-pads right: the advice alone fails
+    # training and evaluation run the same forward: DPOConfig's defaults raise at the first training step, and
+    # only gradient checkpointing in training (modeling_qwen2.py 494-498) gets training past the check
+    assert scenarios["train_defaults"]["verdict"] == "guard" and scenarios["train_defaults"]["in_training_step"]
+    checkpointing = scenarios["train_checkpointing"]
+    assert checkpointing["verdict"] == "missing_flash_kernel" and checkpointing["in_training_step"]
+    assert checkpointing["then_evaluate"]["verdict"] == "guard" and checkpointing["checkpointing_on"]
+    for fix in ("use_cache_false", "path_model_init_kwargs", "explicit_ref_path_fixed", "padding_free"):
+        assert scenarios[fix]["verdict"] == "missing_flash_kernel", scenarios[fix]["error"]  # past the check
+    assert scenarios["path_model_init_kwargs"]["reference_forward"]["verdict"] == "missing_flash_kernel"
+    assert scenarios["explicit_ref_path"]["reference_forward"]["verdict"] == "guard"  # ref_model_init_kwargs missing
+    assert scenarios["explicit_ref_path_fixed"]["reference_forward"]["verdict"] == "missing_flash_kernel"
     forward = result["direct_forward"]
-    assert forward["right"]["padding_guard"] and forward["left"]["passed_guard"] and forward["right_no_cache"]["passed_guard"]
+    assert forward["right"]["verdict"] == "guard"
+    assert forward["left"]["verdict"] == forward["right_no_cache"]["verdict"] == "missing_flash_kernel"
 
 
 @pytest.mark.era
@@ -323,10 +335,32 @@ def test_04_a_right_padded_forward_with_the_cache_raises_the_same_error_on_trans
     assert result["guard_function"] == "Qwen2Model.forward" and not result["flash_attn_installed"]
     assert_padding_error(result["direct_forward"]["right"], "04-transformers-4.40", "forward")
     for passes in ("right_no_cache", "left"):  # the check is keyed on use_cache and on right padding
-        assert result["direct_forward"][passes]["passed_guard"] and result["direct_forward"][passes]["needs_flash_kernel"]
+        assert result["direct_forward"][passes]["verdict"] == "missing_flash_kernel"
     dpo = result["scenarios"]["as_reported"]  # trl 0.8.6's concatenated_forward passes use_cache=False
-    assert dpo["passed_guard"] and dpo["needs_flash_kernel"], dpo["error"]
-    assert "padding_free" not in result["scenarios"]  # trl 0.8.6's DPO has no padding_free
+    assert dpo["verdict"] == "missing_flash_kernel", dpo["error"]
+    assert set(result["scenarios"]) == {"as_reported", "tokenizer_left", "use_cache_false"}  # no DPOConfig in 0.8.6
+
+
+def test_04_an_unexpected_error_is_never_counted_as_past_the_check():
+    """AUDIT B7: only the guard's ValueError, the missing flash kernel's NameError or no error at all are
+    recognised; anything else (a NameError of another name, a TypeError) is ``other``."""
+    spec = importlib.util.spec_from_file_location("then_04", eras.THEN_DIR / "then_04_padding_side.py")
+    then = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(then)
+
+    def raising(error):
+        def call():
+            raise error
+        return call
+
+    assert then.outcome(raising(ValueError(then.GUARD + " ...")))["verdict"] == "guard"
+    assert then.outcome(lambda: {"eval_loss": 0.5})["verdict"] == "finished"
+    for error in (NameError("name 'trainer' is not defined", name="trainer"), TypeError("bad argument")):
+        found = then.outcome(raising(error))
+        assert found["verdict"] == "other" and not found["passed_guard"]
+    missing = then.outcome(raising(NameError("name '_flash_supports_window_size' is not defined",
+                                             name="_flash_supports_window_size")))
+    assert missing["verdict"] == ("other" if then.FLASH_ATTN_INSTALLED else "missing_flash_kernel")
 
 
 @pytest.fixture(scope="module")

@@ -9,24 +9,30 @@ padding_side='right' ...`` lived in two windows of transformers' ``models/qwen2/
   config when the model is built), an attention mask, ``use_cache`` (the argument, else the config's)
   and a right-padded row. Era ``04-transformers-4.40`` (transformers 4.40.2, trl 0.8.6).
 * 4.49.0-4.52.4, ``Qwen2Model._update_causal_mask``: the config's ``flash_attention_2``, an attention
-  mask, a cache object (``use_cache=True`` creates one) and a right-padded row. Era
-  ``04-transformers-4.51`` (transformers 4.51.3, trl 0.17.0, the report's versions).
+  mask, a cache object and a right-padded row. ``Qwen2Model.forward`` creates the cache when
+  ``use_cache`` (the argument, else the config's) is on, and turns it off only under gradient
+  checkpointing in training (4.51.3 modeling_qwen2.py lines 494-498). Era ``04-transformers-4.51``
+  (transformers 4.51.3, trl 0.17.0, the report's versions; trl 0.17.0's dpo_trainer.py passes no
+  ``use_cache``, and its DPOConfig leaves ``gradient_checkpointing`` at TrainingArguments' False).
 
-Both checks run before any attention kernel, so they raise on CPU: the tiny Qwen2 is built with eager
-attention and then told it is FlashAttention-2, as loading with FlashAttention-2 on a GPU leaves it
-(the config; on 4.40 also ``Qwen2Model._attn_implementation`` and the layers' ``Qwen2FlashAttention2``
-class). A forward that gets past the check then needs the real flash kernel, which CPU-only torch has
-not: what happened next is recorded as it is.
+Both checks run before any attention kernel, so they raise on CPU: the tiny Qwen2 is built (or loaded)
+with eager or sdpa attention and then told it is FlashAttention-2, as loading with FlashAttention-2 on a
+GPU leaves it (the config; on 4.40 also ``Qwen2Model._attn_implementation`` and the layers'
+``Qwen2FlashAttention2`` class). A forward that gets past the check then needs the flash-attn package,
+which this CPU machine has not: transformers imports ``_flash_supports_window_size`` and the kernels only
+when flash-attn is installed (4.51.3 modeling_flash_attention_utils.py lines 35-51), so the next error is
+``NameError: name '_flash_supports_window_size' is not defined``. Each outcome says which it was:
+``guard`` (the ValueError), ``missing_flash_kernel`` (that NameError: past the check), ``finished`` or
+``other`` (anything else, never counted as past the check).
 
-Usage: ``python then_04_padding_side.py SPEC.json RESULT.json`` with the era's interpreter. The spec
-may set ``seed`` (default 0), ``eval_batch_size`` (default 1, the report's) and ``threads``.
+Usage: ``python then_04_padding_side.py SPEC.json RESULT.json`` with the era's interpreter. The spec may
+set ``seed`` (default 0), ``eval_batch_size`` (default 1, the report's), ``threads``, ``scenarios`` (names
+of SCENARIOS, default all the era's trl supports) and ``direct_forward`` (default true).
 
-``direct_forward``: one forward of a chosen/rejected pair stacked as DPO stacks it, right-padded with
-and without the cache, and left-padded with it. ``scenarios``: the real ``DPOTrainer.evaluate()`` of
-the era's trl, each with a fresh model: ``as_reported``; ``tokenizer_left`` (the message's own advice);
-``use_cache_false`` (``model.config.use_cache = False``); ``padding_free`` (``DPOConfig(padding_free=True)``,
-where the era's trl has it). For each: the error's type, message, file, function and line (the
-traceback's last frame) and the traceback. Standalone: it must not import ``trl_clinic``.
+``direct_forward``: one forward of a chosen/rejected pair stacked as DPO stacks it, right-padded with and
+without the cache, and left-padded with it. ``scenarios``: the era's real ``DPOTrainer``, each with a fresh
+model; see SCENARIOS. For each outcome: the error's type, message, file, function and line (the
+traceback's last frame), the library frames and the traceback. Standalone: it must not import ``trl_clinic``.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from pathlib import Path
 import torch
 
 GUARD = "You are attempting to perform batched generation with padding_side='right'"
+FLASH_ATTN_INSTALLED = importlib.util.find_spec("flash_attn") is not None
 WORDS = ("the cat dog sat ran on mat rug a big small red blue fast slow and then home park tree "
          "good bad yes no it is was very").split()
 # chosen and rejected of different lengths: the stacked batch of one pair is right-padded
@@ -52,6 +59,20 @@ PAIRS = [("the cat sat on", "the mat and then", "a dog"),
          ("a big dog ran to", "the park", "home and then the tree was very big"),
          ("is it", "yes it is", "no"),
          ("the red cat", "was very fast and good", "slow")]
+# what each scenario changes from the report's setup (trl 0.17: DPOConfig defaults, a model instance)
+SCENARIOS = {
+    "as_reported": "evaluate(), DPOConfig defaults",
+    "train_defaults": "train(), DPOConfig defaults: the first training step",
+    "train_checkpointing": "train() with DPOConfig(gradient_checkpointing=True): the first training step, then "
+                           "evaluate() on the same trainer (checkpointing on, the model in eval mode)",
+    "tokenizer_left": "evaluate(), tokenizer.padding_side = 'left' (the message's advice)",
+    "use_cache_false": "evaluate(), model.config.use_cache = False on the model instance",
+    "path_model_init_kwargs": "evaluate(), a model path and DPOConfig(model_init_kwargs={'use_cache': False})",
+    "explicit_ref_path": "the same with ref_model=<path>: the reference model's forward",
+    "explicit_ref_path_fixed": "the same with ref_model_init_kwargs={'use_cache': False} too",
+    "padding_free": "evaluate(), DPOConfig(padding_free=True)",
+}
+NEEDS_DPO_CONFIG = set(SCENARIOS) - {"as_reported", "tokenizer_left", "use_cache_false"}
 
 
 def tiny_tokenizer(bos: bool = False):
@@ -69,20 +90,13 @@ def tiny_tokenizer(bos: bool = False):
                                    unk_token="<unk>", padding_side="right", **({"bos_token": "<bos>"} if bos else {}))
 
 
-def tiny_qwen2(tokenizer, seed: int, use_cache: bool = True):
-    """Loaded eager, then told it is FlashAttention-2: what ``from_pretrained(attn_implementation=
-    "flash_attention_2")`` leaves on a GPU, without needing the kernel to build it. transformers <= 4.41
-    read the implementation once, into ``Qwen2Model._attn_implementation`` and each layer's attention
-    class (``Qwen2FlashAttention2``); later releases read the config at every forward."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
+def as_flash_attention_2(model):
+    """Tell a model built with eager/sdpa attention that it is FlashAttention-2, as ``from_pretrained(...,
+    attn_implementation="flash_attention_2")`` leaves it on a GPU, without needing the kernel to build it.
+    transformers <= 4.41 read the implementation once, into ``Qwen2Model._attn_implementation`` and each
+    layer's attention class (``Qwen2FlashAttention2``); later releases read the config at every forward."""
     from transformers.models.qwen2 import modeling_qwen2
 
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=None, tie_word_embeddings=True, use_cache=use_cache)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", torch_dtype=torch.float32)
     model.config._attn_implementation = "flash_attention_2"
     if hasattr(model.model, "_attn_implementation"):  # transformers <= 4.41
         model.model._attn_implementation = "flash_attention_2"
@@ -91,38 +105,82 @@ def tiny_qwen2(tokenizer, seed: int, use_cache: bool = True):
     return model
 
 
+def tiny_qwen2(tokenizer, seed: int, use_cache: bool = True):
+    """A two-layer Qwen2 with the config's default ``use_cache=True`` (or the one asked), then FlashAttention-2."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                         bos_token_id=None, tie_word_embeddings=True, use_cache=use_cache)
+    torch.manual_seed(seed)
+    return as_flash_attention_2(AutoModelForCausalLM.from_config(config, attn_implementation="eager",
+                                                                 torch_dtype=torch.float32))
+
+
+def site_relative(filename: str) -> str:
+    """A frame's file as the user's traceback names it inside the installed package (``transformers/...``)."""
+    return filename.split("site-packages/", 1)[-1]
+
+
 def describe_error(error: BaseException) -> dict:
     frames = traceback.extract_tb(error.__traceback__)
     last = frames[-1] if frames else None
     message = str(error)
+    library = [frame for frame in frames if "site-packages" in frame.filename]
+    shown = traceback.format_list([traceback.FrameSummary(site_relative(f.filename), f.lineno, f.name, line=f.line)
+                                   for f in library])
     return {"raised": True, "error_type": type(error).__name__, "message": message,
             "error": f"{type(error).__name__}: {message}", "padding_guard": GUARD in message,
+            "missing_name": getattr(error, "name", None) if isinstance(error, NameError) else None,
             "file": last.filename if last else None, "function": last.name if last else None,
             "line": last.lineno if last else None,
-            "library_frames": [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames
-                               if "site-packages" in f.filename][-8:],
+            "in_training_step": any(frame.name == "training_step" for frame in frames),
+            "library_frames": [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in library][-8:],
+            "user_traceback": "Traceback (most recent call last):\n" + "".join(shown)
+                              + f"{type(error).__name__}: {message}",
             "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))[-6000:]}
 
 
+def verdict(result: dict) -> str:
+    """``guard``: the padding_side='right' ValueError. ``missing_flash_kernel``: past the check, stopped by
+    the NameError of a flash-attn name transformers defines only when flash-attn is installed.
+    ``finished``: no error. ``other``: anything else (never counted as past the check)."""
+    if not result["raised"]:
+        return "finished"
+    if result["padding_guard"]:
+        return "guard"
+    if (result["error_type"] == "NameError" and not FLASH_ATTN_INSTALLED
+            and "flash" in (result["missing_name"] or "")):
+        return "missing_flash_kernel"
+    return "other"
+
+
 def outcome(call) -> dict:
-    """Run ``call``; the guard's ValueError, any other error (the missing kernel) or the metrics."""
+    """Run ``call``: the guard's ValueError, the missing kernel's NameError, any other error, or the metrics."""
     try:
         value = call()
     except Exception as error:
         result = describe_error(error)
     else:
-        result = {"raised": False, "value": {k: float(v) for k, v in (value or {}).items()
-                                             if isinstance(v, (int, float))}}
-    result["passed_guard"] = not result.get("padding_guard", False)
-    # past the guard, a CPU-only torch has no flash kernel: the next error comes from the flash path
-    result["needs_flash_kernel"] = bool(result["raised"] and result["passed_guard"]
-                                        and "flash" in (result.get("file") or "") + result.get("message", ""))
+        result = {"raised": False, "padding_guard": False, "error": None, "message": None, "file": None,
+                  "function": None, "value": {k: float(v) for k, v in (value or {}).items()
+                                              if isinstance(v, (int, float))}}
+    result["verdict"] = verdict(result)
+    result["passed_guard"] = result["verdict"] in ("missing_flash_kernel", "finished")
     return result
 
 
-def dpo_trainer(spec: dict, workdir: Path, model, tokenizer, padding_free: bool):
-    """The era's real DPOTrainer: trl 0.17's takes a DPOConfig; trl 0.8.6's takes TrainingArguments and its
-    DPO settings as arguments (it has no DPOConfig and no padding_free)."""
+def has_dpo_config() -> bool:
+    """trl 0.17 has ``DPOConfig`` (with ``padding_free``, ``model_init_kwargs``); trl 0.8.6 has neither."""
+    import trl
+
+    return hasattr(trl, "DPOConfig")
+
+
+def dpo_trainer(spec: dict, workdir: Path, model, tokenizer, ref_model=None, **config):
+    """The era's real DPOTrainer: trl 0.17's takes a DPOConfig (``config`` goes into it); trl 0.8.6's takes
+    TrainingArguments and its DPO settings as arguments."""
     from datasets import Dataset
     import trl
 
@@ -134,9 +192,9 @@ def dpo_trainer(spec: dict, workdir: Path, model, tokenizer, padding_free: bool)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if has_dpo_config():
-            args = trl.DPOConfig(**common, max_length=64, max_prompt_length=32, padding_free=padding_free)
-            return trl.DPOTrainer(model=model, args=args, train_dataset=rows, eval_dataset=rows,
-                                  processing_class=tokenizer)
+            args = trl.DPOConfig(**common, max_length=64, max_prompt_length=32, **config)
+            return trl.DPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=rows,
+                                  eval_dataset=rows, processing_class=tokenizer)
         from transformers import TrainingArguments
 
         return trl.DPOTrainer(model=model, args=TrainingArguments(**common, remove_unused_columns=False),
@@ -144,20 +202,51 @@ def dpo_trainer(spec: dict, workdir: Path, model, tokenizer, padding_free: bool)
                               max_prompt_length=32)
 
 
-def evaluate(spec: dict, workdir: Path, *, use_cache: bool = True, padding_side: str = "right",
-             padding_free: bool = False) -> dict:
+def reference_forward(trainer) -> dict:
+    """The reference model's own forward on the first evaluation batch, as trl 0.17's evaluation runs it
+    (``DPOTrainer.compute_ref_log_probs``): on CPU the policy's forward stops at the missing kernel first."""
+    batch = trainer._prepare_inputs(next(iter(trainer.get_eval_dataloader())))
+    return outcome(lambda: trainer.compute_ref_log_probs(batch) and None)
+
+
+def from_path(spec: dict, workdir: Path, tokenizer, explicit_ref: bool, **config) -> dict:
+    """DPOTrainer(model=<path>, ...) as a user with a model id writes it; the loaded models are then told
+    they are FlashAttention-2. Records each model's ``config.use_cache``, evaluate() and the reference forward."""
+    folder = workdir / "qwen2"
+    if not folder.exists():
+        model = tiny_qwen2(tokenizer, spec.get("seed", 0))
+        model.config._attn_implementation = "eager"  # saved as a plain checkpoint
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    trainer = dpo_trainer(spec, workdir, str(folder), tokenizer, ref_model=str(folder) if explicit_ref else None,
+                          **config)
+    for model in (trainer.model, trainer.ref_model):
+        as_flash_attention_2(model)
+    return {**outcome(trainer.evaluate), "reference_forward": reference_forward(trainer),
+            "use_cache": {"policy": trainer.model.config.use_cache, "reference": trainer.ref_model.config.use_cache}}
+
+
+def run_scenario(name: str, spec: dict, workdir: Path) -> dict:
     tokenizer = tiny_tokenizer(bos=not has_dpo_config())
-    tokenizer.padding_side = padding_side
-    model = tiny_qwen2(tokenizer, spec.get("seed", 0), use_cache=use_cache)
-    trainer = dpo_trainer(spec, workdir, model, tokenizer, padding_free)
-    return outcome(trainer.evaluate)
-
-
-def has_dpo_config() -> bool:
-    """trl 0.17 has ``DPOConfig`` (with ``padding_free``); trl 0.8.6 has neither."""
-    import trl
-
-    return hasattr(trl, "DPOConfig")
+    seed = spec.get("seed", 0)
+    if name == "tokenizer_left":
+        tokenizer.padding_side = "left"
+    if name.startswith("path") or name.startswith("explicit_ref"):
+        ref_kwargs = {"ref_model_init_kwargs": {"use_cache": False}} if name.endswith("fixed") else {}
+        return from_path(spec, workdir, tokenizer, explicit_ref=name.startswith("explicit_ref"),
+                         model_init_kwargs={"use_cache": False}, **ref_kwargs)
+    model = tiny_qwen2(tokenizer, seed, use_cache=name != "use_cache_false")
+    config = {"padding_free": True} if name == "padding_free" else {}
+    if name.startswith("train"):
+        config.update(max_steps=1, gradient_checkpointing=name == "train_checkpointing")
+    trainer = dpo_trainer(spec, workdir / name, model, tokenizer, **config)
+    if not name.startswith("train"):
+        return outcome(trainer.evaluate)
+    trained = outcome(trainer.train)
+    if name == "train_checkpointing":  # evaluation as train() runs it at eval_steps: checkpointing on, eval mode
+        trained["then_evaluate"] = outcome(trainer.evaluate)
+        trained["checkpointing_on"] = bool(trainer.model.is_gradient_checkpointing)
+    return trained
 
 
 def direct_forward(spec: dict) -> dict:
@@ -193,23 +282,22 @@ def main(spec_path: str, result_path: str) -> None:
     torch.set_num_threads(int(spec.get("threads", 1)))
     from transformers.models.qwen2 import modeling_qwen2
 
+    supported = [name for name in SCENARIOS if has_dpo_config() or name not in NEEDS_DPO_CONFIG]
+    asked = spec.get("scenarios", supported)
+    unknown = set(asked) - set(supported)
+    if unknown:
+        raise ValueError(f"scenarios {sorted(unknown)} are not run with this trl; choose from {supported}")
     with tempfile.TemporaryDirectory() as scratch:
-        scratch = Path(scratch)
-        scenarios = {
-            "as_reported": evaluate(spec, scratch / "a"),
-            "tokenizer_left": evaluate(spec, scratch / "b", padding_side="left"),
-            "use_cache_false": evaluate(spec, scratch / "c", use_cache=False),
-        }
-        if has_dpo_config():
-            scenarios["padding_free"] = evaluate(spec, scratch / "d", padding_free=True)
+        scenarios = {name: run_scenario(name, spec, Path(scratch) / name) for name in asked}
     result = {
         "era_versions": {name: importlib.metadata.version(name)
                          for name in ("torch", "transformers", "trl", "peft", "accelerate", "datasets")},
-        "flash_attn_installed": importlib.util.find_spec("flash_attn") is not None,
+        "flash_attn_installed": FLASH_ATTN_INSTALLED,
         "guard_function": guard_function(modeling_qwen2),
         "guard_file": inspect.getsourcefile(modeling_qwen2),
+        "scenario_descriptions": {name: SCENARIOS[name] for name in asked},
         "scenarios": scenarios,
-        "direct_forward": direct_forward(spec),
+        "direct_forward": direct_forward(spec) if spec.get("direct_forward", True) else {},
         "seconds": time.perf_counter() - start,
     }
     Path(result_path).write_text(json.dumps(result, indent=1))
