@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -17,6 +18,36 @@ def quiet(trainer: Trainer) -> Trainer:
     train metrics, as a raw dict that buries the notebook's own one-line summaries."""
     trainer.remove_callback(PrinterCallback)
     return trainer
+
+
+def tap_training_step(trainer: Trainer,
+                      listener: Callable[[torch.Tensor, object, object], None]) -> Callable[[], None]:
+    """Show ``listener(loss, inputs, num_items_in_batch)`` every micro-batch the trainer trains on, with the
+    loss ``training_step`` returned (detached), changing neither; returns the function that undoes the tap.
+
+    A callback never sees the loss: transformers 5.23 ``Trainer._run_epoch`` keeps it in a local
+    (trainer.py:1909), so the instance's ``training_step`` is wrapped. ``_run_epoch`` looks the method up
+    on every micro-batch, so a tap put in place at ``on_train_begin`` applies from the first step.
+    ``inputs`` is a shallow copy of the batch as the dataloader gave it (a ``compute_loss`` that pops
+    ``labels`` leaves the copy whole); GRPO's is its list of prompts, generated from inside the step.
+    """
+    had_own = "training_step" in vars(trainer)
+    training_step = trainer.training_step
+
+    def tapped(model, inputs, *args, **kwargs):
+        seen = dict(inputs) if isinstance(inputs, Mapping) else inputs
+        loss = training_step(model, inputs, *args, **kwargs)
+        listener(loss.detach(), seen, args[0] if args else kwargs.get("num_items_in_batch"))
+        return loss
+
+    def undo() -> None:
+        if had_own:
+            trainer.training_step = training_step
+        else:
+            del trainer.training_step
+
+    trainer.training_step = tapped
+    return undo
 
 
 class StepRecorder(TrainerCallback):
@@ -35,14 +66,7 @@ class StepRecorder(TrainerCallback):
         self._raw: list[tuple[int, torch.Tensor]] = []  # (step, loss) not yet moved to the host
 
     def watch(self, trainer: Trainer) -> "StepRecorder":
-        training_step = trainer.training_step
-
-        def recorded_training_step(*args, **kwargs):
-            loss = training_step(*args, **kwargs)
-            self._pending.append(loss.detach())
-            return loss
-
-        trainer.training_step = recorded_training_step
+        tap_training_step(trainer, lambda loss, inputs, num_items_in_batch: self._pending.append(loss))
         trainer.add_callback(self)
         quiet(trainer)  # the recorder keeps every log row
         return self
