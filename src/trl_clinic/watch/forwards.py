@@ -1,0 +1,153 @@
+"""Read-only hooks on the forwards the model really receives (lessons 01 and 04).
+
+* Packed rows (positions restarting inside a row, as TRL's padding-free and packing collators send):
+  do the sequences see each other? Read from the mask the first attention layer receives, so any
+  cause shows: a mask sent with the row, a cache, a model family whose mask ignores ``position_ids``.
+  transformers 5.23 builds a block mask from ``position_ids`` only when no attention mask and no cache
+  are passed (``masking_utils.py:876``, ``_preprocess_mask_arguments``); FlashAttention kernels take
+  the boundaries from ``cu_seq_lens_*`` or packed ``position_ids`` when no mask reaches them
+  (``modeling_flash_attention_utils.py:837-862``, ``_flash_attention_forward``).
+* Generation from right-padded rows: a forward that reads a KV cache (``past_key_values`` passed, as
+  ``generate()`` does from its first forward) whose prompts end in padding predicts its first new
+  token at a pad slot.
+
+The hooks only read their arguments: no extra forward, no mode change, no random numbers. A packed
+row is checked on its first ``PACKED_FORWARDS`` training forwards (the collator builds every batch the
+same way); a generation on the first forward of each ``generate()`` call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from trl_clinic.probes.padding import right_padded
+from trl_clinic.watch.findings import Finding
+
+PACKED_FORWARDS = 2
+VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+def restarts(positions: torch.Tensor) -> list[int]:
+    """Columns of one row where a later sequence starts: its positions restart at 0 after column 0."""
+    return (positions[1:] == 0).nonzero().flatten().add(1).tolist()
+
+
+def backbone(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside a PEFT wrapper (its forward is the one generation calls), else the model."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def boundary_visible(mask, position_ids: torch.Tensor, attention_kwargs: dict, implementation: str) -> bool | None:
+    """Does the first token of some packed sequence see the last token of the one before it?
+
+    ``mask`` is what the attention layer received: a 4D boolean (True: attend) or additive float mask, None
+    (a plain causal kernel over the whole row, or FlashAttention left to find the boundaries), or a 2D
+    padding mask (FlashAttention unpads by it: one sequence per row). None means it cannot be read here
+    (flex attention's BlockMask).
+    """
+    if "flash" in implementation:
+        if mask is None:  # varlen from cu_seq_lens, else from packed position_ids (batch of one row)
+            return not (all(attention_kwargs.get(k) is not None for k in VARLEN_KWARGS)
+                        or (attention_kwargs.get("position_ids") is not None and position_ids.shape[0] == 1))
+        return True
+    if mask is None:
+        return True  # sdpa's causal fast path: one causal mask over every sequence of the row
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
+        return None
+    rows, queries, keys = [], [], []
+    for row in range(position_ids.shape[0]):
+        for start in restarts(position_ids[row]):
+            rows.append(min(row, mask.shape[0] - 1))
+            queries.append(start)
+            keys.append(start - 1)
+    values = mask[rows, 0, queries, keys]
+    allowed = values if values.dtype == torch.bool else values > torch.finfo(values.dtype).min / 2
+    return bool(allowed.any())
+
+
+class ForwardWatch:
+    """Hooks on ``model`` (its transformers backbone) that report findings through ``report``."""
+
+    def __init__(self, model: torch.nn.Module, report: Callable[[Finding], None], step: Callable[[], int]) -> None:
+        self.model = backbone(model)
+        self.report, self.step = report, step
+        self.packed_checked = 0
+        self.generation_done, self.generations = False, 0  # generations: generate() calls seen
+        self._packed: dict | None = None  # the packed forward whose attention layer is next
+        self._handles = [self.model.register_forward_pre_hook(self._forward, with_kwargs=True)]
+        attention = next((m for name, m in self.model.named_modules() if name.endswith("self_attn")), None)
+        if attention is not None:
+            self._handles.append(attention.register_forward_pre_hook(self._attention, with_kwargs=True))
+        else:
+            self.packed_checked = PACKED_FORWARDS  # no attention layer found by name: nothing to read
+
+    def _forward(self, module, args, kwargs) -> None:
+        cache = kwargs.get("past_key_values")
+        if cache is not None and not self.generation_done and hasattr(cache, "get_seq_length") \
+                and cache.get_seq_length() == 0:
+            self.generations += 1
+            self._generation(kwargs.get("attention_mask"))
+        positions = kwargs.get("position_ids")
+        # generation's forwards (a cache passed in) are not packed rows: left padding restarts positions too
+        if (module.training and cache is None and self.packed_checked < PACKED_FORWARDS and positions is not None
+                and positions.dim() == 2 and bool((positions[:, 1:] == 0).any())):
+            self._packed = {"position_ids": positions, "mask_sent": kwargs.get("attention_mask") is not None,
+                            "use_cache": kwargs.get("use_cache")}
+
+    def _generation(self, mask) -> None:
+        if mask is None or mask.dim() != 2 or not right_padded(mask):
+            return
+        self.generation_done = True
+        padded = int((mask[:, -1] == 0).sum())
+        self.report(Finding(
+            "right_padding", self.step(),
+            f"generate() started from {padded} of {mask.shape[0]} prompts padded on the right, with a KV cache",
+            "the tokenizer pads on the right (padding_side='right') where prompts are batched for generation: the "
+            "first new token is predicted at a pad slot and new tokens take positions after the padding",
+            "tokenizer.padding_side = 'left' before tokenizing prompts for generate()", "04",
+            numbers={"right_padded_prompts": padded, "prompts": mask.shape[0]}))
+
+    def _attention(self, module, args, kwargs) -> None:
+        packed, self._packed = self._packed, None
+        if packed is None:
+            return
+        self.packed_checked += 1
+        config = self.model.config
+        implementation = getattr(config, "_attn_implementation", None) or "eager"
+        mask = kwargs.get("attention_mask")
+        visible = boundary_visible(mask, packed["position_ids"], kwargs, implementation)
+        if not visible:
+            if visible is None:
+                self.packed_checked = PACKED_FORWARDS  # a mask this watch cannot read: stop looking
+            return
+        self.packed_checked = PACKED_FORWARDS
+        positions = packed["position_ids"]
+        sequences = sum(1 + len(restarts(row)) for row in positions)
+        received = ("no mask (one causal kernel over the whole row)" if mask is None else
+                    f"a {mask.dim()}D mask that lets a sequence's first token attend to the sequence before it")
+        if packed["mask_sent"]:
+            cause = ("an attention_mask was sent with the packed row: transformers builds per-sequence masks from "
+                     "position_ids only when no mask and no cache are passed")
+            fix = "send no attention_mask with packed rows (TRL's padding-free collator sends none)"
+        elif packed["use_cache"] or (packed["use_cache"] is None and getattr(config, "use_cache", False)):
+            cause = ("the forward built a KV cache (use_cache left at the config's True): transformers then ignores "
+                     "the restarting position_ids")
+            fix = "use_cache=False in training forwards"
+        else:
+            cause = (f"{config.model_type} builds its causal mask without reading position_ids, so every sequence of "
+                     f"the row shares one causal mask ({implementation})")
+            fix = ("padding_free=False and packing=False, or attn_implementation='flash_attention_2' reaching the "
+                   "model (check model.config._attn_implementation)")
+        self.report(Finding(
+            "packing", self.step(),
+            f"{sequences} sequences packed in {positions.shape[0]} row(s) of {positions.shape[1]} tokens; the first "
+            f"attention layer ({implementation}) received {received}", cause, fix, "01",
+            how="read" if "flash" in implementation else "measured",
+            numbers={"sequences": sequences, "rows": positions.shape[0]}))
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
