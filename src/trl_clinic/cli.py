@@ -15,6 +15,7 @@ from trl_clinic.checkup.command import add_parser as add_checkup  # stdlib only:
 from trl_clinic.course.lessons import CONCRETE_PROFILES, PROFILE_NAMES, describe_shape, find_lesson
 from trl_clinic.course.workbook import (LessonResult, check_parameters, default_jobs, find_lessons, notebook_parameters,
                                  run_lessons, select, write_summary)
+from trl_clinic.watch.command import add_parser as add_watch  # torch loads when it runs
 
 
 def _writable_out(value: Path) -> Path:
@@ -115,6 +116,7 @@ def parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser("doctor", help="versions, device, attention kernels and the traps that apply here")
     doctor.set_defaults(handler=_doctor)
     add_checkup(commands)
+    add_watch(commands)
     return top
 
 
