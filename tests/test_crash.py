@@ -98,3 +98,44 @@ def test_todays_grpo_config_sizes_the_generation_batch_from_batch_and_accumulati
     with pytest.raises(ValueError, match="generation_batch_size"):
         GRPOConfig(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=1,
                    gradient_accumulation_steps=4, num_generations=16)
+
+
+def test_a_shell_words_a_native_crash_and_exits_with_128_plus_the_signal(tmp_path):
+    outcome = run_child(["-c", "from trl_clinic.course.crash import native_sigfpe; native_sigfpe()"], timeout=120,
+                        faulthandler=False, shell=True, cwd=tmp_path)
+    assert outcome.status == "signal" and outcome.signal == "SIGFPE" and outcome.returncode == 128 + 8
+    assert outcome.message.startswith("bash:") and "Floating point exception" in outcome.message
+    assert "Fatal Python error" not in outcome.stderr and "Traceback" not in outcome.stderr
+    assert not list(tmp_path.glob("core*"))  # the truncated core file the shell's limit allowed is removed
+
+
+FORKED = '''
+def double(run, spec):
+    print("in the child")
+    return {"twice": 2 * spec["x"]}
+
+
+def crash(run, spec):
+    from trl_clinic.course.crash import native_sigfpe
+    native_sigfpe()
+
+
+def fail(run, spec):
+    raise ValueError("generation batch is wrong")
+'''
+
+
+def test_forked_children_report_a_result_a_native_crash_and_an_error(tmp_path):
+    from trl_clinic.course import child
+    from trl_clinic.course.parameters import start_run
+
+    (tmp_path / "targets.py").write_text(FORKED)
+    run = start_run("05", "cpu", 0, tmp_path / "out")
+    target = str(tmp_path / "targets.py")
+    done = child.forked(run, f"{target}:double", {"x": 21}, name="double", preload=("torch",), timeout=120)
+    assert done.outcome.status == "finished" and done.result == {"twice": 42} and "in the child" in done.outcome.stderr
+    died = child.forked(run, f"{target}:crash", name="crash", preload=("torch",), timeout=120).outcome
+    assert died.signal == "SIGFPE" and died.returncode == -8 and "native_sigfpe" in died.stderr  # faulthandler's stack
+    failed = child.forked(run, f"{target}:fail", name="fail", preload=("torch",), timeout=120).outcome
+    assert failed.status == "exception" and failed.message == "ValueError: generation batch is wrong"
+    assert child.forked(run, f"{target}:double", {"x": 1}, name="again", preload=("torch",)).result == {"twice": 2}

@@ -5,7 +5,9 @@ process that hits it, with every variable in it, and a multi-process launch need
 own. ``call`` starts ``python -X faulthandler -m trl_clinic.course.child`` (or a launcher such as torchrun
 around it), hands it the resolved run and a spec, and reads back what the function returned, or how
 the process died. The child never resolves the profile again: it gets the parent's device,
-precision and sizes, and a CPU run's children do not see the GPUs at all.
+precision and sizes, and a CPU run's children do not see the GPUs at all. ``forked`` does the same from
+a ``ForkServer`` that imported the libraries once (a trial then skips Python's start-up), and
+``run_child(..., shell=True)`` starts a script from bash, as a user does, to show what the shell says.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import importlib.util
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -57,15 +60,26 @@ class ChildRun:
     result: object = None  # what the function returned (main process), None when it did not finish
 
 
+SHELL_CORE_LIMIT_KB = 1024  # a truncated 1 MB core: enough for the shell to say "(core dumped)", cheap to write
+
+
 def run_child(args: list[str], timeout: float = 600, cwd: str | Path | None = None, faulthandler: bool = True,
-              env: dict[str, str] | None = None, python: str | None = None) -> Outcome:
+              env: dict[str, str] | None = None, python: str | None = None, shell: bool = False) -> Outcome:
     """Run ``python -X faulthandler ARGS`` and say how it ended; never raises for the child's failures.
 
     ``faulthandler=False`` shows what a plain run leaves behind after a native crash: nothing.
     ``python`` runs another interpreter instead of this one (an era's, ``trl_clinic.course.eras``).
+    ``shell=True`` starts it from bash, as a user starts a script at a prompt: bash words a death by a
+    signal itself ("Floating point exception (core dumped)") and exits with 128 + the signal's number.
+    bash says "(core dumped)" only when the kernel wrote a core file: the core-size limit is set to 1 MB
+    (``ulimit -c``, where the machine allows it), and the truncated core files left in ``cwd`` are removed.
     """
     start = time.perf_counter()
     command = [python or sys.executable, *(["-X", "faulthandler"] if faulthandler else []), *args]
+    if shell:  # "; exit $?" keeps bash from exec-ing the command: bash itself must see the child die
+        command = ["bash", "-c", f'ulimit -c {SHELL_CORE_LIMIT_KB} 2>/dev/null; "$@"; exit $?', "bash", *command]
+    folder = Path(cwd or ".")
+    cores_before = set(folder.glob("core*")) if shell else set()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd,
                               env={**os.environ, **(env or {})})
@@ -73,18 +87,31 @@ def run_child(args: list[str], timeout: float = 600, cwd: str | Path | None = No
         stderr = expired.stderr.decode() if isinstance(expired.stderr, bytes) else (expired.stderr or "")
         return Outcome("timeout", None, time.perf_counter() - start, message=f"still running after {timeout} s",
                        stderr=stderr[-4000:])
+    finally:
+        for core in set(folder.glob("core*")) - cores_before if shell else ():
+            core.unlink(missing_ok=True)
     seconds = time.perf_counter() - start
-    stderr = done.stderr[-4000:]
-    if done.returncode == 0:
-        return Outcome("finished", 0, seconds, stderr=stderr)
-    if done.returncode < 0:
-        name = signal.Signals(-done.returncode).name
+    if shell and done.returncode > 128:  # bash's words for the signal are its last line
+        last = done.stderr.strip().splitlines()[-1]  # after a progress bar's line, if one was drawn last
+        said = last[last.find("bash:"):].split('"$@"')[0].strip()
+        return Outcome("signal", done.returncode, seconds, signal=signal.Signals(done.returncode - 128).name,
+                       message=said, stderr=done.stderr[-4000:])
+    return _outcome(done.returncode, seconds, done.stderr)
+
+
+def _outcome(returncode: int, seconds: float, stderr: str) -> Outcome:
+    """How a child ended, from its exit code (negative: the signal that killed it) and its stderr."""
+    tail = stderr[-4000:]
+    if returncode == 0:
+        return Outcome("finished", 0, seconds, stderr=tail)
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
         # searched in the whole stderr: with many threads, faulthandler's first line is beyond the kept tail
-        fatal = next((line for line in done.stderr.splitlines() if line.startswith("Fatal Python error")), "no message")
-        return Outcome("signal", done.returncode, seconds, signal=name, message=fatal, stderr=stderr)
-    lines = [line for line in done.stderr.splitlines() if _EXCEPTION_LINE.match(line)]
-    return Outcome("exception", done.returncode, seconds, message=lines[-1] if lines else stderr.strip()[-300:],
-                   stderr=stderr)
+        fatal = next((line for line in stderr.splitlines() if line.startswith("Fatal Python error")), "no message")
+        return Outcome("signal", returncode, seconds, signal=name, message=fatal, stderr=tail)
+    lines = [line for line in stderr.splitlines() if _EXCEPTION_LINE.match(line)]
+    return Outcome("exception", returncode, seconds, message=lines[-1] if lines else tail.strip()[-300:],
+                   stderr=tail)
 
 
 def child_env(run: "Run") -> dict[str, str]:
@@ -149,6 +176,102 @@ def call(run: "Run", target: str, spec: dict | None = None, *, name: str, timeou
     return ChildRun(outcome, torch.load(result_path, weights_only=False))
 
 
+class ForkServer:
+    """A Python process that imports ``preload`` once, then forks one child per job and reports how it ended.
+
+    A trial that may crash natively needs a process of its own; started fresh, each pays the seconds
+    Python takes to import torch, transformers and TRL. Forked from this server it pays only its own
+    work, and a native crash still kills only that child. The server imports modules and never touches
+    a GPU, so each child may start CUDA (CUDA cannot be used in a child forked after it started).
+    """
+
+    def __init__(self, preload: tuple[str, ...]) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", __name__, "--fork-server", *preload],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if self.process.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the fork server did not start (importing {', '.join(preload)})")
+
+    def run(self, spec_path: Path, log_path: Path, env: dict[str, str], timeout: float) -> int | None:
+        """Fork a child that runs ``_main(spec_path)``; its exit code (negative: the signal), None on timeout."""
+        self.process.stdin.write(json.dumps({"spec": str(spec_path), "log": str(log_path), "env": env}) + "\n")
+        self.process.stdin.flush()
+        pid = json.loads(self.process.stdout.readline())["pid"]
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        returncode = json.loads(self.process.stdout.readline())["returncode"]
+        return returncode if ready else None
+
+
+_SERVERS: dict[tuple[str, ...], ForkServer] = {}
+
+
+def forked(run: "Run", target: str, spec: dict | None = None, *, name: str, timeout: float = 600,
+           preload: tuple[str, ...] = ()) -> ChildRun:
+    """``call``, but the child is forked from a ``ForkServer`` that imported ``preload`` once (started at the
+    first call with that list, kept for the next). The child's output and faulthandler's stack go to
+    ``run.output_dir/child_NAME.log``, read back into the outcome."""
+    server = _SERVERS.get(preload)
+    if server is None or server.process.poll() is not None:
+        server = _SERVERS[preload] = ForkServer(preload)
+    spec_path = run.output_dir / f"child_{name}.json"
+    result_path, log_path = spec_path.with_suffix(RESULT_SUFFIX), spec_path.with_suffix(".log")
+    result_path.unlink(missing_ok=True)
+    spec_path.write_text(json.dumps({"target": target, "run": run.to_spec(), "spec": spec or {},
+                                     "result": str(result_path)}))
+    start = time.perf_counter()
+    returncode = server.run(spec_path, log_path, child_env(run), timeout)
+    seconds, log = time.perf_counter() - start, log_path.read_text()
+    if returncode is None:
+        return ChildRun(Outcome("timeout", None, seconds, message=f"still running after {timeout} s", stderr=log[-4000:]))
+    outcome = _outcome(returncode, seconds, log)
+    if outcome.crashed or not result_path.exists():
+        return ChildRun(outcome)
+    import torch
+
+    return ChildRun(outcome, torch.load(result_path, weights_only=False))
+
+
+def _serve(preload: list[str]) -> None:
+    """The fork server: import ``preload``, then one JSON job a line on stdin; for each, the child's pid, then
+    its exit code."""
+    for module in preload:
+        importlib.import_module(module)
+    print("ready", flush=True)
+    try:
+        _serve_jobs()
+    except KeyboardInterrupt:  # a notebook's kernel shutting down interrupts its process group: just leave
+        pass
+
+
+def _serve_jobs() -> None:
+    import faulthandler
+    import traceback
+
+    for line in sys.stdin:
+        job = json.loads(line)
+        pid = os.fork()
+        if pid == 0:  # the child: its output to the job's log, then the job
+            code = 1
+            try:
+                log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                faulthandler.enable(all_threads=True)  # on fd 2: the log
+                os.environ.update(job["env"])
+                _main(job["spec"])
+                code = 0
+            except BaseException:  # noqa: BLE001 - reported in the log, as an uncaught error is
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        print(json.dumps({"pid": pid}), flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
+
+
 def _load(target: str):
     where, _, function = target.rpartition(":")
     if where.endswith(".py"):
@@ -178,4 +301,7 @@ def _main(spec_path: str) -> None:
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1])
+    if sys.argv[1] == "--fork-server":
+        _serve(sys.argv[2:])
+    else:
+        _main(sys.argv[1])

@@ -7,6 +7,8 @@ kernel, with every variable in it. So each trial runs in a child (``trl_clinic.c
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -20,11 +22,15 @@ INT64_MIN = torch.iinfo(torch.int64).min
 
 
 def native_sigfpe() -> None:
-    """A real native SIGFPE on CPU: integer division of the smallest int64 by -1 overflows in the kernel.
+    """A real native SIGFPE on CPU: integer division of the smallest int64 by -1 overflows in the kernel, and
+    an x86 processor traps it (#DE, which Linux delivers as SIGFPE).
 
-    Python cannot catch it (integer division by zero, by contrast, raises a Python error in torch).
+    Python cannot catch it (integer division by zero, by contrast, raises a Python error in torch). An ARM
+    processor's division does not trap: there the division returns, and the process sends itself the same
+    signal, so the lesson's child dies the same way on every machine.
     """
     torch.div(torch.tensor([INT64_MIN]), -1, rounding_mode="trunc")
+    os.kill(os.getpid(), signal.SIGFPE)
 
 
 def in_process(call: Callable[[], object]) -> Outcome:
