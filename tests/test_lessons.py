@@ -58,7 +58,11 @@ def test_sizes_fit_what_the_checks_assume(profile):
     assert s02b.processes == 2 and s02b.accumulation[0] == 1 and len(s02b.accumulation) >= 3
     assert s02b.n_samples >= s02b.processes * max(s02b.accumulation)
     s03 = TABLE["03"].sizes(profile)
-    assert s03.train_steps >= 25 and s03.eval_pairs >= 64  # the report's first log comes at step 25
+    assert s03.train_steps >= 50 and s03.train_steps % 25 == 0 and s03.eval_pairs >= 64  # logs at 25 and 50: 1e34, then 0
+    s03d = TABLE["03-deeper"].sizes(profile)
+    assert s03d.train_steps == 25 and 32 in s03d.accumulation_sweep and len(s03d.accumulation_sweep) >= 2  # 13**32 / 25
+    assert s03d.accumulation_sweep == sorted(set(s03d.accumulation_sweep))
+    assert max(s03d.fused_steps, s03d.head_steps) <= s03d.train_steps  # the pairs drawn: train_steps x batch x 32
     s04 = TABLE["04"].sizes(profile)
     assert s04.dpo_steps >= 1 and s04.n_prompts >= 4
     s05 = TABLE["05"].sizes(profile)

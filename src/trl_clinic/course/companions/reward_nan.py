@@ -1,168 +1,241 @@
-"""Companion of notebooks/03_lora_reward_nan.py: the report's training arguments, the checkpoints and
-loader the dtype spellings need, Adam's state read back, the accumulation sweep, the head audit and the
-four-panel figure, which the lesson calls in one line each.
+"""Companion of lesson 03 (sources/03_lora_reward_nan.py, its deep dive sources/deeper/03_lora_reward_nan_deeper.py
+and its worked solutions): the reward model and data each profile uses, the trainer built from the settings the
+notebook passes, the log kept beside each step's raw loss, and the deep dive's checkpoints, Adam-state reading,
+accumulation sweep, head audit and figures, which the notebooks call in one line each.
 
-The lines that show the bug and the fix stay in the notebook: ``dtype=torch.float16``,
-``optim="adamw_torch"``, ``task_type="SEQ_CLS"`` and the fp32 model of the fixed run.
+The lines that show the bug and the fix stay in the notebooks: ``dtype=torch.float16`` against
+``torch.float32``, ``optim="adamw_torch"``, batch x accumulation 32 and ``task_type="SEQ_CLS"``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from datasets import Dataset
 from peft import LoraConfig, PeftModel
 from safetensors import safe_open
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, PrinterCallback, PreTrainedModel
 from transformers import PreTrainedTokenizerBase
 from trl import RewardConfig, RewardTrainer
 
-from trl_clinic.course import plotting
-from trl_clinic.course.models import make_reward_model, rewards, trained_model
+from trl_clinic.course import data, plotting
+from trl_clinic.course.models import dequantized_smollm2, make_reward_model, rewards, trained_model
 from trl_clinic.course.parameters import Run
-from trl_clinic.probes.recording import StepRecorder
+from trl_clinic.course.tokenizer import build_tokenizer
+from trl_clinic.probes.recording import StepRecorder, quiet, replay_nan_filter
 
 
-def lora(task_type: str | None) -> LoraConfig:
-    """Sections 1-5: a new LoRA config per trainer (peft's SEQ_CLS model appends ``score`` to the config's
-    ``modules_to_save``, so a shared one would carry it into a run meant to go without). Target modules are
-    left to peft's default for Llama, ``q_proj`` and ``v_proj``."""
-    return LoraConfig(task_type=task_type, r=8, lora_alpha=16)
+@dataclass(frozen=True)
+class Pairs:
+    """The tokenizer of the profile's model and the preference pairs (prompt, chosen, rejected) drawn from the seed."""
+
+    tokenizer: PreTrainedTokenizerBase
+    train: Dataset
+    eval: Dataset
 
 
-def reward_config(run: Run, name: str, **overrides: object) -> RewardConfig:
-    """Sections 1-5: the report's shape, batch 1 x accumulation 32, learning rate 5e-3; the notebook passes
-    what a section studies (the optimizer, the precision flags, the step counts) visibly."""
-    return RewardConfig(**{**run.trainer_kwargs(name), "per_device_train_batch_size": 1,
-                           "gradient_accumulation_steps": 32, "learning_rate": 5e-3,
-                           "per_device_eval_batch_size": 64, **overrides})
+def with_passage(pairs: Dataset, people: int, seed: int) -> Dataset:
+    """Each prompt preceded by the biographies of ``people`` people, the asked one among them (the gpu profile's
+    longer sequences: the answer can be read from the passage, so a pretrained model learns it in a few steps)."""
+    if people == 0:
+        return pairs
+    world, rng = data.fixed_world(), random.Random(seed)
+
+    def passage(row: dict) -> dict:
+        asked = next(word for word in row["prompt"].replace("?", " ").split() if word in data.NAMES)
+        names = rng.sample([n for n in data.NAMES if n != asked], people - 1) + [asked]
+        rng.shuffle(names)
+        return {"prompt": "passage: " + " ".join(world.biography(n) for n in names) + " question: " + row["prompt"]}
+
+    return pairs.map(passage)
 
 
-def print_log(recorder: StepRecorder) -> None:
-    """Section 1: every logged row as the report showed it, beside the raw loss the model returned."""
-    for row in recorder.history:
-        if "loss" in row:
-            print(f"step {row['step']:>3}: logged loss {row['loss']:.4g}, grad_norm {row['grad_norm']}, "
-                  f"raw loss {row['raw_loss']}")
+def preference_data(run: Run) -> Pairs:
+    """The profile's tokenizer (the clinic's for a random-init model, SmolLM2's own for SmolLM2) and the pairs:
+    ``train_steps`` steps of batch x 32 for training, ``eval_pairs`` held out."""
+    sizes = run.sizes
+    tokenizer = (AutoTokenizer.from_pretrained(dequantized_smollm2(), local_files_only=True)
+                 if sizes.model_size == "smollm2" else build_tokenizer())
+    train = data.preference_pairs(sizes.train_steps * sizes.batch_size * 32, seed=run.subseed("train"))
+    held_out = data.preference_pairs(sizes.eval_pairs, seed=run.subseed("eval"))
+    return Pairs(tokenizer, with_passage(train, sizes.context_people, run.subseed("train passages")),
+                 with_passage(held_out, sizes.context_people, run.subseed("eval passages")))
 
 
-def train_recorded(trainer: RewardTrainer, history: Path | None = None) -> StepRecorder:
-    """Sections 2-4: train with a ``StepRecorder`` attached (the unfiltered loss of every step) and keep
-    its history beside the lesson's outputs."""
+def reward_model(run: Run, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype,
+                 head_seed: int | None = None) -> PreTrainedModel:
+    """A sequence-classification model with one output (the reward head is ``score``) in ``dtype``.
+
+    "smollm2" loads SmolLM2-135M-Instruct's pretrained body into ``AutoModelForSequenceClassification``, which
+    draws a new ``score`` head, as a user's ``from_pretrained(name, num_labels=1)`` does; a ``MODEL_SIZES`` name
+    is a random-init llama of that size. ``head_seed`` (default: the run's seed) draws the head, so the runs of
+    one lesson start from the same model and a reload can draw another head."""
+    head_seed = run.seed if head_seed is None else head_seed
+    if run.sizes.model_size != "smollm2":
+        return make_reward_model(tokenizer, size=run.sizes.model_size, seed=run.seed, head_seed=head_seed,
+                                 dtype=dtype, attn_implementation=run.attention)
+    torch.manual_seed(head_seed)  # from_pretrained draws the missing score head from torch's generator
+    return AutoModelForSequenceClassification.from_pretrained(dequantized_smollm2(), num_labels=1, dtype=dtype,
+                                                              attn_implementation=run.attention, local_files_only=True)
+
+
+def reward_trainer(run: Run, pairs: Pairs, dtype: torch.dtype, name: str, task_type: str | None = "SEQ_CLS",
+                   **settings: object) -> RewardTrainer:
+    """``RewardTrainer`` on the profile's model in ``dtype`` with LoRA r=8 (peft's default targets for Llama,
+    ``q_proj`` and ``v_proj``) and the ``RewardConfig`` ``settings`` the notebook passes. Here, not shown: the run's
+    folder, seed and logging, the profile's mixed precision (bf16 autocast on the gpu profile; the report's run
+    passes ``bf16=False``) and the learning rate. A new ``LoraConfig`` per trainer: peft's SEQ_CLS model appends
+    ``score`` to the config's ``modules_to_save``, so a shared one would carry it into a run meant to go without."""
+    args = RewardConfig(**{**run.trainer_kwargs(name), "learning_rate": run.sizes.learning_rate,
+                           "per_device_eval_batch_size": 64, **settings})
+    # the pairs the steps will read, in order: RewardTrainer tokenizes its whole train set when it is built
+    needed = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
+    train = pairs.train.select(range(needed)) if 0 < needed < len(pairs.train) else pairs.train
+    return RewardTrainer(model=reward_model(run, pairs.tokenizer, dtype), args=args, train_dataset=train,
+                         eval_dataset=pairs.eval, processing_class=pairs.tokenizer,
+                         peft_config=LoraConfig(task_type=task_type, r=8, lora_alpha=16))
+
+
+def keep_log(trainer: RewardTrainer) -> StepRecorder:
+    """Keep each optimizer step's loss as the model returned it (``raw_loss``) beside what the trainer logs
+    (``StepRecorder``), and let the trainer print its own log lines as a user sees them."""
+    printed = any(isinstance(callback, PrinterCallback) for callback in trainer.callback_handler.callbacks)
     recorder = StepRecorder().watch(trainer)
-    trainer.train()
-    if history is not None:
-        recorder.save(history)
+    if printed:  # the recorder silences the printer (sweeps); this lesson's log is the symptom
+        trainer.add_callback(PrinterCallback)
     return recorder
 
 
-def save_checkpoints(run: Run, tokenizer: PreTrainedTokenizerBase, dtypes: Iterable[torch.dtype]) -> dict:
-    """Section 2: the lesson's model saved locally once per stored dtype, so that TRL loads it from a
-    path through ``model_init_kwargs`` as it loads a hub checkpoint."""
+def first_nonfinite_step(values: list[float]) -> int | None:
+    """The first optimizer step (1-based) whose value is NaN or inf, None if every one is finite."""
+    return next((step for step, value in enumerate(values, start=1) if not math.isfinite(value)), None)
+
+
+def plot_bad_vs_fixed(report: StepRecorder, fixed: StepRecorder, accuracy: dict[str, float], output_dir: Path) -> Path:
+    """The core's figure: what the log said, and what the model returned at every step, fp16 against float32."""
+    steps, raw = report.series("raw_loss")
+    bad_from = first_nonfinite_step(raw)
+    log_steps, logged = report.series("loss")
+    title = (f"fp16 weights: loss NaN from step {bad_from}, logged as {logged[0]:.0e} then {logged[-1]:g}; "
+             f"float32: finite, {accuracy['float32 (fixed)']:.0%} of held-out pairs ranked right")
+    fig, (ax_log, ax_raw) = plotting.figure(2, title=title, width=5.5)
+    for (steps_logged, values), kind, label, offset in (
+            (report.series("loss"), "bad", "fp16 weights (the report)", (8, -12)),
+            (fixed.series("loss"), "fixed", "float32 weights (the fix)", (8, 4))):
+        plotting.line(ax_log, steps_logged, values, kind, label, linestyle="none", markersize=8)
+        for step, value in zip(steps_logged, values):
+            ax_log.annotate(f"{value:.2g}", (step, value), textcoords="offset points", xytext=offset, fontsize=8)
+    ax_log.set_yscale("symlog", linthresh=1.0)
+    ax_log.set_yticks([0, 1e10, 1e20, 1e30])
+    ax_log.set_xlim(min(log_steps) - 10, max(log_steps) + 15)
+    plotting.label(ax_log, "optimizer step", "logged loss (symlog scale)", "what the trainer logged")
+    plotting.line(ax_raw, *fixed.series("raw_loss"), "fixed", "float32 weights")
+    finite = [(s, v) for s, v in zip(steps, raw) if math.isfinite(v)]
+    if finite:
+        plotting.line(ax_raw, *zip(*finite), "bad", "fp16 weights (finite steps)")
+    bad = [s for s, v in zip(steps, raw) if not math.isfinite(v)]
+    ax_raw.scatter(bad, [max(fixed.series("raw_loss")[1]) * 1.05] * len(bad), marker="x", s=12,
+                   color=plotting.BAD, label="fp16 weights: NaN")
+    plotting.label(ax_raw, "optimizer step", "loss the model returned", "what the model returned")
+    return plotting.save(fig, output_dir, "reward_nan")
+
+
+# ---- the deep dive ---------------------------------------------------------------------------------------------
+
+def save_checkpoints(run: Run, pairs: Pairs, dtypes: Iterable[torch.dtype]) -> dict[torch.dtype, Path]:
+    """The profile's reward model saved locally once per stored dtype, so that TRL loads it from a path
+    through ``model_init_kwargs`` as it loads a hub checkpoint."""
     checkpoints = {}
     for dtype in dtypes:
         checkpoints[dtype] = run.output_dir / f"checkpoint-{str(dtype).split('.')[-1]}"
-        model = make_reward_model(tokenizer, size=run.sizes.model_size, seed=run.seed, dtype=dtype)
-        model.save_pretrained(checkpoints[dtype])
-        tokenizer.save_pretrained(checkpoints[dtype])
+        reward_model(run, pairs.tokenizer, dtype).save_pretrained(checkpoints[dtype])
+        pairs.tokenizer.save_pretrained(checkpoints[dtype])
     return checkpoints
 
 
-def load_outcome(checkpoint: Path, args: RewardConfig, train_pairs: Dataset, tokenizer: PreTrainedTokenizerBase) -> str:
-    """Section 2: what ``RewardTrainer`` makes of ``args.model_init_kwargs`` on a checkpoint path: the
-    dtype the reward head ends up in, or the ``ValueError`` it raises."""
+def load_outcome(run: Run, checkpoint: Path, pairs: Pairs, model_init_kwargs: dict) -> str:
+    """What ``RewardTrainer`` makes of ``model_init_kwargs`` on a checkpoint path: the dtype the trainable
+    reward head ends up in, or the ``ValueError`` it raises."""
+    args = RewardConfig(**run.trainer_kwargs("spelling"), model_init_kwargs=model_init_kwargs)
     try:
-        trainer = RewardTrainer(model=str(checkpoint), args=args, train_dataset=train_pairs,
-                                processing_class=tokenizer, peft_config=lora("SEQ_CLS"))
+        trainer = RewardTrainer(model=str(checkpoint), args=args, train_dataset=pairs.train,
+                                processing_class=pairs.tokenizer, peft_config=LoraConfig(task_type="SEQ_CLS"))
     except ValueError as error:
         return f"ValueError: {error}"
     return f"loads with weights in {trainer.model.get_base_model().score.weight.dtype}"
 
 
-def adam_underflow(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict:
-    """Section 3: after one step of ``torch.optim.AdamW``, ``exp_avg = (1 - beta1) * g`` and
-    ``exp_avg_sq = (1 - beta2) * g**2``; in fp16 the latter is 0 below half the smallest subnormal
-    (2**-25). Returns which weights' second moment is 0, the ``|g|`` threshold that predicts it, and
-    whether the non-finite weights are exactly those."""
+def adam_state(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict:
+    """After the first step of ``torch.optim.AdamW``: which weights' state underflowed and what they became.
+
+    After one step ``exp_avg = (1 - beta1) * g`` and ``exp_avg_sq = (1 - beta2) * g**2``, kept in the weight's
+    dtype; in fp16 each is 0 below 2**-25 (half the smallest subnormal, rounding to even). A weight whose
+    second moment is 0 is divided by ``0 + eps`` = 0 (eps rounds to 0 in fp16): ±inf where the first moment is
+    not 0, 0/0 = NaN where it is 0 too. Returns the counts, the |g| thresholds that predict them, and whether
+    the inf and NaN weights are exactly the predicted ones."""
     state = optimizer.state[param]
     beta1, beta2 = optimizer.param_groups[0]["betas"]
-    gradient = state["exp_avg"].float() / (1 - beta1)
-    underflowed = state["exp_avg_sq"] == 0
-    return {"state_dtype": str(state["exp_avg_sq"].dtype), "underflowed": int(underflowed.sum()),
-            "weights": underflowed.numel(), "nonfinite": int((~torch.isfinite(param)).sum()),
-            "threshold": (2.0 ** -25 / (1 - beta2)) ** 0.5,
-            "largest_underflowed": gradient[underflowed].abs().max().item(),
-            "smallest_kept": gradient[~underflowed].abs().min().item(),
-            "inf_weights_are_underflowed": torch.equal(~torch.isfinite(param), underflowed)}
+    m_zero, v_zero = state["exp_avg"] == 0, state["exp_avg_sq"] == 0
+    gradient = state["exp_avg"].float().abs() / (1 - beta1)  # |g| read back from the first moment
+    underflowed, kept = gradient[v_zero & ~m_zero], gradient[~v_zero]
+    return {"state_dtype": str(state["exp_avg_sq"].dtype), "weights": param.numel(),
+            "v_underflowed": int(v_zero.sum()), "m_underflowed": int(m_zero.sum()),
+            "inf_weights": int(param.isinf().sum()), "nan_weights": int(param.isnan().sum()),
+            "inf_where_only_v_underflowed": torch.equal(param.isinf(), v_zero & ~m_zero),
+            "nan_where_m_underflowed_too": torch.equal(param.isnan(), v_zero & m_zero),
+            "v_threshold": (2.0 ** -25 / (1 - beta2)) ** 0.5, "m_threshold": 2.0 ** -25 / (1 - beta1),
+            "largest_underflowed_gradient": underflowed.max().item() if underflowed.numel() else None,
+            "smallest_kept_gradient": kept.min().item() if kept.numel() else None}
 
 
-def accumulation_sweep(make_trainer: Callable[[int], RewardTrainer], accumulations: Iterable[int]) -> dict:
-    """Section 3: for each accumulation count, the first optimizer step whose raw loss is non-finite
-    (None if none) and the first logged loss."""
-    sweep = {}
-    for accumulation in accumulations:
-        recorder = train_recorded(make_trainer(accumulation))
-        raw = recorder.series("raw_loss")[1]
-        sweep[accumulation] = {
-            "first_nonfinite_step": next((s for s, v in enumerate(raw, start=1) if not math.isfinite(v)), None),
-            "first_log": recorder.series("loss")[1][0]}
-    return sweep
+def accumulation_run(trainer: RewardTrainer) -> dict:
+    """One run of the accumulation sweep: the raw loss of every step, the logged losses, and the NaN filter's
+    arithmetic replayed on the raw losses (``replay_nan_filter``)."""
+    recorder = StepRecorder().watch(quiet(trainer))
+    trainer.train()
+    raw = recorder.series("raw_loss")[1]
+    return {"first_nonfinite_step": first_nonfinite_step(raw), "raw_loss": raw,
+            "logged": recorder.series("loss")[1], "logged_grad_norm": recorder.series("grad_norm")[1],
+            "replayed": replay_nan_filter(raw, trainer.args.gradient_accumulation_steps, trainer.args.logging_steps)}
 
 
-def head_report(run: Run, trainer: RewardTrainer, name: str, tokenizer: PreTrainedTokenizerBase,
-                eval_pairs: Dataset) -> dict:
-    """Section 4: is the ``score`` head trainable, is it in the saved adapter, and how far do the rewards
-    move when the adapter is loaded on a base whose head was drawn under another seed, as loading a
-    pretrained base into a sequence-classification class draws a new one (a same-seed reload would
-    draw the same head and hide the bug)."""
+def head_report(run: Run, trainer: RewardTrainer, name: str, pairs: Pairs) -> dict:
+    """Is the ``score`` head trainable, is it in the saved adapter, and how far do the rewards move when the
+    adapter is loaded on a base whose head was drawn under another seed, as loading a pretrained base into a
+    sequence-classification class draws a new one (a same-seed reload would draw the same head and hide it)."""
     head_trainable = any("score" in n and p.requires_grad for n, p in trainer.model.named_parameters())
     adapter_dir = run.output_dir / f"adapter_{name}"
     trainer.save_model(str(adapter_dir))
     with safe_open(str(adapter_dir / "adapter_model.safetensors"), "pt") as saved:
         keys = list(saved.keys())
-    texts = [row["prompt"] + row["chosen"] for row in eval_pairs.select(range(8))]
+    texts = [row["prompt"] + row["chosen"] for row in pairs.eval.select(range(8))]
     # trained_model: the trained module without the bf16 autocast wrapper a bf16 run leaves on it
-    before = rewards(trained_model(trainer), tokenizer, texts)
-    base = make_reward_model(tokenizer, size=run.sizes.model_size, seed=run.seed,
-                             head_seed=run.subseed("reload head")).to(run.device)
-    after = rewards(PeftModel.from_pretrained(base, str(adapter_dir)), tokenizer, texts)
+    before = rewards(trained_model(trainer), pairs.tokenizer, texts)
+    base = reward_model(run, pairs.tokenizer, torch.float32, head_seed=run.subseed("reload head")).to(run.device)
+    after = rewards(PeftModel.from_pretrained(base, str(adapter_dir)), pairs.tokenizer, texts)
     return {"trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
             "head_trainable": head_trainable, "score_saved": any("score" in k for k in keys),
             "saved_tensors": len(keys), "reload_max_reward_change": (after - before).abs().max().item()}
 
 
-def _nonfinite_marks(ax, steps: list, values: list, height: float, label: str) -> None:
-    """Crosses at a fixed height where a series is NaN/inf (a log scale cannot draw them)."""
-    bad = [s for s, v in zip(steps, values) if not math.isfinite(v)]
-    ax.scatter(bad, [height] * len(bad), marker="x", color=plotting.BAD, label=label)
-
-
-def plot_comparison(report: StepRecorder, fixed: StepRecorder, accuracy: dict[str, float], output_dir: Path) -> Path:
-    """Section 5: what the log says, what the model returned, the grad norm, and the eval accuracy of the
-    report's run, the frozen-head run and the fixed run, side by side."""
-    raw_steps, raw_values = report.series("raw_loss")
-    bad_steps = [s for s, v in zip(raw_steps, raw_values) if not math.isfinite(v)]
-    steps, logged = report.series("loss")
-    title = (f"fp16 weights + non-fused AdamW: NaN from step {bad_steps[0] if bad_steps else '-'}, logged as "
-             f"{logged[0]:.0e}" + (" then 0" if logged[1:] and not any(logged[1:]) else ""))
-    fig, (ax_log, ax_raw, ax_grad, ax_acc) = plotting.figure(4, width=4.4, title=title)
-    plotting.line(ax_log, steps, logged, "bad", "fp16: logged loss")
-    plotting.line(ax_log, *fixed.series("loss"), "fixed", "fixed: logged loss")
-    ax_log.set_yscale("symlog", linthresh=1.0)
-    plotting.label(ax_log, "optimizer step", "logged loss (symlog)", "what the log says")
-    finite = [(s, v) for s, v in zip(raw_steps, raw_values) if math.isfinite(v)]
-    plotting.line(ax_raw, *fixed.series("raw_loss"), "fixed", "fixed: raw loss")
-    if finite:
-        plotting.line(ax_raw, *zip(*finite), "bad", "fp16: raw loss (finite)")
-    _nonfinite_marks(ax_raw, raw_steps, raw_values, max(fixed.series("raw_loss")[1]) * 1.1, "fp16: raw loss NaN")
-    plotting.label(ax_raw, "optimizer step", "raw loss", "what the model returned")
-    plotting.line(ax_grad, *fixed.series("grad_norm"), "fixed", "fixed: grad norm")
-    _nonfinite_marks(ax_grad, *report.series("grad_norm"), max(fixed.series("grad_norm")[1]) * 1.1,
-                     "fp16: logged grad norm NaN")
-    plotting.label(ax_grad, "optimizer step", "grad norm (before clipping)", "gradient norm")
-    plotting.bars(ax_acc, ["fp16\n(report)", "no SEQ_CLS\n(frozen head)", "fp32+SEQ_CLS\n(fixed)"],
-                  list(accuracy.values()), ["bad", "other", "fixed"])
+def plot_deeper(sweep: dict[int, dict], accuracy: dict[str, float], output_dir: Path) -> Path:
+    """The deep dive's figure: the first logged loss against accumulation (logged and replayed), and the eval
+    accuracy of the fp16, frozen-head and fixed runs."""
+    counts = sorted(sweep)
+    logged = [sweep[k]["logged"][0] for k in counts]
+    title = (f"The NaN filter logs {logged[0]:.0e} to {logged[-1]:.0e} as accumulation grows from {counts[0]} to "
+             f"{counts[-1]}; a frozen head still ranks pairs, from a random head")
+    fig, (ax_log, ax_acc) = plotting.figure(2, title=title, width=5.5)
+    plotting.line(ax_log, counts, [max(v, 1e-3) for v in logged], "bad", "logged (fp16 weights)")
+    plotting.line(ax_log, counts, [max(sweep[k]["replayed"][0], 1e-3) for k in counts], "reference",
+                  "replayed from the raw losses")
+    ax_log.set_xscale("log", base=2)
+    plotting.label(ax_log, "gradient accumulation steps", "first logged loss", "one log after the NaN", log_y=True)
+    plotting.bars(ax_acc, list(accuracy), list(accuracy.values()), ["bad", "other", "fixed"], fmt="{:.0%}")
     plotting.label(ax_acc, "run", "eval pair accuracy", "chosen ranked above rejected")
-    return plotting.save(fig, output_dir, "reward_nan")
+    return plotting.save(fig, output_dir, "reward_nan_deeper")
