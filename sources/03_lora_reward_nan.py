@@ -20,7 +20,7 @@
 #
 # **You should know**: TRL's `RewardTrainer` with a peft `LoraConfig`; AdamW's `m`, `v` and `eps`.
 #
-# **Time**: 45 s to run on the cpu profile; about 25 minutes to work through.
+# **Time**: 37 s to run on the cpu profile; about 25 minutes to work through.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
@@ -189,8 +189,8 @@ plot_bad_vs_fixed(report_log, fixed_log, accuracy, run.output_dir);
 #
 # 1. Turn the filter off: run the report's trainer for two steps with a log at each and
 #    `logging_nan_inf_filter=False`. What does the log say at step 2?
-#    <details><summary>Hint</summary>Add the argument to the starter's settings and call
-#    <code>train()</code>; <code>keep_log(trainer).series("loss")</code> gives what was logged.</details>
+#    <details><summary>Hint</summary>Add the argument to the starter's call; <code>log = keep_log(trainer)</code>
+#    before <code>trainer.train()</code>, then <code>log.series("loss")</code> gives what was logged.</details>
 # 2. bfloat16 weights: redo section 2's AdamW step in `torch.bfloat16` for g = 1e-3 and 1e-7. Does the weight
 #    stay finite, and why?
 #    <details><summary>Hint</summary>bfloat16 has fp32's 8 exponent bits: compare

@@ -129,7 +129,8 @@ print(f"|g| where v underflowed: at most {adam['largest_underflowed_gradient']};
       f"{adam['smallest_kept_gradient']:.2e}; predicted thresholds: v {adam['v_threshold']:.2e}, m {adam['m_threshold']:.1e}")
 
 # %% [markdown]
-# torch 2.13's AdamW (`torch/optim/adam.py`: `_single_tensor_adam` on the CPU, `_multi_tensor_adam` on CUDA)
+# torch 2.13's AdamW (`torch/optim/adam.py`: `_single_tensor_adam` on the CPU, `_multi_tensor_adam` on CUDA, as
+# `_default_to_fused_or_foreach` in `torch/optim/optimizer.py` picks)
 # keeps `exp_avg` and `exp_avg_sq` in the parameter's dtype (`zeros_like(p)` in `_init_group`) and divides by
 # `sqrt(exp_avg_sq) / sqrt(1 − β₂) + eps`. In fp16 `eps` rounds to 0 and `(1 − β₂)·g²` to 0 below the v
 # threshold printed above: the weight is divided by 0 and becomes ±inf, or 0/0 = NaN where `m = (1 − β₁)·g`

@@ -7,17 +7,17 @@ the same 25-step runs and accumulation sweep [1, 8, 32], on CUDA. Each threshold
 - "replay gives every logged number (within 1e-2)": the replay adds each step's raw loss in float64 where the
   Trainer adds fp32 tensors; on the CPU they agreed to 4e-4 relative at 1.2e34. The gpu run logs the same kind of
   sums (fp32 tr_loss on the GPU, the same 25 x accumulation additions), so 1e-2 keeps a 25-fold margin.
-- "huge finite number (> 1e30)" at accumulation 32: 13**32 / 25 x step 1's loss (about 0.8 for SmolLM2 in fp16
-  on a CPU): about 1.4e34 whatever the size.
-- "more accumulation inflates": 13**accumulation / 25 x the first loss: 0.5, 3e7 and 1.4e34 orders apart.
+- "huge finite number (> 1e30)" at accumulation 32: 13**32 / 25 x step 1's loss (0.69 to 0.79 for SmolLM2 in fp16
+  on a CPU): 1.2e34 to 1.4e34 whatever the size.
+- "more accumulation inflates": 13**accumulation / 25 x the first loss: about 0.4, 2e7 and 1e34, orders apart.
 - "the v threshold separates (1 %)": the read-back |g| = |m| / (1 - beta1) carries fp16's relative rounding
   (2**-11, 0.05 %), on any device; the threshold (2**-25 / (1 - beta2)) ** 0.5 is arithmetic.
-- "some of the head's weights went non-finite": 12 of 64 on the CPU; about 22 of SmolLM2's 576 on one batch of
-  8 pairs measured on a CPU (3.8 % below 5.5e-3).
-- "reload under another seed changes the rewards (> 1e-3)": a new random head (std 0.02) over SmolLM2's hidden
-  states (norms of order 10 and more after the final norm) moves rewards by far more than on the random-init
-  cpu model (0.46 there); "reproduces (< 1e-4)": the fp32 reload of the same saved head; the gpu run trains under
-  bf16 autocast, and `trained_model` scores both sides without it (the fix for 3e-3 found in an earlier run).
+- "some of the head's weights went non-finite": 30 of 64 on the cpu profile (seed 0); 63 of SmolLM2's 576 after one
+  step of batch 1 x 4 on a CPU, 22 on one batch of 8 pairs.
+- "reload under another seed changes the rewards (> 1e-3)": SmolLM2's rewards from a freshly drawn head already spread
+  from -0.73 to 0.42 over 16 texts on a CPU, so another draw moves them by tenths; the cpu model moved 0.35 (seed 0).
+  "reproduces (< 1e-4)": the fp32 reload of the same saved head; the gpu run trains under bf16 autocast, and
+  `trained_model` scores both sides without it (without it an earlier gpu run differed by 3e-3).
 - "fp16=True does not rescue": on CUDA accelerate makes a scaler and torch refuses fp16 gradients (a ValueError),
   on the CPU the run goes NaN: the check accepts either.
 - names, dtypes, strings and statuses: the same at any size.
@@ -81,7 +81,7 @@ MUTATIONS = {
     # the frozen-head run's adapter
     "fixed head is trained and saved": lambda n: n["heads"]["with SEQ_CLS"].update(score_saved=False),
     # the frozen-head run's reload
-    "fixed reload reproduces": lambda n: n["heads"]["with SEQ_CLS"].update(reload_max_reward_change=0.46),
+    "fixed reload reproduces": lambda n: n["heads"]["with SEQ_CLS"].update(reload_max_reward_change=0.35),
 }
 
 

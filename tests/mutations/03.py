@@ -3,24 +3,25 @@
 the real run it stands for).
 
 The gpu profile (issue 31) trains SmolLM2-135M-Instruct with a new score head (576 weights instead of 64), batch 8
-with passages of about 200 tokens, the same 50 steps of accumulation 32 with logs at 25 and 50, and no mixed
+with passages of about 150 tokens, the same 50 steps of accumulation 32 with logs at 25 and 50, and no mixed
 precision in the report's run (the fix adds the profile's bf16 autocast over float32 weights). Each threshold,
 argued for those sizes:
 - "huge finite number (> 1e30)": the log at step 25 is step 1's loss x 13**32 / 25 (the NaN filter's arithmetic,
-  the deep dive replays it), whatever the model and batch, once step 2 is NaN. SmolLM2's fp16 first loss on 8 of
-  these pairs was 0.79 on a CPU (not the 0.69 of a random head), so about 1.4e34: four orders above the bar. It
-  fails only if step 1 itself were NaN (fp16 overflow in the forward; SmolLM2's fp16 rewards were finite, |r| < 1).
-- "finite at step 1 and non-finite at every later step": needs at least one of the head's weights with |g| below
-  5.5e-3 at step 1; on the CPU 11 to 12 of 64 weights were, and 3.8 % of SmolLM2's 576 head weights were on one
-  batch of 8 pairs (about 22). Batch 8 x 32 averages more pairs, which shrinks the noise part of g, not the count
-  below the threshold to zero.
+  which the deep dive replays), whatever the model and batch, once step 2 is NaN. SmolLM2's fp16 first loss on these
+  pairs was 0.69 to 0.79 on a CPU (batch 1 x 4, and one batch of 8), so about 1.2e34 to 1.4e34: four orders above
+  the bar. It fails only if step 1 itself were NaN (an fp16 overflow in the forward; SmolLM2's fp16 rewards were
+  finite and below 1 in size).
+- "finite at step 1 and non-finite at every later step": needs one head weight with |g| below 5.5e-3 at step 1. On
+  the cpu profile 30 of the 64 were (seed 0); on SmolLM2, 63 of 576 after one step of batch 1 x 4 on a CPU
+  (tests/test_gpu_paths.py checks that some do), 22 of 576 on one batch of 8: batch 8 x 32 averages more pairs,
+  which shrinks the noise in g, not the count below the threshold to zero.
 - "one fp16 AdamW step": the profile runs it on CUDA, where torch's non-fused AdamW is `_multi_tensor_adam`; it
   keeps the state in the parameter's dtype and adds eps in it too (torch 2.13 torch/optim/adam.py), so the table
-  is the same arithmetic. A GPU could only change it by computing in fp32, which is what the fused kernel does.
-- "fixed ... accuracy > 0.6": the cpu model (0.1M parameters, random init) reached 0.73 at seed 0 and 0.73-0.77 at
-  seeds 0-2 in 50 steps; SmolLM2 is pretrained and reads the answer in the passage, with 8x the pairs a step.
-  0.6 stays: above chance by more than the 128-pair eval's noise on the cpu profile (+-0.04 at one sigma), and
-  more than 2.5 sigma of the gpu profile's 512 pairs.
+  is the same arithmetic. Only a kernel that computes in fp32 (the fused one) changes it.
+- "fixed ... accuracy > 0.6": the cpu model (80K parameters, one layer, random init) reached 0.66 to 0.84 at seeds
+  0-5 in 50 steps; SmolLM2 is pretrained and reads the answer in the passage, with 8 times the pairs a step. 0.6
+  stays: 2.3 standard deviations of a chance ranker above 0.5 with the cpu profile's 128 pairs, 4.5 with the gpu
+  profile's 512.
 - "exactly 0", "NaN at every log", "ranks no held-out pair", "only non-finite ... score head", the probes' statuses:
   equalities on NaN arithmetic or on names, not on magnitudes: the same at any size.
 """
