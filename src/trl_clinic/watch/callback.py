@@ -146,9 +146,9 @@ class ClinicWatch(TrainerCallback):
         if trainer is None:  # the losses and batches come through the trainer's training_step
             self.checks.update(dict.fromkeys(("no_labels", "accumulation", "loss_spike"),
                                              "not watched: the trainer was not found in the calling frames"))
-        if getattr(trainer, "is_deepspeed_enabled", False):  # ZeRO keeps gradients in its partitions, not .grad
+        if getattr(trainer, "is_deepspeed_enabled", False):  # ZeRO manages gradients itself; not tried here
             self._never = set()
-            self.checks["no_gradient"] = "not watched under DeepSpeed (p.grad stays None)"
+            self.checks["no_gradient"] = "not watched under DeepSpeed (it reads p.grad)"
         self._forwards = ForwardWatch(model, self._report, self._current_step)
         if not self._trainable:
             total = sum(1 for _ in model.parameters())
@@ -380,6 +380,7 @@ class ClinicWatch(TrainerCallback):
                 f"raw loss {'not seen' if raw is None else f'{raw:.4g}'}; optimizer {described}")
         half_state = "float16" in dtypes and "Adam" in type(inner).__name__ and not defaults.get("fused")
         if weights and not gradients and half_state:
+            # torch 2.13 optim/adam.py:177-183: the moments are zeros_like(p), in the weights' dtype
             cause = ("the update itself: AdamW keeps its state in the weights' float16, where eps=1e-8 rounds to 0 "
                      "and small squared gradients underflow, so m/(sqrt(v)+eps) is inf")
             fix = "load the weights in float32 or bfloat16 (dtype='float32'), or use optim='adamw_torch_fused'"

@@ -104,8 +104,8 @@ class ForwardWatch:
         self.report(Finding(
             "right_padding", self.step(),
             f"generate() started from {padded} of {mask.shape[0]} prompts padded on the right, with a KV cache",
-            "the tokenizer pads on the right (padding_side='right') where prompts are batched for generation: the "
-            "first new token is predicted at a pad slot and new tokens take positions after the padding",
+            "the tokenizer pads on the right (padding_side='right') where prompts are batched for generation: a "
+            "prompt's first new token is predicted at a pad slot",
             "tokenizer.padding_side = 'left' before tokenizing prompts for generate()", "04",
             numbers={"right_padded_prompts": padded, "prompts": mask.shape[0]}))
 
