@@ -22,6 +22,8 @@ argued for those sizes:
   0-5 in 50 steps; SmolLM2 is pretrained and reads the answer in the passage, with 8 times the pairs a step. 0.6
   stays: 2.3 standard deviations of a chance ranker above 0.5 with the cpu profile's 128 pairs, 4.5 with the gpu
   profile's 512.
+- "replayed ... (within 1e-2)": the replay adds each step's raw loss in float64 where the Trainer adds fp32 tensors
+  (they agreed to 1e-4 relative at 1.2e34 on the CPU); the gpu run's sums are of the same kind, 25 x 32 additions.
 - "exactly 0", "NaN at every log", "ranks no held-out pair", "only non-finite ... score head", the probes' statuses:
   equalities on NaN arithmetic or on names, not on magnitudes: the same at any size.
 """
@@ -35,9 +37,12 @@ FUSED_STEP = {"0.01 float16": -0.0010004043579101562, "0.001 float16": -0.001000
 
 MUTATIONS = {
     # the same NaN run at accumulation 1: the filter logs 13/25 of step 1's loss (0.36, deep dive)
-    "huge finite number": lambda n: n["report_logged_loss"].__setitem__(0, 0.36),
-    # the report's run with logging_nan_inf_filter=False (exercise 1): the NaN itself at every log
-    ("huge finite number", "exactly 0"): lambda n: n.update(report_logged_loss=[math.nan] * len(n["report_logged_loss"])),
+    "huge finite number": lambda n: [n[key].__setitem__(0, 0.36) for key in ("report_logged_loss", "replayed_logs")],
+    # the report's run with logging_nan_inf_filter=False (exercise 1): the NaN itself at every log, not the replay
+    ("huge finite number", "exactly 0", "arithmetic, replayed"): lambda n: n.update(
+        report_logged_loss=[math.nan] * len(n["report_logged_loss"])),
+    # a Trainer whose filter differs from the replay (one without the filter logs NaN: the mutation above)
+    "arithmetic, replayed": lambda n: n["replayed_logs"].__setitem__(0, 2 * n["replayed_logs"][0]),
     # a run without the bug (float32 weights): the fixed run's grad norms
     "grad norm is NaN": lambda n: n.update(report_logged_grad_norm=[0.74, 0.72][:len(n["report_logged_grad_norm"])]),
     # a run without the bug: today's default fused AdamW keeps every raw loss finite (deep dive, 0.69)
@@ -71,4 +76,5 @@ def gpu_shape(numbers: dict, sizes: dict) -> dict:
     numbers["fixed_raw_loss"] = (fixed * (steps // len(fixed) + 1))[:steps]
     numbers["report_logged_loss"] = [numbers["report_logged_loss"][0]] + [0.0] * (logs - 1)
     numbers["report_logged_grad_norm"] = [math.nan] * logs
+    numbers["replayed_logs"] = numbers["report_logged_loss"][:]
     return numbers
