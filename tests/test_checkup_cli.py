@@ -52,10 +52,12 @@ def test_each_trainer_kind_builds_from_local_files_and_passes(local, capsys, kin
     code, report = run_json(capsys, ["checkup", kind, "--config", recipe(local, kind, **extra), "--json"])
     trainer = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "reward": "RewardTrainer", "grpo": "GRPOTrainer"}[kind]
     assert report["subject"].startswith(trainer)
+    from trl_clinic.checkup import load_probes
+
     statuses = {f["probe"]: f["status"] for f in report["findings"]}
-    assert code == 0 and "fail" not in statuses.values(), report
-    assert len(statuses) == 11 and any(s == "ok" for s in statuses.values())
-    assert not [f["reason"] for f in report["findings"] if "could not run" in f["reason"]]
+    assert code == 0 and report["exit_code"] == 0 and not {"fail", "error"} & set(statuses.values()), report
+    assert list(statuses) == list(load_probes()) and any(s == "ok" for s in statuses.values())
+    assert all(f["decided"] in ("measured", "config", "table") for f in report["findings"] if f["status"] == "ok")
 
 
 def test_a_failing_recipe_exits_1_and_only_limits_the_probes(local, capsys):
@@ -63,14 +65,19 @@ def test_a_failing_recipe_exits_1_and_only_limits_the_probes(local, capsys):
                     per_device_train_batch_size=4)
     code, report = run_json(capsys, ["checkup", "sft", "--config", config, "--only", "packing", "known_bugs", "--json"])
     assert code == 1
-    assert [(f["probe"], f["status"]) for f in report["findings"]] == [("packing", "fail"), ("known_bugs", "fail")]
+    assert [(f["probe"], f["status"], f["decided"]) for f in report["findings"]] == [
+        ("packing", "fail", "measured"), ("known_bugs", "ok", "table")]  # measured, never failed by the family's name
 
 
 def test_a_warning_does_not_fail_the_checkup(local, capsys):
-    config = recipe(local, "sft", model_init_kwargs={"torch_dtype": "float32"})
-    code, report = run_json(capsys, ["checkup", "sft", "--config", config, "--only", "known_bugs", "--json"])
-    assert code == 0
-    assert [(f["measured"], f["status"]) for f in report["findings"]] == [("03-torch-dtype-init-kwarg-ignored", "warn")]
+    """TRL 1.16's `trl sft` puts ModelConfig's dtype (float32 by default) beside the recipe's model_init_kwargs,
+    and from_pretrained takes dtype over the legacy torch_dtype: the model is float32, read from the built model."""
+    config = recipe(local, "sft", model_init_kwargs={"torch_dtype": "bfloat16"})
+    code, report = run_json(capsys, ["checkup", "sft", "--config", config, "--only", "init_dtype", "--json"])
+    (finding,) = report["findings"]
+    assert (code, finding["status"], finding["decided"], finding["known_bug"]) == (
+        0, "warn", "config", "03-torch-dtype-init-kwarg-ignored")
+    assert "torch_dtype=bfloat16" in finding["measured"] and "torch.float32" in finding["measured"]
 
 
 def test_grpo_config_that_trl_refuses_is_a_fail_with_trls_message(local, capsys):
@@ -79,8 +86,19 @@ def test_grpo_config_that_trl_refuses_is_a_fail_with_trls_message(local, capsys)
     code, report = run_json(capsys, ["checkup", "grpo", "--config", config, "--json"])
     assert code == 1
     (finding,) = report["findings"]
-    assert finding["probe"] == "grpo_config" and finding["status"] == "fail"
+    assert (finding["probe"], finding["status"], finding["decided"]) == ("grpo_config", "fail", "config")
     assert "divisible by num_generations" in finding["fix"]
+
+
+def test_any_other_build_error_is_an_error_not_a_config_fail(local, capsys):
+    """AUDIT C11: only what TRL's config classes refuse is the config's fail; a model folder that does not exist
+    stops the build elsewhere, which is an error (exit code 3), never a grpo_config fail."""
+    config = recipe(local, "grpo", reward_funcs=["trl_clinic.course.examples.length_reward"], num_generations=4,
+                    per_device_train_batch_size=4, model_name_or_path=str(local / "no-such-model"))
+    code, report = run_json(capsys, ["checkup", "grpo", "--config", config, "--json"])
+    (finding,) = report["findings"]
+    assert (code, finding["probe"], finding["status"]) == (3, "build", "error")
+    assert "could not be built" in finding["reason"]
 
 
 def test_flags_after_the_kind_and_a_table_by_default(local, capsys):
@@ -102,7 +120,8 @@ def test_help_explains_every_probe_and_the_top_level_command_stays_light():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.startswith("[]"), result.stdout[:300]  # answered without importing torch
     assert all(name in result.stdout for name in load_probes())
+    assert all(word in result.stdout for word in ("measured", "config", "table", "exit code", "error"))
     light = subprocess.run([sys.executable, "-c", "import sys; from trl_clinic.cli import parser; parser(); "
-                            "print(sorted(m for m in ('torch', 'trl', 'transformers') if m in sys.modules))"],
-                           capture_output=True, text=True, check=True)
-    assert light.stdout.strip() == "[]"
+                            "print(sorted(m for m in ('torch', 'trl', 'transformers', 'trl_clinic.course') "
+                            "if m in sys.modules))"], capture_output=True, text=True, check=True)
+    assert light.stdout.strip() == "[]"  # nor the course, whose import sets offline mode

@@ -1,15 +1,26 @@
-"""The check-up's engine: findings, selection, a probe that cannot run, the report's forms and exit code."""
+"""The check-up's engine: findings say how they were decided, a crash is an error (never a skip), the report's
+forms and its exit codes."""
 
 import json
 
 import pytest
 
-from trl_clinic.checkup.engine import Finding, Probe, Report, Skip, run_probe, selected
+from trl_clinic.checkup.engine import DECISIONS, EXIT_CODES, Finding, Probe, Report, Skip, run_probe, selected
 
 
-def test_a_finding_takes_only_the_four_statuses():
+def test_a_finding_takes_only_the_five_statuses():
     with pytest.raises(ValueError, match="status"):
         Finding("x", "broken")
+
+
+def test_every_verdict_says_how_it_was_decided_and_a_skip_or_error_decided_nothing():
+    for status in ("ok", "warn", "fail"):
+        with pytest.raises(ValueError, match="how it was decided"):
+            Finding("x", status)
+        assert Finding("x", status, decided="measured").decided == "measured"
+    with pytest.raises(ValueError, match="decided nothing"):
+        Finding("x", "skipped", decided="config")
+    assert set(DECISIONS) == {"measured", "config", "table"}
 
 
 def test_only_and_skip_select_by_name_and_reject_unknown_names():
@@ -23,7 +34,7 @@ def test_only_and_skip_select_by_name_and_reject_unknown_names():
         selected(only=["no_such_probe"])
 
 
-def test_a_probe_that_cannot_run_is_skipped_with_its_reason_never_raised():
+def test_a_probe_that_does_not_apply_is_skipped_and_one_that_crashes_is_an_error():
     def skips(view):
         raise Skip("does not apply here")
 
@@ -33,16 +44,29 @@ def test_a_probe_that_cannot_run_is_skipped_with_its_reason_never_raised():
     skipped = run_probe(Probe("a", "01", "", skips), view=None)
     crashed = run_probe(Probe("b", "02", "", crashes), view=None)
     assert (skipped[0].status, skipped[0].reason, skipped[0].lesson) == ("skipped", "does not apply here", "01")
-    assert crashed[0].status == "skipped" and "KeyError" in crashed[0].reason
+    assert (crashed[0].status, crashed[0].decided) == ("error", "") and crashed[0].reason == "KeyError: 'input_ids'"
     assert skipped[0].seconds >= 0
 
 
-def test_the_report_exits_1_on_a_fail_and_prints_as_a_table_and_as_json():
-    report = Report([Finding("packing", "ok", "0.0"), Finding("accumulation", "warn", "0.1", fix="do x")], "t")
-    assert report.exit_code == 0
-    report.findings.append(Finding("fp16_adamw", "fail", "3 tensors", fix="load in float32", lesson="03"))
-    assert report.exit_code == 1 and report.failed
+def test_the_exit_code_says_fail_then_error_then_clean():
+    clean = Report([Finding("packing", "ok", "0.0", decided="measured"),
+                    Finding("accumulation", "warn", "0.1", fix="do x", decided="config"),
+                    Finding("labels_present", "skipped", reason="n/a")], "t")
+    assert clean.exit_code == EXIT_CODES["clean"] == 0
+    clean.findings.append(Finding("eos_label", "error", reason="KeyError: 'x'"))
+    assert clean.exit_code == EXIT_CODES["error"] == 3 and not clean.failed
+    clean.findings.append(Finding("fp16_adamw", "fail", "3 tensors", fix="load in float32", lesson="03",
+                                  decided="measured"))
+    assert clean.exit_code == EXIT_CODES["fail"] == 1 and clean.failed
+
+
+def test_the_report_prints_how_each_finding_was_decided_as_a_table_and_as_json():
+    report = Report([Finding("packing", "fail", "0.6", fix="pad instead", decided="measured", known_bug="01-x"),
+                     Finding("known_bugs", "warn", "05-y", fix="upgrade", decided="table"),
+                     Finding("eos_label", "error", reason="KeyError: 'x'")], "t")
     data = json.loads(report.to_json())
-    assert data["failed"] and [f["status"] for f in data["findings"]] == ["ok", "warn", "fail"]
+    assert data["failed"] and data["errors"] == 1 and data["exit_code"] == 1
+    assert [(f["status"], f["decided"]) for f in data["findings"]] == [("fail", "measured"), ("warn", "table"),
+                                                                       ("error", "")]
     text = str(report)
-    assert "load in float32" in text and "fp16_adamw" in text
+    assert "decided" in text and "measured" in text and "table" in text and "01-x" in text and "KeyError" in text

@@ -3,9 +3,12 @@
     from trl_clinic import checkup
     report = checkup(trainer)          # prints a table; report.failed, report.to_json()
 
-Each probe leaves a finding (ok / warn / fail / skipped with the reason), the number it measured,
-the fix in one line and the lesson that explains it. The check-up never changes the model's weights,
-the optimizer, the random generators or the trainer's attributes (``view.untouched``).
+Each probe leaves a finding: ok / warn / fail with how it was decided (``measured`` on your trainer,
+``config`` read from its arguments or model, ``table`` from the known-bugs table), the number, the fix in
+one line and the lesson that explains it; ``skipped`` with the reason it does not apply; or ``error`` with
+the exception a probe raised. The check-up never changes the model's weights, buffers, flags, gradients or
+config, the optimizer, the random generators, the tokenizer's padding side, the accelerator or the
+trainer's attributes (``view.untouched``). docs/checkup.md says what each probe measures.
 The module itself is callable, so ``from trl_clinic import checkup`` gives the function's behaviour
 and ``trl_clinic.checkup.engine`` stays importable. Importing it is cheap (the ``trl-clinic``
 command's help imports it): the probes, and torch with them, load at the first check-up.

@@ -3,8 +3,10 @@
 The arguments after the trainer kind are those of ``trl sft`` (a ``--config`` YAML, or flags), parsed
 by the script's own ``make_parser`` (``TrlParser`` over TRL's dataclasses). The script's own ``main``
 then builds the trainer; its call to ``train()`` is intercepted, so the trainer checked is exactly the
-one ``trl sft`` would train, and nothing is trained. A config that TRL itself rejects while building
-(GRPO's batch rules, a removed argument) is a failed finding carrying TRL's message.
+one ``trl sft`` would train, and nothing is trained. A config that one of TRL's config classes rejects
+(``GRPOConfig``'s batch rules) is a failed finding carrying TRL's message, decided ``config``; anything
+else that stops the build (a missing file, a TRL without that script) is an ``error`` finding with its
+reason, never a fail the config did not earn.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import argparse
 import importlib
 import sys
 import textwrap
+import traceback
+from pathlib import Path
 from unittest import mock
 
 KINDS = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "reward": "RewardTrainer", "grpo": "GRPOTrainer"}
-BUILD_PROBE = {"grpo": ("grpo_config", "05")}  # where a build error belongs; others are reported as "build"
+BUILD_PROBE = {"grpo": ("grpo_config", "05")}  # where a config TRL refuses belongs; others are reported as "build"
 
 
 class _Built(Exception):
@@ -29,7 +33,14 @@ def build_trainer(kind: str, argv: list[str]):
     """The trainer ``trl <kind> <argv>`` would train, built by TRL's script (``trl.scripts.<kind>.main``)."""
     import trl
 
-    script = importlib.import_module(f"trl.scripts.{kind}")
+    try:
+        script = importlib.import_module(f"trl.scripts.{kind}")
+    except ModuleNotFoundError as error:
+        raise RuntimeError(f"trl {trl.__version__} has no `trl {kind}` script (trl.scripts.{kind}): build the trainer "
+                           "in your own script and call checkup(trainer)") from error
+    if not hasattr(script, "make_parser"):
+        raise RuntimeError(f"trl {trl.__version__}'s trl.scripts.{kind} has no make_parser: build the trainer in "
+                           "your own script and call checkup(trainer)")
     parsed = script.make_parser(prog=f"trl-clinic checkup {kind}").parse_args_and_config(args=argv)
 
     def intercept(trainer, *args, **kwargs):
@@ -43,17 +54,33 @@ def build_trainer(kind: str, argv: list[str]):
     raise RuntimeError(f"trl.scripts.{kind}.main returned without calling train()")
 
 
+def refused_by_config(error: BaseException) -> bool:
+    """Whether ``error`` was raised inside one of TRL's config classes (``trl/trainer/*_config.py``), where TRL
+    validates a config's values (``GRPOConfig.__post_init__``), rather than anywhere else in the build."""
+    frame = traceback.extract_tb(error.__traceback__)[-1]
+    path = Path(frame.filename)
+    return isinstance(error, (ValueError, TypeError)) and path.name.endswith("_config.py") and "trl" in path.parts
+
+
 def checkup_from_command_line(kind: str, argv: list[str], only=None, skip=None, show: bool = True):
-    """The check-up report of the trainer TRL's script builds from ``argv``; a build error is a fail."""
+    """The check-up report of the trainer TRL's script builds from ``argv``; a config TRL refuses is a fail,
+    any other build error an error."""
     from trl_clinic.checkup import run_checkup
     from trl_clinic.checkup.engine import Finding, Report
 
     try:
         trainer = build_trainer(kind, argv)
-    except (ValueError, TypeError) as error:
-        probe, lesson = BUILD_PROBE.get(kind, ("build", ""))
-        report = Report([Finding(probe, "fail", "TRL refused the config", lesson=lesson,
-                                 fix=f"{type(error).__name__}: {error}")], subject=f"trl {kind} (not built)")
+    except SystemExit:  # TRL's argument parser already said what was wrong
+        raise
+    except Exception as error:  # noqa: BLE001 - reported as a finding, with the exit code that says which
+        text = f"{type(error).__name__}: {error}"
+        if refused_by_config(error):
+            probe, lesson = BUILD_PROBE.get(kind, ("build", ""))
+            finding = Finding(probe, "fail", "TRL's config class refused the config", lesson=lesson, fix=text,
+                              decided="config")
+        else:
+            finding = Finding("build", "error", reason=f"the trainer could not be built: {text}")
+        report = Report([finding], subject=f"trl {kind} (not built)")
         if show:
             report.print()
         return report
@@ -64,10 +91,16 @@ def explain() -> str:
     """Every probe, the lesson that explains it, and what its fail or warn means (for --help)."""
     from trl_clinic.checkup import probe_catalogue
 
-    lines = ["probes (each finding: ok / warn / fail / skipped with the reason, the number measured, the fix "
-             "in one line, the lesson):"]
+    from trl_clinic.checkup.engine import DECISIONS
+
+    lines = ["probes (each finding: ok / warn / fail, or skipped with the reason it does not apply, or error with the "
+             "exception a probe raised; the number, the fix in one line, the lesson):"]
     lines += [textwrap.fill(f"{name} (lesson {lesson}): {explains}", width=100, initial_indent="  ",
                             subsequent_indent="      ") for name, lesson, explains in probe_catalogue()]
+    lines += ["", "decided (how each ok / warn / fail was reached):"]
+    lines += [f"  {name}: {meaning}" for name, meaning in DECISIONS.items()]
+    lines += ["", "exit code: 0 no fail and no error; 1 a probe failed; 3 no fail, but a probe (or the build) crashed; "
+              "2 a usage error"]
     return "\n".join(lines)
 
 
@@ -94,7 +127,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``checkup`` on the ``trl-clinic`` command (no heavy import until it runs)."""
     checkup = commands.add_parser(
         "checkup", add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="run the lessons' probes on the trainer `trl sft|dpo|reward|grpo` would build; exit 1 on a fail",
+        help="run the lessons' probes on the trainer `trl sft|dpo|reward|grpo` would build; exit 1 on a fail, 3 on an error",
         description=__doc__.split("\n\n")[0] + "\n\nexample: trl-clinic checkup sft --config recipe.yaml --json\n"
         "(`trl-clinic checkup sft --help` lists TRL's own arguments)")
     checkup.add_argument("-h", "--help", action=_Help, help="show this help, with what each finding means")

@@ -1,9 +1,11 @@
 """The check-up's engine: probes register here, run one by one, and each leaves one ``Finding``.
 
 A probe is a function of a ``TrainerView`` that returns a ``Finding``. It raises ``Skip`` when it
-does not apply or cannot run; any other error it raises is reported as a skip with the error's text,
-so one broken probe never ends the check-up. The report prints as a table (rich), as JSON for CI,
-and gives the exit code: 1 when any finding fails.
+does not apply to this trainer (the reason says why); any other exception it raises is an ``error``
+finding with the exception's type and text, never a skip, so one broken probe never ends the check-up
+and never hides. Every ok, warn or fail says how it was decided (``DECISIONS``): ``measured`` on the
+user's trainer, ``config`` read from its arguments or model, or ``table`` (a known-bugs entry). The
+report prints as a table (rich), as JSON for CI, and gives the exit code (``EXIT_CODES``).
 """
 
 from __future__ import annotations
@@ -14,12 +16,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-STATUSES = ("ok", "warn", "fail", "skipped")
-STYLES = {"ok": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim"}
+STATUSES = ("ok", "warn", "fail", "skipped", "error")
+STYLES = {"ok": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim", "error": "bold magenta"}
+DECISIONS = {
+    "measured": "run on the trainer's own model, collator, loss or optimizer class, and compared with a threshold",
+    "config": "read from the trainer's arguments or the model (nothing run)",
+    "table": "a known-bugs entry matched the installed versions and settings (nothing run)",
+}
+# 0: no fail and no error; 1: a probe failed (whatever else happened); 3: no fail, but a probe crashed, so
+# the check-up is incomplete. 2 stays the command line's own (a usage error, a bad file).
+EXIT_CODES = {"clean": 0, "fail": 1, "error": 3}
 
 
 class Skip(Exception):
-    """Raised by a probe that does not apply to this trainer or cannot run here; the message says why."""
+    """Raised by a probe that does not apply to this trainer; the message says why (one line)."""
 
 
 @dataclass
@@ -29,13 +39,21 @@ class Finding:
     measured: str = ""  # the number the verdict rests on, with its unit or meaning
     fix: str = ""  # one line the user can apply
     lesson: str = ""  # the lesson that explains it
-    reason: str = ""  # why the probe was skipped, or what it saw
+    reason: str = ""  # why the probe was skipped or crashed, or what it saw
     value: float | None = None  # the measured number alone, for CI
+    decided: str = ""  # how an ok/warn/fail was decided: one of DECISIONS ("" for skipped and error)
+    known_bug: str = ""  # the known-bugs entry that names this finding's cause, if one matched
     seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status {self.status!r}: expected one of {', '.join(STATUSES)}")
+        verdict = self.status in ("ok", "warn", "fail")
+        if verdict and self.decided not in DECISIONS:
+            raise ValueError(f"a {self.status} finding says how it was decided: one of {', '.join(DECISIONS)}, "
+                             f"not {self.decided!r}")
+        if not verdict and self.decided:
+            raise ValueError(f"a {self.status} finding decided nothing (decided={self.decided!r})")
 
 
 @dataclass(frozen=True)
@@ -68,15 +86,22 @@ class Report:
         return any(f.status == "fail" for f in self.findings)
 
     @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.status == "error"]
+
+    @property
     def exit_code(self) -> int:
-        return 1 if self.failed else 0
+        """``EXIT_CODES``: 1 when a probe failed, else 3 when a probe crashed, else 0."""
+        if self.failed:
+            return EXIT_CODES["fail"]
+        return EXIT_CODES["error"] if self.errors else EXIT_CODES["clean"]
 
     def by_probe(self, name: str) -> list[Finding]:
         return [f for f in self.findings if f.probe == name]
 
     def to_dict(self) -> dict[str, Any]:
         return {"subject": self.subject, "seconds": round(self.seconds, 3), "failed": self.failed,
-                "findings": [asdict(f) for f in self.findings]}
+                "errors": len(self.errors), "exit_code": self.exit_code, "findings": [asdict(f) for f in self.findings]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -86,11 +111,12 @@ class Report:
         from rich.table import Table
 
         table = Table(title=f"trl-clinic checkup: {self.subject} ({self.seconds:.1f} s)", show_lines=True)
-        for column in ("probe", "status", "measured", "fix / why skipped", "lesson", "s"):
+        for column in ("probe", "status", "decided", "measured", "fix / why skipped or crashed", "lesson", "s"):
             table.add_column(column, overflow="fold")
         for f in self.findings:
-            table.add_row(f.probe, f"[{STYLES[f.status]}]{f.status}[/]", f.measured,
-                          f.fix if f.status in ("warn", "fail") else f.reason, f.lesson, f"{f.seconds:.2f}")
+            why = f.fix if f.status in ("warn", "fail") else f.reason
+            table.add_row(f.probe, f"[{STYLES[f.status]}]{f.status}[/]", f.decided or "-", f.measured,
+                          why + (f" [{f.known_bug}]" if f.known_bug else ""), f.lesson, f"{f.seconds:.2f}")
         return table
 
     def __str__(self) -> str:
@@ -120,7 +146,8 @@ def selected(only: Iterable[str] | None = None, skip: Iterable[str] | None = Non
 
 
 def run_probe(spec: Probe, view: Any) -> list[Finding]:
-    """One probe's findings, timed; a probe that cannot run becomes a skipped finding saying why."""
+    """One probe's findings, timed; a probe that does not apply is skipped saying why, a probe that crashes
+    is an ``error`` finding with the exception (the check-up goes on)."""
     start = time.perf_counter()
     try:
         result = spec.run(view)
@@ -128,7 +155,8 @@ def run_probe(spec: Probe, view: Any) -> list[Finding]:
     except Skip as why:
         findings = [Finding(spec.name, "skipped", reason=str(why))]
     except Exception as error:  # noqa: BLE001 - a probe's crash is reported, never raised
-        findings = [Finding(spec.name, "skipped", reason=f"the probe could not run: {type(error).__name__}: {error}")]
+        findings = [Finding(spec.name, "error", reason=f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+                            if str(error) else type(error).__name__)]
     elapsed = time.perf_counter() - start
     for finding in findings:
         finding.lesson = finding.lesson or spec.lesson

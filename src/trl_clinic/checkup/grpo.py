@@ -1,9 +1,9 @@
-"""Probe 5 (lesson 05): GRPO's batch rules, and groups whose rewards are all equal.
+"""Probe 5 (lesson 05): GRPO groups whose rewards are all equal.
 
-TRL validates the batch rules itself (``GRPOConfig.__post_init__``: the generation batch divisible
-by the global batch and by ``num_generations``, at least 2 generations); a config that breaks them
-never becomes a trainer, and ``trl-clinic checkup grpo`` reports TRL's own error as a fail. A group
-whose completions all get the same reward has advantage 0 everywhere: it teaches nothing.
+A group whose completions all get the same reward has advantage 0 everywhere: it teaches nothing. GRPO's
+batch rules are not a probe here: TRL validates them itself (``GRPOConfig.__post_init__``), so a built
+trainer always passes them, and ``trl-clinic checkup grpo`` reports a config TRL refuses as the
+``grpo_config`` fail with TRL's message (``command.py``).
 """
 
 from __future__ import annotations
@@ -23,18 +23,6 @@ def _grpo(view: TrainerView) -> None:
         raise Skip(f"not a GRPO trainer ({view.kind})")
 
 
-@probe("grpo_config", "05", "GRPO batch rules: the generation batch must hold whole groups of num_generations "
-       "completions and split into whole per-device batches (TRL's own GRPOConfig validation; a config that "
-       "breaks them is reported with TRL's error).")
-def grpo_config(view: TrainerView) -> Finding:
-    _grpo(view)
-    a = view.args
-    groups = a.generation_batch_size // a.num_generations
-    return Finding("grpo_config", "ok", f"generation batch {a.generation_batch_size} = {groups} prompts x "
-                   f"{a.num_generations} generations, {a.steps_per_generation} steps per generation", value=groups,
-                   reason="validated by TRL's GRPOConfig when the config was built")
-
-
 def _prompt_text(view: TrainerView, prompt) -> str:
     if isinstance(prompt, str):
         return prompt
@@ -48,11 +36,13 @@ def group_rewards(view: TrainerView) -> list[list[float]]:
     trainer, args, tokenizer = view.trainer, view.args, view.tokenizer
     if any(isinstance(f, nn.Module) for f in trainer.reward_funcs):
         raise Skip("a reward model is among the reward functions: only reward functions are called here")
-    rows = view.samples(min(MAX_PROMPTS, max(1, args.generation_batch_size // args.num_generations)))
+    size = getattr(args, "generation_batch_size", None) or args.per_device_train_batch_size
+    rows = view.samples(min(MAX_PROMPTS, max(1, size // args.num_generations)))
     prompts = [_prompt_text(view, row["prompt"]) for row in rows]
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
-        inputs = tokenizer(prompts, return_tensors="pt", padding=True).to(view.device)
+        encoded = tokenizer(prompts, return_tensors="pt", padding=True)
+        inputs = {key: encoded[key].to(view.device) for key in ("input_ids", "attention_mask")}  # no token_type_ids
     finally:
         tokenizer.padding_side = side
     view.model.eval()
@@ -81,10 +71,10 @@ def equal_rewards(view: TrainerView) -> Finding:
     share = equal / len(groups)
     measured = f"{equal} of {len(groups)} groups with equal rewards"
     if share == 1:
-        return Finding("equal_rewards", "fail", measured, value=share,
+        return Finding("equal_rewards", "fail", measured, value=share, decided="measured",
                        fix="every group has equal rewards, so no learning signal: give partial credit, warm the "
                        "policy up with SFT, or raise num_generations/temperature")
     if share >= 0.5:
-        return Finding("equal_rewards", "warn", measured, value=share,
+        return Finding("equal_rewards", "warn", measured, value=share, decided="measured",
                        fix="most groups teach nothing: give partial credit or warm the policy up with SFT")
-    return Finding("equal_rewards", "ok", measured, value=share, reason="most groups have a reward spread")
+    return Finding("equal_rewards", "ok", measured, value=share, decided="measured", reason="most groups have a reward spread")

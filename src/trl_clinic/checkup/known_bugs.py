@@ -1,7 +1,11 @@
-"""Probe 7: the README's "bugs through the versions" table as data, matched like pip-audit matches advisories.
+"""Probe 7: the known-bugs table (``known_bugs.yaml``), matched like pip-audit matches advisories.
 
-``known_bugs.yaml`` holds one entry per bug: the lesson, what is broken, the fix, and the conditions
-(installed versions, device, model family, kernel, trainer, arguments) under which it applies.
+Each entry holds one bug: the lesson, what is broken, the fix, the conditions (installed versions,
+device, model family, kernel, trainer, collator, arguments) under which it applies, and ``read``: the
+released files its version window was read in. An entry that a probe can measure names that probe
+(``probe: packing``): the probe decides by measuring, and cites the entry as the cause when its
+measurement fails (``explain``). The ``known_bugs`` probe reports only the entries that nothing here can
+measure (a GPU's cuBLAS); a table decides nothing by running, so such a finding warns, never fails.
 """
 
 from __future__ import annotations
@@ -18,9 +22,17 @@ from packaging.version import Version
 from trl_clinic.checkup.engine import Finding, probe
 from trl_clinic.checkup.view import TrainerView
 
+CONDITIONS = ("packages", "model_type", "attn_implementation", "attn_not", "trainer", "gpu_name", "collator",
+              "collator_args", "args", "config", "init_kwargs")
+
 
 def load() -> list[dict[str, Any]]:
-    return yaml.safe_load(files("trl_clinic.checkup").joinpath("known_bugs.yaml").read_text())
+    entries = yaml.safe_load(files("trl_clinic.checkup").joinpath("known_bugs.yaml").read_text())
+    for entry in entries:
+        unknown = set(entry["when"]) - set(CONDITIONS)
+        if unknown:
+            raise ValueError(f"known_bugs.yaml {entry['id']}: unknown condition(s) {', '.join(sorted(unknown))}")
+    return entries
 
 
 def installed(name: str) -> str | None:
@@ -38,6 +50,8 @@ class Facts:
     attn_implementation: str = ""
     trainer: str = ""
     gpu_name: str = ""
+    collator: list[str] = field(default_factory=list)  # the collator's class and its bases, by name
+    collator_args: dict[str, Any] = field(default_factory=dict)  # the collator's own attributes
     args: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     init_kwargs: list[str] = field(default_factory=list)
@@ -51,10 +65,14 @@ class Facts:
         import torch
 
         config = view.base_model.config
+        collator = view.trainer.data_collator
         gpu = torch.cuda.get_device_name(view.device) if view.device.type == "cuda" else ""
         args = {name: getattr(view.args, name, None) for name in vars(view.args)} | {"world_size": view.args.world_size}
         return cls(model_type=config.model_type, attn_implementation=config._attn_implementation or "",
-                   trainer=view.kind, gpu_name=gpu, args=args, config=config.to_dict() | {"use_cache": config.use_cache},
+                   trainer=view.kind, gpu_name=gpu, collator=[c.__name__ for c in type(collator).__mro__],
+                   collator_args={k: v for k, v in vars(collator).items() if isinstance(v, (bool, int, float, str))}
+                   if hasattr(collator, "__dict__") else {},
+                   args=args, config=config.to_dict() | {"use_cache": getattr(config, "use_cache", None)},
                    init_kwargs=list(getattr(view.args, "model_init_kwargs", None) or {}))
 
 
@@ -76,7 +94,9 @@ def applies(entry: dict[str, Any], facts: Facts) -> bool:
         facts.attn_implementation in when.get("attn_implementation", [facts.attn_implementation]),
         facts.attn_implementation not in when.get("attn_not", []),
         facts.trainer in when.get("trainer", [facts.trainer]),
-        when.get("gpu_name", "") in facts.gpu_name if "gpu_name" in when else True,
+        facts.gpu_name in when["gpu_name"] if "gpu_name" in when else True,  # whole device names, never substrings
+        any(name in facts.collator for name in when["collator"]) if "collator" in when else True,
+        all(_value_holds(v, facts.collator_args.get(k)) for k, v in when.get("collator_args", {}).items()),
         all(_value_holds(v, facts.args.get(k)) for k, v in when.get("args", {}).items()),
         all(_value_holds(v, facts.config.get(k)) for k, v in when.get("config", {}).items()),
         all(key in facts.init_kwargs for key in when.get("init_kwargs", [])),
@@ -85,21 +105,25 @@ def applies(entry: dict[str, Any], facts: Facts) -> bool:
 
 
 def matching(facts: Facts, probe_name: str | None = None) -> list[dict[str, Any]]:
-    """The entries that apply; with ``probe_name``, only those that probe decides (after its measurement),
-    without it only those that need no measurement."""
+    """The entries that apply; with ``probe_name``, only those that probe measures, without it only those that
+    nothing measures (the ``known_bugs`` probe's)."""
     return [e for e in load() if applies(e, facts) and e.get("probe") == probe_name]
 
 
-def finding(entry: dict[str, Any], probe_name: str = "known_bugs") -> Finding:
-    return Finding(probe_name, entry["status"], entry["id"], fix=f"{entry['fix']} ({entry['bug']})",
-                   lesson=entry["lesson"])
+def explain(view: TrainerView, probe_name: str) -> dict[str, Any] | None:
+    """The first entry of ``probe_name`` that applies to this trainer: the known cause of what it measured."""
+    found = matching(Facts.from_view(view), probe_name)
+    return found[0] if found else None
 
 
-@probe("known_bugs", "README", "a bug from the README's 'bugs through the versions' table applies to the installed "
-       "versions, device, model family, kernel and arguments (known_bugs.yaml; like pip-audit for training bugs).")
+@probe("known_bugs", "README", "a known bug that no probe can measure here (a GPU's library build, a report) applies "
+       "to the installed versions, device, model family, kernel and arguments: known_bugs.yaml, like pip-audit for "
+       "training bugs. Decided by the table, so it warns and never fails.")
 def known_bugs(view: TrainerView) -> list[Finding]:
     entries, facts = load(), Facts.from_view(view)
-    found = [finding(e) for e in matching(facts)]
+    found = [Finding("known_bugs", "warn", entry["id"], fix=f"{entry['fix']} ({entry['bug']})", lesson=entry["lesson"],
+                     decided="table", known_bug=entry["id"]) for entry in matching(facts)]
+    unmeasured = sum(1 for e in entries if "probe" not in e)
     versions = ", ".join(f"{p} {installed(p)}" for p in ("torch", "transformers", "trl"))
-    return found or [Finding("known_bugs", "ok", f"0 of {len(entries)} entries match", value=0,
-                             reason=f"{versions}, {facts.model_type}, {facts.attn_implementation}")]
+    return found or [Finding("known_bugs", "ok", f"0 of {unmeasured} table-only entries match", value=0,
+                             decided="table", reason=f"{versions}, {facts.model_type}, {facts.attn_implementation}")]

@@ -46,11 +46,12 @@ def labels_present(view: TrainerView) -> Finding:
     empty = sum(c == 0 for c in counts)
     measured = f"label tokens in the first {len(counts)} batches: {counts}"
     if not empty:
-        return Finding("labels_present", "ok", measured, value=0, reason="every batch has label tokens")
+        return Finding("labels_present", "ok", measured, value=0, decided="measured",
+                       reason="every batch has label tokens")
     cause = ("assistant_only_loss=True and the chat template marks no assistant tokens ({% generation %} tags)"
              if getattr(view.args, "assistant_only_loss", False) else
              "check max_length (completions cut off), the completion mask and the dataset's columns")
-    return Finding("labels_present", "fail", measured, value=empty,
+    return Finding("labels_present", "fail", measured, value=empty, decided="measured",
                    fix=f"{empty} of {len(counts)} batches have no label token: {cause}")
 
 
@@ -65,32 +66,22 @@ def eos_label(view: TrainerView) -> Finding:
         found += int((targets(batch) & (batch["input_ids"] == eos)).sum())
     measured = f"{found} EOS targets in the first batches (pad == eos: {tokenizer.pad_token_id == eos})"
     if found:
-        return Finding("eos_label", "ok", measured, value=found, reason="EOS is a target")
+        return Finding("eos_label", "ok", measured, value=found, decided="measured", reason="EOS is a target")
     fix = ("pad == eos and the collator masks pad tokens, so EOS is masked too: set a pad token distinct from "
            "eos (tokenizer.pad_token = ...)" if tokenizer.pad_token_id == eos else
            "no completion ends with EOS: append tokenizer.eos_token (SFTTrainer does; a custom dataset may not)")
-    return Finding("eos_label", "fail", measured, value=0, fix=fix)
+    return Finding("eos_label", "fail", measured, value=0, decided="measured", fix=fix)
 
 
 @probe("gradients_reach", "-", "trainable parameters that get no gradient in one forward/backward of the "
        "trainer's own loss (PEFT + reentrant gradient checkpointing without input gradients, a detached head).")
 def gradients_reach(view: TrainerView) -> Finding:
-    if view.kind == "grpo":
-        raise Skip("GRPO's loss needs its own generations")
-    trainer, model = view.trainer, view.model
-    for p in model.parameters():
-        p.grad = None
-    model.train()
-    batch = view.to_device(view.batch())
-    with trainer.compute_loss_context_manager():
-        loss = trainer.compute_loss(model, batch)
-    if loss.requires_grad:  # without a grad_fn (every trainable tensor cut off) backward itself would raise
-        loss.backward()
-    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    missing = [n for n, p in trainable if p.grad is None]
-    measured = f"{len(missing)} of {len(trainable)} trainable tensors without a gradient"
+    gradients = view.first_gradients
+    missing = [name for name, grad in gradients.items() if grad is None]
+    measured = f"{len(missing)} of {len(gradients)} trainable tensors without a gradient"
     if not missing:
-        return Finding("gradients_reach", "ok", measured, value=0, reason="every trainable tensor got a gradient")
-    return Finding("gradients_reach", "fail", measured, value=len(missing),
+        return Finding("gradients_reach", "ok", measured, value=0, decided="measured",
+                       reason="every trainable tensor got a gradient")
+    return Finding("gradients_reach", "fail", measured, value=len(missing), decided="measured",
                    fix=f"{missing[0]} (and {len(missing) - 1} more) get no gradient: with gradient checkpointing use "
                    "gradient_checkpointing_kwargs={'use_reentrant': False} or model.enable_input_require_grads()")

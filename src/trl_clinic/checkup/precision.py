@@ -1,18 +1,25 @@
-"""Probe 3 (lesson 03): fp16 trainable weights under a non-fused AdamW, and a reward head that never trains.
+"""Probe 3 (lesson 03): fp16 trainable weights under the trainer's optimizer, the dtype the model was built in,
+and a reward head that never trains.
 
-A non-fused AdamW keeps its state in the weights' dtype: in fp16, eps=1e-8 rounds to 0 and small
-squared gradients underflow, so the first update is inf (lesson 03). A reward model whose ``score``
-head is frozen, or trainable but not saved with a LoRA adapter, keeps a random head.
+A non-fused AdamW keeps its state in the weights' dtype: in fp16, eps=1e-8 rounds to 0 and small squared
+gradients underflow, so the first update is inf or NaN (lesson 03). Which optimizers do that is not read
+from their names: the probe builds the trainer's own optimizer class (the one passed in ``optimizers=``,
+``optimizer_cls_and_kwargs``, or the one ``args.optim`` selects) with its own settings over clones of the
+fp16 trainable tensors, gives them the real gradient of one step of the trainer's loss, steps once and
+looks at the result. The user's weights and optimizer are never stepped.
 """
 
 from __future__ import annotations
 
 import torch
+from transformers import Trainer
 
 from trl_clinic.checkup.engine import Finding, Skip, probe
+from trl_clinic.checkup.known_bugs import explain
 from trl_clinic.checkup.view import TrainerView
 
 HEADS = ("score", "classifier")  # what transformers calls a sequence-classification head
+MAX_ELEMENTS = 16_000_000  # cloned for the optimizer step: the first tensors up to this many elements
 
 
 def _head_names(view: TrainerView) -> list[str]:
@@ -29,21 +36,87 @@ def _saved_with_adapter(view: TrainerView) -> bool | None:
     return str(peft.task_type) in ("SEQ_CLS", "TaskType.SEQ_CLS") or bool(modules & set(HEADS))
 
 
-@probe("fp16_adamw", "03", "fp16 trainable weights with a non-fused AdamW: its fp16 state rounds eps to 0 and "
-       "underflows g^2, the first update is inf, then the loss is NaN (and logged as 0).")
-def fp16_adamw(view: TrainerView) -> Finding:
-    fp16 = [name for name, p in view.model.named_parameters() if p.requires_grad and p.dtype == torch.float16]
+def optimizer_recipe(view: TrainerView) -> tuple[type, dict, str]:
+    """The class and settings the trainer's optimizer has or will have, and where they were read."""
+    trainer = view.trainer
+    optimizer = getattr(trainer, "optimizer", None)
+    if optimizer is not None:
+        inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps the user's
+        return type(inner), {k: v for k, v in inner.param_groups[0].items() if k != "params"}, "trainer.optimizer"
+    given = getattr(trainer, "optimizer_cls_and_kwargs", None)
+    if given is not None:
+        return given[0], dict(given[1]), "optimizer_cls_and_kwargs"
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(view.args, view.model)
     optim = str(getattr(view.args.optim, "value", view.args.optim))
-    measured = f"{len(fp16)} fp16 trainable tensors, optim={optim}"
+    return cls, dict(kwargs), f"optim={optim}"
+
+
+def one_step(cls: type, settings: dict, source: str, tensors: list[tuple[str, torch.Tensor, torch.Tensor]]) -> list[str]:
+    """Step a fresh ``cls`` once over clones of ``tensors`` (name, weight, gradient); the names left non-finite."""
+    clones = []
+    for _, weight, gradient in tensors:
+        clone = weight.detach().clone().requires_grad_(True)
+        clone.grad = gradient.to(clone.dtype).clone()
+        clones.append(clone)
+    try:
+        if source == "trainer.optimizer":
+            optimizer = cls([{"params": clones, **settings}])
+        else:
+            optimizer = cls(clones, **settings)
+        optimizer.step()
+    except Exception as error:  # a GPU-only optimizer (bitsandbytes, paged) on a CPU, a class that needs more
+        raise RuntimeError(f"{cls.__module__}.{cls.__name__} could not step on cloned tensors here, so fp16 "
+                           f"stability is not measured: {type(error).__name__}: {error}") from error
+    return [name for (name, _, _), clone in zip(tensors, clones) if not torch.isfinite(clone).all()]
+
+
+@probe("fp16_adamw", "03", "fp16 trainable weights that the trainer's own optimizer (its class and settings, the one "
+       "passed in optimizers= included) turns non-finite in one step on the real first gradient: a non-fused AdamW's "
+       "fp16 state rounds eps to 0 and underflows g^2; then the loss is NaN (and logged as 0).")
+def fp16_adamw(view: TrainerView) -> Finding:
+    fp16 = [(name, p) for name, p in view.model.named_parameters() if p.requires_grad and p.dtype == torch.float16]
     if not fp16:
-        return Finding("fp16_adamw", "ok", measured, value=0, reason="no fp16 trainable weights")
-    if "fused" in optim or "adamw" not in optim:
-        return Finding("fp16_adamw", "warn", measured, value=len(fp16),
-                       fix=f"fp16 trainable weights ({fp16[0]}...) train only because {optim} computes in fp32: "
-                       "load in float32 or bfloat16")
-    return Finding("fp16_adamw", "fail", measured, value=len(fp16),
-                   fix=f"load the model in float32 or bfloat16 (dtype='float32'), or use optim='adamw_torch_fused'; "
-                   f"first fp16 trainable tensor: {fp16[0]}")
+        return Finding("fp16_adamw", "ok", "0 fp16 trainable tensors", value=0, decided="config",
+                       reason="no fp16 trainable weights")
+    cls, settings, source = optimizer_recipe(view)
+    gradients = view.first_gradients
+    tensors, elements = [], 0
+    for name, p in fp16:
+        if gradients.get(name) is not None and (not tensors or elements + p.numel() <= MAX_ELEMENTS):
+            tensors.append((name, p, gradients[name]))
+            elements += p.numel()
+    if not tensors:
+        raise Skip("no fp16 trainable tensor got a gradient from the trainer's loss (see gradients_reach)")
+    broken = one_step(cls, settings, source, tensors)
+    measured = (f"one {cls.__name__} step ({source}) on clones of {len(tensors)} of {len(fp16)} fp16 trainable tensors "
+                f"and their first gradient: {len(broken)} non-finite")
+    if not broken:
+        return Finding("fp16_adamw", "ok", measured, value=0, decided="measured", reason="the step stays finite")
+    return Finding("fp16_adamw", "fail", measured, value=len(broken), decided="measured",
+                   fix=f"{broken[0]} turns inf/NaN after one step: load the model in float32 or bfloat16 "
+                   "(dtype='float32'), or keep fp16 weights frozen and train float32 adapters")
+
+
+@probe("init_dtype", "03", "model_init_kwargs asks for a dtype (dtype or the legacy torch_dtype) that the built model "
+       "does not have: TRL >= 0.27.0 sets dtype='float32' itself, which transformers prefers over torch_dtype, and TRL "
+       "ignores model_init_kwargs for a model passed as an instance.")
+def init_dtype(view: TrainerView) -> Finding:
+    kwargs = getattr(view.args, "model_init_kwargs", None) or {}
+    asked = {key: kwargs[key] for key in ("dtype", "torch_dtype") if kwargs.get(key) not in (None, "auto")}
+    if not asked:
+        raise Skip("model_init_kwargs names no dtype")
+    built = next(view.base_model.parameters()).dtype
+    wanted = {key: getattr(torch, value) if isinstance(value, str) else value for key, value in asked.items()}
+    measured = (f"model_init_kwargs {', '.join(f'{k}={v}' for k, v in asked.items())}; "
+                f"the built model's weights are {built}")
+    lost = [key for key, dtype in wanted.items() if dtype != built]
+    if not lost:
+        return Finding("init_dtype", "ok", measured, decided="config", reason="the model has the dtype asked for")
+    entry = explain(view, "init_dtype")
+    return Finding("init_dtype", "warn", measured, decided="config", known_bug=entry["id"] if entry else "",
+                   fix=entry["fix"] if entry and "torch_dtype" in lost else f"the model was built in {built}, not "
+                   f"{asked[lost[0]]}: pass the dtype to from_pretrained yourself (model_init_kwargs applies only "
+                   "when TRL loads the model)")
 
 
 @probe("reward_head", "03", "a reward model whose score head is frozen, or trained but not saved with the LoRA "
@@ -56,10 +129,11 @@ def reward_head(view: TrainerView) -> Finding:
     trainable = [n for n in names if params[n].requires_grad]
     measured = f"{len(trainable)} of {len(names)} head tensors trainable"
     if not trainable:
-        return Finding("reward_head", "fail", measured, value=0,
+        return Finding("reward_head", "fail", measured, value=0, decided="config",
                        fix="the score head is frozen: with LoRA pass task_type='SEQ_CLS' (or modules_to_save=['score'])")
     if _saved_with_adapter(view) is False:
-        return Finding("reward_head", "fail", measured, value=len(trainable),
+        return Finding("reward_head", "fail", measured, value=len(trainable), decided="config",
                        fix="the LoRA adapter will not save the trained head: task_type='SEQ_CLS' or "
                        "modules_to_save=['score']")
-    return Finding("reward_head", "ok", measured, value=len(trainable), reason="the head trains and is saved")
+    return Finding("reward_head", "ok", measured, value=len(trainable), decided="config",
+                   reason="the head trains and is saved")

@@ -4,24 +4,33 @@ The probes see the trainer's real model, collator, dataset and arguments. Batche
 ``Trainer._get_dataloader`` builds them (unused columns removed, then the trainer's own collator),
 from the dataset's first rows, without a DataLoader: ``get_train_dataloader`` would register the
 loader with the accelerator, a change to the trainer.
+
+Written against the transformers Trainer of 4.40.2 to 5.23.0 (the versions the check-up is run on):
+where an attribute moved (``processing_class`` was ``tokenizer`` before transformers 4.46), the view
+reads whichever the installed version has.
 """
 
 from __future__ import annotations
 
 import copy
 import random
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 import torch
+from torch import nn
 from transformers import PreTrainedModel, Trainer
 
 from trl_clinic.checkup.engine import Skip
 
 KINDS = {"SFTTrainer": "sft", "DPOTrainer": "dpo", "RewardTrainer": "reward", "GRPOTrainer": "grpo"}
+# keys of a batch the model's forward never takes (the trainer's loss reads them), and TRL's own forward flags
+NOT_MODEL_INPUTS = ("labels", "completion_mask", "assistant_masks", "fused_lm_head", "num_items_in_batch",
+                    "logits_to_keep", "return_dict")
 
 
 def trainer_kind(trainer: Trainer) -> str:
@@ -48,24 +57,27 @@ PLAIN = (int, float, str, bool, type(None))
 
 
 def _plain(value: object, depth: int = 0) -> bool:
-    """Numbers, strings and containers of them (a trainer's metrics, counters, logs): safe to copy and refill.
-    A container holding a model, a tensor or a tokenizer is not: refilling it would swap the user's objects."""
+    """Numbers, strings and containers of them (a trainer's metrics, counters, logs): safe to deep-copy."""
     if isinstance(value, PLAIN):
         return True
     if depth > 6:
         return False
     if isinstance(value, dict):
         return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
-    if isinstance(value, (list, tuple, set)):
+    if isinstance(value, (list, tuple, set, deque)):  # GRPO keeps its logged completions in deques
         return all(_plain(v, depth + 1) for v in value)
     return False
 
 
 def _contents(value: object) -> object | None:
-    """A copy of what a probe might change in place (plain containers, the Trainer's state objects), else None."""
-    small_state = type(value).__name__ in ("TrainerState", "TrainerControl")
-    if (isinstance(value, (dict, list, set)) and _plain(value)) or small_state:
+    """What a probe might change in place, copied: plain containers and the Trainer's state objects deeply,
+    other lists, dicts and sets shallowly (their members are the user's objects: a model, a dataloader the
+    accelerator keeps; putting the same members back must not copy them). None for anything else."""
+    if type(value).__name__ in ("TrainerState", "TrainerControl") or (
+            isinstance(value, (dict, list, set, deque)) and _plain(value)):
         return copy.deepcopy(value)
+    if isinstance(value, (dict, list, set, deque)):
+        return copy.copy(value)
     return None
 
 
@@ -73,8 +85,9 @@ def _refill(target: object, saved: object) -> None:
     if isinstance(target, dict):
         target.clear()
         target.update(saved)
-    elif isinstance(target, list):
-        target[:] = saved
+    elif isinstance(target, (list, deque)):
+        target.clear()
+        target.extend(saved)
     elif isinstance(target, set):
         target.clear()
         target |= saved
@@ -83,33 +96,110 @@ def _refill(target: object, saved: object) -> None:
         vars(target).update(vars(saved))
 
 
+@dataclass
+class _Attributes:
+    """An object's attributes as they were: which object each name was bound to, and the contents of those
+    a probe could change in place. Restored through ``vars()``, past any ``__setattr__`` (a config's
+    attribute map, a frozen dataclass), so restoring changes nothing else."""
+
+    target: object
+    bound: dict[str, object] = field(init=False)
+    contents: dict[str, object] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.bound = dict(vars(self.target))
+        self.contents = {name: _contents(value) for name, value in self.bound.items()}
+
+    def restore(self) -> None:
+        now = vars(self.target)
+        for name in set(now) - set(self.bound):
+            del now[name]
+        for name, value in self.bound.items():
+            if now.get(name, _Attributes) is not value:
+                now[name] = value
+            if self.contents[name] is not None:
+                _refill(value, self.contents[name])
+
+
+def _modules(trainer: Trainer) -> list[nn.Module]:
+    """Every model the trainer holds (the policy, a reference or reward model), each once."""
+    found: dict[int, nn.Module] = {}
+    for value in vars(trainer).values():
+        if isinstance(value, nn.Module):
+            found.setdefault(id(value), value)
+    return list(found.values())
+
+
+def _configs(modules: list[nn.Module]) -> list[object]:
+    """The models' configs, their sub-configs one level down, and their generation configs."""
+    found: dict[int, object] = {}
+    for module in modules:
+        for model in module.modules():
+            for name in ("config", "generation_config"):
+                config = getattr(model, name, None)
+                if config is not None and hasattr(config, "to_dict"):
+                    found.setdefault(id(config), config)
+                    for value in vars(config).values():
+                        if hasattr(value, "to_dict") and hasattr(value, "model_type"):
+                            found.setdefault(id(value), value)
+    return list(found.values())
+
+
+def _tokenizers(trainer: Trainer) -> list[object]:
+    processing = getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None)
+    return [t for t in (processing, getattr(processing, "tokenizer", None)) if t is not None]
+
+
+def _accelerator_parts(trainer: Trainer) -> list[object]:
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is None:
+        return []
+    return [part for part in (accelerator, getattr(accelerator, "gradient_state", None)) if part is not None]
+
+
 @contextmanager
 def untouched(trainer: Trainer) -> Iterator[None]:
-    """Run probes and leave the model's modes, flags and gradients, the RNGs and the trainer's attributes
-    as they were. Probes never step the optimizer; the weights are compared in the tests."""
-    model = trainer.model
-    rng = _rng_state()
-    modes = {module: module.training for module in model.modules()}
-    params = list(model.parameters())
+    """Run probes and leave everything they could change as it was: the random generators, grad mode, every
+    model's train/eval modes, ``requires_grad`` flags, gradients and buffers, the models' configs and
+    generation configs, the trainer's, its arguments', its accelerator's (and gradient state's) and its
+    tokenizer's attributes (the padding side among them). Probes never step the optimizer and never write
+    weights; the tests compare the weights byte for byte."""
+    rng, grad_mode = _rng_state(), torch.is_grad_enabled()
+    modules = _modules(trainer)
+    modes = [(m, m.training) for module in modules for m in module.modules()]
+    params = list({id(p): p for module in modules for p in module.parameters()}.values())
     flags = [p.requires_grad for p in params]
-    grads = [None if p.grad is None else p.grad.detach().clone() for p in params]
-    attributes = dict(vars(trainer))
-    contents = {name: _contents(value) for name, value in attributes.items()}
+    grads = [p.grad for p in params]
+    grad_values = [None if g is None else g.detach().clone() for g in grads]
+    buffers = [(owner, name, tensor, tensor.detach().clone()) for module in modules
+               for owner in module.modules() for name, tensor in owner.named_buffers(recurse=False)]
+    saved = [_Attributes(part) for part in (trainer, trainer.args, *_accelerator_parts(trainer), *_tokenizers(trainer),
+                                            *_configs(modules))]
     try:
         yield
     finally:
-        for p, flag, grad in zip(params, flags, grads):
+        for p, flag, grad, value in zip(params, flags, grads, grad_values):
             p.requires_grad_(flag)
+            if grad is not None:
+                grad.copy_(value)  # the same tensor object, with its values
             p.grad = grad
-        for module, training in modes.items():
+        for owner, name, tensor, value in buffers:
+            if owner._buffers.get(name) is not tensor:
+                owner._buffers[name] = tensor
+            if not torch.equal(tensor, value):
+                tensor.copy_(value)
+        for module, training in modes:
             module.training = training
-        for name in set(vars(trainer)) - set(attributes):
-            delattr(trainer, name)
-        for name, value in attributes.items():
-            setattr(trainer, name, value)
-            if contents[name] is not None:
-                _refill(value, contents[name])
+        for part in saved:
+            part.restore()
+        torch.set_grad_enabled(grad_mode)
         _set_rng_state(rng)
+
+
+class _Captured(Exception):
+    def __init__(self, kwargs: dict) -> None:
+        super().__init__("forward captured")
+        self.kwargs = kwargs
 
 
 @dataclass
@@ -138,18 +228,22 @@ class TrainerView:
 
     @property
     def tokenizer(self):
-        processing = self.trainer.processing_class
-        return getattr(processing, "tokenizer", processing)
+        """The tokenizer (``processing_class`` since transformers 4.46, ``tokenizer`` before)."""
+        tokenizers = _tokenizers(self.trainer)
+        return tokenizers[-1] if tokenizers else None
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     @property
-    def half(self) -> bool:
-        """Whether the model computes in 16 bits (its weights or the trainer's autocast)."""
-        dtype = next(self.model.parameters()).dtype
-        return dtype in (torch.float16, torch.bfloat16) or bool(self.args.bf16 or self.args.fp16)
+    def dtype(self) -> torch.dtype:
+        """The dtype the model computes in: bfloat16/float16 under the trainer's autocast, else its weights'."""
+        if getattr(self.args, "bf16", False):
+            return torch.bfloat16
+        if getattr(self.args, "fp16", False):
+            return torch.float16
+        return next(self.model.parameters()).dtype
 
     @cached_property
     def rows(self):
@@ -176,3 +270,41 @@ class TrainerView:
 
     def to_device(self, batch: dict) -> dict:
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    def forward_inputs(self, batch: dict) -> dict:
+        """The keyword arguments the trainer's own ``compute_loss`` passes to the model for ``batch`` (its
+        ``use_cache``, mask, positions...), captured at the model's first forward, which is then cut short.
+        Without the loss-only keys (``NOT_MODEL_INPUTS``), so the model returns its logits."""
+        def capture(module, args, kwargs):
+            raise _Captured(dict(kwargs, **dict(zip(("input_ids",), args))))
+
+        handle = self.model.register_forward_pre_hook(capture, with_kwargs=True)
+        try:
+            with self.trainer.compute_loss_context_manager():
+                self.trainer.compute_loss(self.model, self.to_device(dict(batch)))
+        except _Captured as captured:
+            return {k: v for k, v in captured.kwargs.items() if k not in NOT_MODEL_INPUTS}
+        finally:
+            handle.remove()
+        raise RuntimeError(f"{type(self.trainer).__name__}.compute_loss returned without calling the model")
+
+    @cached_property
+    def first_gradients(self) -> dict[str, torch.Tensor | None]:
+        """Each trainable tensor's gradient from one forward/backward of the trainer's own loss on its first
+        batch (train mode; ``None`` where no gradient arrived). Computed once per check-up and shared."""
+        if self.kind == "grpo":
+            raise Skip("GRPO's loss needs its own generations, not a collated batch")
+        trainer, model = self.trainer, self.model
+        for p in model.parameters():
+            p.grad = None
+        model.train()
+        batch = self.to_device(self.batch())
+        with trainer.compute_loss_context_manager():
+            loss = trainer.compute_loss(model, batch)
+        if loss.requires_grad:  # without a grad_fn (every trainable tensor cut off) backward itself would raise
+            loss.backward()
+        gradients = {n: None if p.grad is None else p.grad.detach().clone()
+                     for n, p in model.named_parameters() if p.requires_grad}
+        for p in model.parameters():
+            p.grad = None
+        return gradients

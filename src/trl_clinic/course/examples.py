@@ -90,8 +90,9 @@ class SumLossTrainer(Trainer):
 
 
 def custom_trainer(tokenizer, out, trainer_class: type[Trainer] = SumLossTrainer, *, rows: int = 16,
-                   family: str = "llama", model=None, data_collator=None, **config):
-    """A transformers Trainer subclass with its own compute_loss, on prompt+completion text (loss on every token)."""
+                   family: str = "llama", model=None, data_collator=None, optimizers=(None, None), **config):
+    """A transformers Trainer subclass with its own compute_loss, on prompt+completion text (loss on every token);
+    ``optimizers`` as Trainer takes it (an optimizer built by the user)."""
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
     texts = instruction_pairs(rows, seed=0).map(
@@ -100,4 +101,4 @@ def custom_trainer(tokenizer, out, trainer_class: type[Trainer] = SumLossTrainer
     model = model if model is not None else make_causal_lm(tokenizer, family)
     collator = data_collator or DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id)
     return trainer_class(model=model, args=TrainingArguments(**config_kwargs(out, **config)),
-                         train_dataset=texts, processing_class=tokenizer, data_collator=collator)
+                         train_dataset=texts, processing_class=tokenizer, data_collator=collator, optimizers=optimizers)
