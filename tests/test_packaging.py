@@ -1,26 +1,74 @@
+"""The library's ranges, the workbook's lock, and the files that install them agree."""
+
 import re
 import tomllib
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
 ROOT = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+LOCK = ROOT / "requirements-lock.txt"
 
 
-def pins(lines):
-    return dict(re.match(r"^([A-Za-z0-9_.-]+)==(\S+)$", line).groups() for line in lines if "==" in line)
+def locked() -> dict[str, str]:
+    lines = [line.strip() for line in LOCK.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    pins = {}
+    for line in lines:
+        name, version = re.fullmatch(r"([A-Za-z0-9_.-]+)==(\S+)", line).groups()
+        pins[canonicalize_name(name)] = version
+    return pins
 
 
-def test_environment_yml_pins_match_pyproject():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    expected = pins(project["dependencies"] + project["optional-dependencies"]["test"])
+def requirements(*groups: str) -> list[Requirement]:
+    found = [Requirement(r) for r in PROJECT["dependencies"]]
+    for group in groups:
+        found += [Requirement(r) for r in PROJECT["optional-dependencies"][group]]
+    return found
+
+
+def test_the_library_declares_ranges_never_exact_pins():
+    """`pip install trl-clinic` must keep a user's stack: no == in the library's own dependencies, and the
+    course's heavy tools (TRL, JupyterLab, papermill...) only in extras."""
+    for requirement in requirements():
+        assert not any(spec.operator in ("==", "===") for spec in requirement.specifier), requirement
+    names = {canonicalize_name(r.name) for r in requirements()}
+    assert names == {"torch", "transformers", "numpy", "pyyaml", "rich", "packaging"}
+
+
+def test_the_lock_pins_every_requirement_inside_its_range():
+    pins = locked()
+    for requirement in requirements("course", "test"):
+        version = pins.get(canonicalize_name(requirement.name))
+        assert version is not None, f"{requirement.name} is not in requirements-lock.txt"
+        assert requirement.specifier.contains(version, prereleases=True), f"{requirement} excludes the locked {version}"
+
+
+def test_the_lock_keeps_the_versions_the_lessons_measure():
+    pins = locked()
+    assert {name: pins[name] for name in ("torch", "transformers", "trl", "peft", "accelerate", "datasets")} == {
+        "torch": "2.13.0", "transformers": "5.23.0", "trl": "1.16.0", "peft": "0.21.2", "accelerate": "1.15.0",
+        "datasets": "5.2.0"}
+    assert "+" not in pins["torch"]  # no local label: the local CPU build or PyPI's both satisfy ==2.13.0
+
+
+def test_make_and_conda_install_from_the_lock():
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^LOCK := requirements-lock\.txt$", makefile, re.M)
+    recipe = makefile[makefile.index("$(STAMP): pyproject.toml $(LOCK)"):makefile.index("touch $@")]
+    assert recipe.count('-r $(LOCK) -e ".[course,test]"') == 2  # uv, and the pip fallback
     conda = [line.strip().removeprefix("- ").strip() for line in (ROOT / "environment.yml").read_text().splitlines()]
-    entries = [line for line in conda if "==" in line and not line.startswith(("#", "python="))]
-    assert pins(entries) == expected
+    assert "-r requirements-lock.txt" in conda and "-e .[course,test]" in conda
 
 
-def test_every_dependency_is_pinned_exactly():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    for requirement in project["dependencies"]:
-        assert "==" in requirement, requirement
+def test_make_lab_does_not_export_offline_mode():
+    """A learner's own hub model must load in JupyterLab: offline mode is exported only to the targets that run
+    lessons and tests (which also set it themselves)."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert not re.search(r"^export HF_HUB_OFFLINE", makefile, re.M)
+    targets = re.search(r"^OFFLINE_TARGETS := (.+)$", makefile, re.M).group(1).split()
+    assert "lab" not in targets and {"test", "workbook"} <= set(targets)
 
 
 def test_ci_runs_the_readme_test_command():
@@ -28,8 +76,6 @@ def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 
-def test_the_makefile_installs_the_uv_that_pyproject_pins():
-    """make installs with uv (seconds) and falls back to pip; both read the same pins from pyproject.toml."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    pinned = pins(project["optional-dependencies"]["test"])["uv"]
-    assert re.search(rf"^UV := uv=={re.escape(pinned)}$", (ROOT / "Makefile").read_text(), re.M)
+def test_the_makefile_installs_the_uv_that_the_lock_pins():
+    """make installs with uv (seconds) and falls back to pip; both read the same lock."""
+    assert re.search(rf"^UV := uv=={re.escape(locked()['uv'])}$", (ROOT / "Makefile").read_text(), re.M)

@@ -1,6 +1,8 @@
 """The ``trl-clinic`` command: list, run and report the workbook's lessons, and check the environment.
 
-``make workbook`` calls ``run`` then ``report``.
+``make workbook`` calls ``run`` then ``report``. ``checkup`` is the library's and needs only its dependencies:
+the course's commands import the course when they run (importing it sets offline mode, which a user's
+``trl-clinic checkup`` on a hub model must not get).
 """
 
 from __future__ import annotations
@@ -12,10 +14,23 @@ from pathlib import Path
 import yaml
 
 from trl_clinic.checkup.command import add_parser as add_checkup  # stdlib only: torch loads when it runs
-from trl_clinic.course.lessons import CONCRETE_PROFILES, PROFILE_NAMES, describe_shape, find_lesson
-from trl_clinic.course.workbook import (LessonResult, check_parameters, default_jobs, find_lessons, notebook_parameters,
-                                 run_lessons, select, write_summary)
 from trl_clinic.watch.command import add_parser as add_watch  # torch loads when it runs
+
+
+class _Profiles:
+    """The course's profile names for ``--profile``'s choices, read from the course only when argparse checks or
+    prints them (never for ``checkup``)."""
+
+    def _names(self) -> tuple[str, ...]:
+        from trl_clinic.course.lessons import PROFILE_NAMES
+
+        return tuple(PROFILE_NAMES)
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._names()
+
+    def __iter__(self):
+        return iter(self._names())
 
 
 def _writable_out(value: Path) -> Path:
@@ -35,7 +50,7 @@ def _writable_out(value: Path) -> Path:
     return out
 
 
-def _said(result: LessonResult) -> None:
+def _said(result) -> None:
     """One line per lesson as it ends: time, GPU use, and the verdict."""
     verdict = "" if result.symptom_reproduced is None else (
         f" (symptom reproduced: {result.symptom_reproduced}, fix verified: {result.fix_verified})")
@@ -48,6 +63,9 @@ def _said(result: LessonResult) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from trl_clinic.course.workbook import (check_parameters, default_jobs, find_lessons, run_lessons, select,
+                                            write_summary)
+
     lessons = select(find_lessons(args.notebooks), args.lessons, cores_only=args.cores)
     args.out = _writable_out(args.out)
     parameters: dict[str, object] = {"profile": args.profile, "seed": args.seed}
@@ -66,6 +84,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     """Each lesson, its parameters, and what every profile will run (from lessons.yaml)."""
+    from trl_clinic.course.lessons import CONCRETE_PROFILES, describe_shape, find_lesson
+    from trl_clinic.course.workbook import find_lessons, notebook_parameters
+
     for name, path in find_lessons(args.notebooks).items():
         parameters = ", ".join(f"{p}={info['default']}" for p, info in notebook_parameters(path).items())
         lesson = find_lesson(name)
@@ -95,7 +116,8 @@ def parser() -> argparse.ArgumentParser:
     commands = top.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="execute lessons with papermill into one output folder")
     run.add_argument("lessons", nargs="*", help="lesson numbers or names (default: all)")
-    run.add_argument("--profile", choices=PROFILE_NAMES, default="auto")
+    run.add_argument("--profile", choices=_Profiles(), default="auto", metavar="PROFILE",
+                     help="a profile of lessons.yaml: auto (gpu when CUDA is present), cpu or gpu")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--out", type=Path, default=Path("workbook-output"))
     run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
