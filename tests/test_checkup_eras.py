@@ -1,0 +1,206 @@
+"""The check-up installed as a user installs it, where the bugs lived.
+
+The wheel is built once from this checkout. For each era (``.eras/<name>``, built by ``make eras`` from
+``eras/<name>.txt``) a copy of the era's environment is made with hard links (``cp -al``: seconds, no
+space), the wheel is installed into the copy the way a user installs it, resolving its dependencies against
+what is there (uv, and pip for one era), and the copy's torch, transformers, TRL, peft, accelerate and
+datasets must keep their versions. A copy, not the era itself: the era stays exactly what its requirements
+file built (the lessons' ``then_*`` scripts run there, ``trl_clinic.course.eras`` keys it on that file),
+and a test that installs into it while a lesson runs there would race with it; installing writes new files
+and unlinks old ones, so the hard-linked originals are never changed (the test checks the era after).
+
+Then ``tests/checkup_eras/run.py`` (standalone: the library only) runs ``checkup(trainer)`` in the copy on
+the era's own trainers, one process per era: the era's bug fails by measurement, its healthy setting has
+no fail. Under ``make test`` (``TRL_CLINIC_REQUIRE_ERAS``) a missing era fails; a plain pytest skips it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trl_clinic.course import eras
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ROOT / "tests" / "checkup_eras" / "run.py"
+STACK = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers", "numpy")
+VERSIONS = ("import importlib.metadata as m, json, sys\n"
+            "found = {}\n"
+            "for name in sys.argv[1:]:\n"
+            "    try:\n"
+            "        found[name] = m.version(name)\n"
+            "    except m.PackageNotFoundError:\n"
+            "        found[name] = None\n"
+            "print(json.dumps(found))\n")
+CHILD_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONNOUSERSITE": "1",
+             "PYTHONPATH": "", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+SECONDS: dict[str, float] = {}  # per era: copy + install + check-up, printed at the end of the session
+
+
+def need_era(name: str) -> Path:
+    """The era's folder; a skip (plain pytest) or a failure (`make test`) when it is not built."""
+    required = os.environ.get("TRL_CLINIC_REQUIRE_ERAS")
+    if required is not None and name not in required.split():
+        pytest.skip(f"era {name} is not one of make test's eras")
+    if eras.era_python(name) is None:
+        eras.wait_for_builds(eras.repo_root(), timeout=1200)  # make test builds them in the background
+    if eras.era_python(name) is None:
+        why = eras.era_state(name)[1]
+        if required is not None:
+            pytest.fail(f"{why}: `make test` should have built it")
+        pytest.skip(why)
+    return eras.era_dir(name)
+
+
+def versions(python: Path, names=STACK) -> dict[str, str | None]:
+    done = subprocess.run([str(python), "-c", VERSIONS, *names], capture_output=True, text=True, check=True,
+                          env={**os.environ, **CHILD_ENV})
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    """The package's wheel, built once from a copy of this checkout's sources (the build leaves no files here)."""
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
+                    str(out), str(source)], check=True)
+    (built,) = out.glob("trl_clinic-*.whl")
+    return built
+
+
+def install(era: str, wheel: Path, folder: Path, installer: str) -> dict:
+    """A hard-linked copy of the era with the wheel installed into it; the stack's versions before and after."""
+    original = need_era(era)
+    stamp = (original / eras.STAMP).read_text()
+    copy = folder / era
+    subprocess.run(["cp", "-al", str(original), str(copy)], check=True)
+    python = copy / "bin" / "python"
+    before = versions(python)
+    if installer == "uv":
+        command = [str(Path(sys.executable).with_name("uv")), "pip", "install", "--quiet", "--python", str(python),
+                   str(wheel)]
+    else:  # pip of this venv, installing into the copy (pip >= 22.3's --python)
+        command = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", str(wheel)]
+    subprocess.run(command, check=True, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    after = versions(python, (*STACK, "trl-clinic"))
+    assert (original / eras.STAMP).read_text() == stamp and eras.era_state(era) == (True, "ready")
+    assert versions(original / "bin" / "python", ("trl-clinic",)) == {"trl-clinic": None}  # the era itself: untouched
+    return {"python": python, "before": before, "after": after}
+
+
+def checkup_in(era: str, wheel: Path, tmp_path: Path, installer: str = "uv") -> dict:
+    start = time.perf_counter()
+    env = install(era, wheel, tmp_path, installer)
+    assert {k: env["after"][k] for k in STACK} == env["before"], f"installing the wheel changed {era}'s stack"
+    assert env["after"]["trl-clinic"] is not None
+    result = tmp_path / "result.json"
+    done = subprocess.run([str(env["python"]), str(RUN), era, str(result)], capture_output=True, text=True,
+                          cwd=tmp_path, env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), **CHILD_ENV},
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    outcome = json.loads(result.read_text())
+    SECONDS[era] = round(time.perf_counter() - start, 1)
+    assert outcome["course_modules"] == []  # the library alone: the course was never imported
+    assert outcome["versions"]["trl-clinic"] == env["after"]["trl-clinic"]
+    return outcome
+
+
+def findings(outcome: dict, scenario: str) -> dict[str, dict]:
+    """probe -> its (last) finding in one scenario's report."""
+    return {f["probe"]: f for f in outcome["reports"][scenario]["findings"]}
+
+
+def no_fail(outcome: dict, scenario: str) -> None:
+    report = outcome["reports"][scenario]
+    assert not report["failed"] and report["errors"] == 0, report["findings"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def report_seconds():
+    yield
+    if SECONDS:
+        print(f"\ncheck-up era tests, seconds per era (copy, install, check-up): {SECONDS}")
+
+
+@pytest.mark.era
+def test_02_transformers_4_45_accumulation_fails_by_measurement_and_its_healthy_settings_pass(wheel, tmp_path):
+    outcome = checkup_in("02-transformers-4.45", wheel, tmp_path)
+    assert outcome["versions"]["transformers"] == "4.45.2"
+    bug = findings(outcome, "accumulation, unequal micro-batches")["accumulation"]
+    assert (bug["status"], bug["decided"], bug["known_bug"]) == ("fail", "measured", "02-transformers-4.45-accumulation")
+    assert bug["value"] > 0.3  # LESSONS.md section 6: 0.85 on its examples; the mean of micro-batch means
+    equal = findings(outcome, "accumulation, equal micro-batches")["accumulation"]
+    assert (equal["status"], equal["decided"]) == ("ok", "measured") and equal["value"] < 1e-5
+    for healthy in ("accumulation, equal micro-batches", "no accumulation"):
+        no_fail(outcome, healthy)
+
+
+@pytest.mark.era
+def test_01_trl_0_14_padding_free_collators_fail_packing_by_measurement(wheel, tmp_path):
+    outcome = checkup_in("01-trl-0.14", wheel, tmp_path, installer="pip")
+    assert (outcome["versions"]["transformers"], outcome["versions"]["trl"]) == ("4.48.3", "0.14.0")
+    for scenario in ("completion-only collator, padding_free=True", "DataCollatorWithFlattening"):
+        packing = findings(outcome, scenario)["packing"]
+        assert (packing["status"], packing["decided"]) == ("fail", "measured"), packing
+        assert packing["known_bug"] == "01-position-ids-ignored-before-4.53.1"
+        assert "position_ids" in packing["fix"] and "attention_mask" not in packing["fix"]  # what the era sends
+    accumulation = findings(outcome, "completion-only collator, padding_free=True")["accumulation"]
+    assert (accumulation["status"], accumulation["decided"]) == ("ok", "measured")  # like with like (AUDIT C3)
+    assert "packed" in accumulation["measured"]
+    assert findings(outcome, "completion-only collator, padded")["packing"]["status"] == "skipped"
+    no_fail(outcome, "completion-only collator, padded")
+
+
+@pytest.mark.era
+def test_01_trl_0_21_padding_free_sends_an_all_ones_mask_and_fails_packing_not_accumulation(wheel, tmp_path):
+    """The issue's own report: on TRL 0.21.0 the old check-up said packing 'skipped' (no position_ids) and
+    blamed accumulation; the packed row is recognised by its rows now."""
+    outcome = checkup_in("01-transformers-4.55", wheel, tmp_path)
+    assert (outcome["versions"]["transformers"], outcome["versions"]["trl"]) == ("4.55.4", "0.21.0")
+    found = findings(outcome, "SFTConfig(padding_free=True)")
+    assert (found["packing"]["status"], found["packing"]["decided"]) == ("fail", "measured")
+    assert found["packing"]["known_bug"] == "01-trl-0.19-all-ones-mask"
+    assert "attention_mask" in found["packing"]["fix"] and "position_ids" not in found["packing"]["fix"].split(":")[1]
+    assert (found["accumulation"]["status"], found["accumulation"]["decided"]) == ("ok", "measured")
+    no_fail(outcome, "SFTConfig(padding_free=False)")
+
+
+@pytest.mark.era
+def test_04_transformers_4_51_dpo_meets_the_real_right_padding_error_and_sdpa_passes(wheel, tmp_path):
+    outcome = checkup_in("04-transformers-4.51", wheel, tmp_path)
+    assert (outcome["versions"]["transformers"], outcome["versions"]["trl"]) == ("4.51.3", "0.17.0")
+    bug = findings(outcome, "DPO, Qwen2 with flash_attention_2 set")["padding_cache"]
+    assert (bug["status"], bug["decided"], bug["known_bug"]) == ("fail", "measured", "04-qwen2-fa2-right-padding-4.49")
+    assert "raised transformers' ValueError (modeling_qwen2.py, _update_causal_mask)" in bug["measured"]
+    assert "TRL 0.12.0-0.17.0's DPO forward" in bug["fix"]  # the cause: the era's DPO builds the cache
+    sdpa = findings(outcome, "DPO, Qwen2 on sdpa")["padding_cache"]
+    assert (sdpa["status"], sdpa["decided"]) == ("warn", "table") and sdpa["value"] > 0  # counted, then the window
+    no_cache = findings(outcome, "DPO, Qwen2 on sdpa, use_cache=False")["padding_cache"]
+    assert (no_cache["status"], no_cache["decided"], no_cache["value"]) == ("ok", "measured", 0)
+    grpo = findings(outcome, "GRPO, Qwen2 on sdpa")["padding_cache"]  # AUDIT C5: GRPO's scoring forwards count
+    assert grpo["status"] == "warn" and grpo["value"] > 0 and "GRPO scoring forward" in grpo["fix"]
+    for healthy in ("DPO, Qwen2 on sdpa", "DPO, Qwen2 on sdpa, use_cache=False", "GRPO, Qwen2 on sdpa"):
+        no_fail(outcome, healthy)
+
+
+@pytest.mark.era
+def test_04_transformers_4_40_first_window_fails_padding_cache_by_measurement(wheel, tmp_path):
+    outcome = checkup_in("04-transformers-4.40", wheel, tmp_path)
+    assert (outcome["versions"]["transformers"], outcome["versions"]["trl"]) == ("4.40.2", "0.8.6")
+    bug = findings(outcome, "Trainer, Qwen2 with flash_attention_2 set")["padding_cache"]
+    assert (bug["status"], bug["decided"], bug["known_bug"]) == ("fail", "measured", "04-qwen2-fa2-right-padding-4.37")
+    assert "(modeling_qwen2.py, forward)" in bug["measured"]
+    assert findings(outcome, "Trainer, Qwen2 on sdpa")["padding_cache"]["status"] == "warn"
+    for healthy in ("Trainer, Qwen2 on sdpa", "Trainer, Qwen2 on sdpa, use_cache=False"):
+        no_fail(outcome, healthy)
