@@ -58,9 +58,10 @@ def dropout_off(model: nn.Module) -> Iterator[None]:
 @contextmanager
 def window(trainer: Trainer, steps: int) -> Iterator[None]:
     """Let ``training_step`` treat ``steps`` micro-batches as one accumulation window, whichever version reads
-    it where: ``args.gradient_accumulation_steps`` (transformers <= 4.53), ``current_gradient_accumulation_steps``
-    (4.55.4 and later), and the accelerator, which itself divides each backward by the accumulation steps
-    before transformers 4.48 (4.45.2 trainer.py:3518; from 4.48.0 it is given num_steps=1)."""
+    it where: ``args.gradient_accumulation_steps`` (every version), ``current_gradient_accumulation_steps`` (read
+    by 4.55.4's trainer.py, absent from 4.53.1's), and the accelerator, which divides each backward by the steps
+    it was given through transformers 4.46.1 (trainer.py 4.45.2:4818, 4.46.1:4910) and is given none from 4.46.2
+    ("We explicitly don't rely on the Accelerator to do gradient accumulation", 4.46.2 trainer.py:4908)."""
     args, accelerator = trainer.args, trainer.accelerator
     original = args.gradient_accumulation_steps
     accelerator_steps = accelerator.gradient_accumulation_steps
