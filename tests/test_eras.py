@@ -403,12 +403,16 @@ def test_01_padding_free_loss_grows_with_the_batch_through_the_real_sft_trainer_
     assert later.result["loss_by_batch_size"] is None  # trl 0.21 has no DataCollatorForCompletionOnlyLM
 
 
-def lesson_05_reported() -> dict:
-    """The report's GRPOConfig arguments exactly as lesson 05 quotes them (its ``reported = dict(...)``)."""
-    tree = ast.parse((ROOT / "notebooks" / "05_grpo_sigfpe.py").read_text())
+def reported_in(source: Path) -> dict:
+    """The report's GRPOConfig arguments exactly as a lesson 05 notebook quotes them (its ``reported = dict(...)``)."""
+    tree = ast.parse(source.read_text())
     call = next(node.value for node in tree.body if isinstance(node, ast.Assign)
                 and [getattr(t, "id", None) for t in node.targets] == ["reported"])
     return {keyword.arg: ast.literal_eval(keyword.value) for keyword in call.keywords}
+
+
+def lesson_05_reported() -> dict:
+    return reported_in(ROOT / "sources" / "05_grpo_sigfpe.py")
 
 
 @pytest.mark.era
@@ -421,6 +425,15 @@ def test_05_the_report_s_grpo_config_is_accepted_and_trains_on_trl_0_14(tmp_path
     assert run.result["config_accepted_as_written"] is True and run.result["error"] is None
     assert run.result["config_as_read"]["num_generations"] == 16
     assert run.result["optimizer_steps"] == 1
+    # 0.14.0 counts prompts: per-device batch 1 scores one prompt's 16 completions a micro-batch
+    assert run.result["batch_help"].startswith("Number of prompts sampled per device")
+    assert set(run.result["completions_per_call"]) == {16}
+    assert run.result["default_bf16"] is False  # the documentation's example, not naming bf16, ran in fp32
+
+
+def test_05_the_deep_dive_quotes_the_same_config_as_the_core():
+    """The era runs the core's ``reported``; the deep dive walks its own copy through today's TRL: the same."""
+    assert reported_in(ROOT / "sources" / "deeper" / "05_grpo_sigfpe_deeper.py") == lesson_05_reported()
 
 
 BACKGROUND_MAIN = textwrap.dedent('''\

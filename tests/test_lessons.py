@@ -32,7 +32,7 @@ def test_every_shape_names_its_model_and_is_listed(key, profile):
 
 def test_a_misspelt_size_is_an_error_naming_the_known_ones():
     with pytest.raises(AttributeError, match="no size 'grpo_step'.*grpo_steps"):
-        find_lesson("05").sizes("cpu").grpo_step
+        find_lesson("05-deeper").sizes("cpu").grpo_step
 
 
 def test_a_size_declared_for_one_profile_only_is_refused():
@@ -66,7 +66,15 @@ def test_sizes_fit_what_the_checks_assume(profile):
     s04 = TABLE["04"].sizes(profile)
     assert s04.dpo_steps >= 1 and s04.n_prompts >= 4
     s05 = TABLE["05"].sizes(profile)
-    assert s05.grpo_steps >= 20 and s05.generations >= 2 and s05.child_timeout_s >= 60
+    assert s05.user_steps >= 2 and s05.generations >= 2 and s05.child_timeout_s >= 60
+    s05d = TABLE["05-deeper"].sizes(profile)  # reward_ends reads a tenth of the run at each end
+    assert s05d.grpo_steps >= 20 and s05d.suspect_steps >= 10 and s05d.generations >= 2 and s05d.prompts_per_step >= 1
+
+
+def test_lesson_05_trains_smollm2_as_the_policy_on_the_gpu_profile():
+    """Issue 31: real SmolLM2-135M-Instruct weights as the GRPO policy on the gpu profile, a tiny one on the cpu."""
+    for key in ("05", "05-deeper"):
+        assert TABLE[key].sizes("gpu").model_size == "smollm2" and TABLE[key].sizes("cpu").model_size in MODEL_SIZES
 
 
 def test_lesson_02_trains_the_reports_pretrained_model_on_the_gpu_profile():

@@ -1,4 +1,4 @@
-"""Lesson 05: how a run without the bug, or without the fix, changes the numbers, one mutation per check
+"""Lesson 05 (core): how a run without the bug, or without the fix, changes the numbers, one mutation per check
 (the part of the check's name it matches -> a change of the numbers such a run could produce)."""
 
 import math  # noqa: F401
@@ -6,27 +6,36 @@ import math  # noqa: F401
 from mutation_helpers import set_all  # noqa: F401
 
 
+def _rule_without_accumulation(n):
+    """TRL 0.15.2-0.16.0's rule (grpo_trainer.py, GRPOTrainer.__init__): per-device x processes must divide by
+    num_generations, accumulation left out: with 4 generations only the multiples of 4 pass."""
+    for batch in n["verdicts"]:
+        n["verdicts"][batch] = None if int(batch) % 4 == 0 else "ValueError: The global train batch size ..."
+
+
 MUTATIONS = {
-    "kill the GRPO child with SIGFPE and no traceback": lambda n: n["symptom"].update(signal=None),
-    "rejects the report's config": lambda n: n["config_walk"][0].update(error=None),
-    "per-device batch 4 x accumulation 4 holds the 16 generations": lambda n: n["rule"].update(
-        per_device_train_batch_size=16, generation_batch_size=64),
-    "detected as SIGFPE": lambda n: n["native_crash"].update(signal=None, returncode=1),
-    "a shell words it": lambda n: n["native_crash"].update(shell_says="bash: line 1: 9 Killed", shell_returncode=137),
-    "leaves no message": lambda n: n["native_crash"].update(stderr_without_faulthandler="Fatal Python error: x"),
-    "faulthandler shows the Python stack": lambda n: n["native_crash"].update(stderr_with_faulthandler=""),
-    "bisection names the guilty setting": lambda n: n.update(culprits=["learning_rate", "bf16"]),
-    "real config error names per_device_train_batch_size": lambda n: n["config_bisection"].update(
-        culprits=["gradient_accumulation_steps", "num_generations"]),
-    "message does not name the guilty setting": lambda n: n["config_bisection"].update(
-        message="ValueError: per_device_train_batch_size (1) must be divisible by num_generations (8)."),
-    "equal-reward groups teach nothing": lambda n: n.update(silent_frac_reward_zero_std=0.5),
-    "minimal config runs": lambda n: n["bisection"][0].update(status="signal"),
-    "gets past the injected fault": lambda n: n.update(workaround="signal"),
-    "train every step on today's TRL": lambda n: n.update(workaround_steps=n["max_steps"] - 1),
-    "healthy run finished": lambda n: n.update(healthy="timeout"),
-    "reward improves": lambda n: n.update(reward_end=n["reward_start"]),
-    "accepts the report's config as written": lambda n: n["then"].update(accepted=False),
-    "runs in fp32 unless bf16 is named": lambda n: n["then"].update(default_bf16=True),
-    "nor its max_grad_norm crashes a run": lambda n: n["suspects"]["max_grad_norm"].update(status="signal"),
+    # the user's script on a GPU without the H20 bug: bf16=True trains, the shell says nothing
+    "dies by SIGFPE from the shell": lambda n: n["died"].update(returncode=0, signal=None, shell_says=None),
+    # the report's TRL 0.14.0 accepts the config as written (lesson 05's deep dive runs it)
+    "rejects the report's config three times": lambda n: n.update(config_walk=[{"error": None, "fix": None}]),
+    "accepts exactly the per-device batches": _rule_without_accumulation,
+    # the portable check on a run without the fault: the child finishes
+    "reads the bf16 run's death": lambda n: n.update(check_bad="finished"),
+    # a crash not tied to bf16 (one the workaround does not avoid) at the fourth step
+    "train every step": lambda n: n.update(check_fixed="killed by SIGFPE\n...", fixed_steps=3),
 }
+
+
+def gpu_shape(numbers: dict, sizes: dict) -> dict:
+    """The cpu fixture in the gpu profile's shape. Only the user's steps depend on the sizes (user_steps, the
+    same 6 on both profiles); the config walk and the verdicts build GRPOConfigs, whatever the device or model.
+
+    Thresholds at the gpu sizes (SmolLM2-135M-Instruct, bf16 autocast, 16 generations of up to 128 tokens):
+    * the death: exit status 136 and "Floating point exception" come from bash and the kernel, not from the
+      model; the injected fault fires at on_step_begin, before the first generation, whatever its size.
+    * the walk and the verdicts: GRPOConfig's arithmetic, computed on the CPU in both profiles.
+    * "trains every step": equality of counts (the fixed run's logged steps against user_steps), not a float.
+    """
+    numbers["user_steps"] = sizes["user_steps"]
+    numbers["fixed_steps"] = sizes["user_steps"]
+    return numbers

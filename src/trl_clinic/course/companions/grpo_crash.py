@@ -1,112 +1,132 @@
-"""Companion of notebooks/05_grpo_sigfpe.py: the GRPO child runs, the config walk, the warm start, the
-report's suspects and the figure, which the lesson calls in one line each.
+"""Companion of lesson 05 (notebooks/05_grpo_sigfpe.ipynb and its deep dive): the user's GRPO runs, the
+config walk, the generation-batch picture, the warm start, the report's suspects and the figures, which
+the lessons call in one line each.
 
-The lines that show the bug and the fix stay in the notebook: the report's config, the fixes the
-config walk applies (``per_device_train_batch_size`` from ``num_generations`` and the accumulation),
-``bf16=False``, and each ``bisect_settings`` call.
+The lines that show the bug and the fix stay in the notebooks: the report's config, ``bf16=False``,
+the batch sizes tried, the portable check and each ``bisect_settings`` call.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
+import statistics
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+from matplotlib.patches import Rectangle
+from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
 from trl_clinic.course import child, data, plotting
-from trl_clinic.course.crash import Bisection
-from trl_clinic.course.models import make_causal_lm
+from trl_clinic.course.companions import train_grpo
+from trl_clinic.course.crash import Bisection, in_process
+from trl_clinic.course.models import PRETRAINED_SIZES, dequantized_smollm2, load_smollm2, make_causal_lm
 from trl_clinic.course.parameters import Run
-from trl_clinic.probes.recording import StepRecorder
 from trl_clinic.course.stand_ins import InjectedH20Fault
 from trl_clinic.course.tokenizer import build_tokenizer
+from trl_clinic.probes.recording import StepRecorder
 
-# The report's settings the bisection gets (section 1 and 6), in the report's order; the others size the
-# run (generations, lengths, epochs) or only log, and are set by the lesson for its tiny policy.
+# The user's script, run as `python train_grpo.py SPEC.json` (from a shell, and by the portable check)
+SCRIPT = Path(train_grpo.__file__)
+# The report's training settings the user changed from the documentation's example, in the report's
+# order; the others size the run (generations, lengths, epochs) or only log, and are set per profile.
 USER_SETTINGS = ("learning_rate", "adam_beta1", "adam_beta2", "weight_decay", "warmup_steps", "lr_scheduler_type",
                  "bf16", "gradient_accumulation_steps", "max_grad_norm")
+# What the deep dive's fork server imports once, so that each GRPO trial forked from it skips Python's start-up
+PRELOAD = (__name__,)
+# transformers 5.23 warns on TRL's default gradient_checkpointing=True in every GRPOConfig the walk builds
+warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 def in_todays_names(reported: dict) -> dict:
-    """Section 1: the report's training settings as today's GRPOConfig takes them.
-
-    Today ``warmup_ratio`` is gone and ``warmup_steps`` takes a float in [0, 1) as a ratio (section 2
-    shows the real TypeError).
-    """
+    """The report's training settings as today's GRPOConfig takes them: ``warmup_ratio`` is gone and
+    ``warmup_steps`` takes a float in [0, 1) as a ratio (transformers 5.23.0 ``training_args.py``,
+    ``get_warmup_steps``; the config walk shows the real TypeError)."""
     renamed = {**reported, "warmup_steps": reported["warmup_ratio"]}
     return {name: renamed[name] for name in USER_SETTINGS}
 
 
-def minimal_config(sizes) -> dict:
-    """Sections 1 and 5-6: a GRPOConfig that names only what GRPO needs, in fp32, sized to the tiny policy."""
-    return {"num_generations": sizes.generations, "per_device_train_batch_size": sizes.generations,
-            "max_completion_length": sizes.max_completion_length, "max_steps": 2, "bf16": False}
+def grpo_sizes(run: Run, prompts: int = 1) -> dict:
+    """What sizes a GRPO run here: the profile's generations and completion length, ``prompts`` groups per
+    optimizer step (the generation batch is ``prompts * num_generations`` completions)."""
+    return {"num_generations": run.sizes.generations, "max_completion_length": run.sizes.max_completion_length,
+            "per_device_train_batch_size": prompts * run.sizes.generations}
 
 
-def train_grpo(run: Run, spec: dict) -> list[dict]:
-    """A GRPO run in a child process (``child.call``): returns the per-step history.
+# ---- the policy --------------------------------------------------------------------------------------------
 
-    ``spec``: ``name``, ``config`` (GRPOConfig arguments), ``policy`` (a path: GRPO with ``beta > 0``
-    loads its reference model from it), ``reward`` (a function of ``trl_clinic.course.data``) and
-    ``inject_h20_fault`` (attach the INJECTED stand-in for the H20 crash).
-    """
-    trainer = GRPOTrainer(
-        model=spec["policy"],
-        reward_funcs=getattr(data, spec["reward"]),
-        args=GRPOConfig(**{**run.trainer_kwargs(spec["name"]), **spec["config"]}),
-        train_dataset=data.reward_prompts(4096, seed=run.subseed("prompts")),
-        processing_class=build_tokenizer(),
-    )
-    if spec["inject_h20_fault"]:
-        trainer.add_callback(InjectedH20Fault())
-    recorder = StepRecorder().watch(trainer)
-    trainer.train()
-    return recorder.history
-
-
-def grpo_in_child(run: Run, name: str, config: dict, policy: Path, reward: str = "category_reward",
-                  inject_h20_fault: bool = False, faulthandler: bool = True) -> child.ChildRun:
-    """Every GRPO run of the lesson: ``train_grpo`` in a child, so that a native crash kills the child, not
-    the notebook's kernel. ``faulthandler=False`` runs it as the report did: a crash then prints nothing."""
-    spec = {"name": name, "config": config, "policy": str(policy), "reward": reward,
-            "inject_h20_fault": inject_h20_fault}
-    return child.call(run, f"{__name__}:train_grpo", spec, name=f"grpo_{name}", timeout=run.sizes.child_timeout_s,
-                      faulthandler=faulthandler)
-
-
-def save_policy(run: Run, name: str, model=None) -> Path:
-    """Save a policy (a fresh random-init tiny Qwen2 when ``model`` is None) with its tokenizer, for GRPO to load."""
-    tokenizer = build_tokenizer()
-    model = model or make_causal_lm(tokenizer, "qwen2", size=run.sizes.model_size, seed=run.seed)
+def policy(run: Run, name: str = "random", model=None, tokenizer=None) -> Path:
+    """A folder GRPO loads its policy (and tokenizer) from. The profile's ``model_size`` says which: a
+    random-init tiny Qwen2 with the clinic tokenizer, saved here, or SmolLM2-135M-Instruct's real weights
+    (the dequantized copy the course keeps, used as it is). ``model``: save this one instead."""
+    if model is None and run.sizes.model_size in PRETRAINED_SIZES:
+        return dequantized_smollm2()
+    if model is None:
+        tokenizer = build_tokenizer()
+        model = make_causal_lm(tokenizer, "qwen2", size=run.sizes.model_size, seed=run.seed)
     path = run.output_dir / f"policy-{name}"
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
 
-def warm_start(run: Run, logging: bool = True) -> tuple[Path, list[float]]:
-    """Section 4: a short SFT on word lists teaches a random policy the answer format; returns the saved
-    policy's path and the SFT losses. A random policy almost never answers in words at all."""
-    tokenizer = build_tokenizer()
-    policy = make_causal_lm(tokenizer, "qwen2", size=run.sizes.model_size, seed=run.seed)
-    steps = run.sizes.warm_start_steps
-    trainer = SFTTrainer(
-        model=policy,
-        args=SFTConfig(**run.trainer_kwargs("warm-start", logging=logging, progress=logging),
-                       per_device_train_batch_size=16, learning_rate=3e-3, max_steps=steps),
-        train_dataset=data.word_lists(16 * steps, seed=run.subseed("warm start")),
-        processing_class=tokenizer,
-    )
-    recorder = StepRecorder().watch(trainer)
-    trainer.train()
-    return save_policy(run, "warm", policy), recorder.series("loss")[1]
+# ---- the user's script -------------------------------------------------------------------------------------
+
+def user_spec(run: Run, name: str, settings: dict, steps: int, h20_stand_in: bool = False) -> Path:
+    """Write the spec of the user's script (``train_grpo.py``): the lesson's GRPO run with ``settings`` on
+    top, the progress bar a user sees, and ``h20_stand_in`` (the injected fault). Returns its path."""
+    folder = run.output_dir / "user"
+    folder.mkdir(exist_ok=True)
+    # per-device batch = num_generations: with the report's accumulation 4, four prompts' groups a step
+    config = {**run.trainer_kwargs(f"user-{name}"), **grpo_sizes(run), "max_steps": steps, "disable_tqdm": False,
+              **settings}
+    spec = {"config": config, "policy": str(policy(run)), "reward": "category_reward", "seed": run.subseed("prompts"),
+            "threads": torch.get_num_threads(), "h20_stand_in": h20_stand_in, "log": str(folder / f"{name}.log.json")}
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(spec, indent=1))
+    return path
+
+
+def from_shell(run: Run, spec: Path) -> child.Outcome:
+    """``python train_grpo.py SPEC`` started from bash, as the user started theirs (no faulthandler)."""
+    return child.run_child([str(SCRIPT), str(spec)], faulthandler=False, shell=True, cwd=spec.parent,
+                           timeout=run.sizes.child_timeout_s, env=child.child_env(run))
+
+
+def terminal_tail(text: str, lines: int = 3) -> str:
+    """The last lines as a terminal shows them: a progress bar redraws its line with a carriage return.
+    bash ends its line on a death with the command's text, here the wrapper's ``"$@"``: left out."""
+    shown = [line.rsplit("\r", 1)[-1].replace(' "$@"', "") for line in text.splitlines()]
+    return "\n".join([line for line in shown if line.strip()][-lines:])
+
+
+def logged_steps(spec: Path) -> list[dict]:
+    """The optimizer steps the user's script logged (its ``trainer.state.log_history``), [] if it died."""
+    log = Path(json.loads(spec.read_text())["log"])
+    return [row for row in json.loads(log.read_text()) if "reward" in row] if log.exists() else []
+
+
+# ---- the config walk and the rule -------------------------------------------------------------------------
+
+FIXES = [  # (what the error names, the fix, how it changes the config)
+    ("warmup_ratio", "warmup_ratio is gone: warmup_steps takes a float in [0, 1) as a ratio",
+     lambda c: {**{k: v for k, v in c.items() if k != "warmup_ratio"}, "warmup_steps": c["warmup_ratio"]}),
+    ("max_prompt_length", "max_prompt_length is gone from GRPOConfig, which truncates no prompt: shorten them "
+     "in the dataset",
+     lambda c: {k: v for k, v in c.items() if k != "max_prompt_length"}),
+    ("divisible by num_generations", "the per-device batch counts completions: per-device x accumulation x "
+     "processes must hold whole groups, so per_device_train_batch_size = num_generations // accumulation",
+     lambda c: {**c, "per_device_train_batch_size": c["num_generations"] // c["gradient_accumulation_steps"]}),
+]
 
 
 @dataclass
 class Walk:
-    """Section 2: each config tried on today's TRL, the error it met (None: accepted) and the fix applied."""
+    """Each config tried on today's TRL, the error it met (None: accepted) and the fix applied."""
     configs: list[dict] = field(default_factory=list)
     steps: list[dict] = field(default_factory=list)
 
@@ -117,7 +137,7 @@ class Walk:
 
 def walk_config(config: dict, fixes: list[tuple[str, str, Callable[[dict], dict]]],
                 build: Callable[[dict], object]) -> Walk:
-    """Section 2: build the config; on an error, apply the fix whose key the message names, and try again.
+    """Build the config; on an error, apply the fix whose key the message names, and try again.
 
     Stops when the config is accepted or an error has no known fix.
     """
@@ -140,58 +160,195 @@ def walk_config(config: dict, fixes: list[tuple[str, str, Callable[[dict], dict]
     return walk
 
 
+def walk_report(run: Run, reported: dict) -> Walk:
+    """The report's config, verbatim, through today's ``GRPOConfig`` (``use_cpu`` on the cpu profile)."""
+    return walk_config(reported, FIXES, lambda c: GRPOConfig(output_dir=str(run.output_dir / "runs" / "walk"),
+                                                             **run.cpu_flags(), **c))
+
+
 def rule_lines() -> list[str]:
-    """Section 2: the lines of the installed ``GRPOConfig.__post_init__`` that size the generation batch and
-    check it against ``num_generations``, read from the installed ``trl/trainer/grpo_config.py``."""
+    """The lines of the installed ``GRPOConfig.__post_init__`` that size the generation batch when neither
+    ``generation_batch_size`` nor ``steps_per_generation`` is set, and check it against ``num_generations``
+    (TRL 1.16.0 ``trl/trainer/grpo_config.py``, lines 1098-1101 and 1131)."""
     source = inspect.getsource(GRPOConfig.__post_init__)
-    keep = ("self.generation_batch_size = self.per_device_train_batch_size", "self.steps_per_generation = self.grad",
-            "self.generation_batch_size % self.num_generations")
+    keep = ("if self.generation_batch_size is None and self.steps_per_generation is None",
+            "self.steps_per_generation = self.gradient_accumulation_steps",
+            "self.generation_batch_size = self.per_device_train_batch_size * num_processes * self.steps",
+            "if self.generation_batch_size % self.num_generations != 0")
     return list(dict.fromkeys(line.strip() for line in source.splitlines() if any(k in line for k in keep)))
 
 
-def then_numbers(then) -> dict:
-    """Section 2's era run of TRL 0.14.0, as the checks read it (absent fields when the era was skipped)."""
-    numbers = {"status": then.status}
-    if then.finished:
-        result = then.result
-        numbers.update(accepted=result["config_accepted_as_written"], error=result["error"],
-                       optimizer_steps=result["optimizer_steps"], changed=result["changed_for_the_run"],
-                       default_bf16=result.get("default_bf16"))
-        print(f"TRL 0.14.0 accepts the report's config as written: {result['config_accepted_as_written']}; "
-              f"{result['optimizer_steps']} real GRPO steps ran "
-              f"(changed for the run: {result['changed_for_the_run']}); "
-              f"a GRPOConfig that does not name bf16 has bf16={result.get('default_bf16')}")
-    return numbers
+def verdicts(run: Run, num_generations: int, accumulation: int, batches, **extra) -> dict[int, str | None]:
+    """Today's ``GRPOConfig`` on each per-device batch: None where it accepts it, else its error."""
+    def build(batch: int):
+        return in_process(lambda: GRPOConfig(**run.trainer_kwargs("verdicts", logging=False), num_generations=num_generations,
+                                             gradient_accumulation_steps=accumulation,
+                                             per_device_train_batch_size=batch, **extra))
+    return {batch: build(batch).message for batch in batches}
+
+
+def generation_shape(run: Run, num_generations: int, accumulation: int, batch: int, **extra) -> dict:
+    """The generation batch and the steps it feeds, as today's ``GRPOConfig`` sizes them (None where it raises)."""
+    try:
+        built = GRPOConfig(**run.trainer_kwargs("shape", logging=False), num_generations=num_generations,
+                           gradient_accumulation_steps=accumulation, per_device_train_batch_size=batch, **extra)
+    except ValueError:
+        built = None
+    return {key: getattr(built, key, None) for key in ("generation_batch_size", "steps_per_generation")}
+
+
+def draw_groups(run: Run, num_generations: int, accumulation: int, batches: tuple[int, int],
+                said: dict[int, str | None]) -> None:
+    """The mechanism: the generation batch (per-device batch x accumulation, one process) laid out as the
+    completions of each micro-batch, each lettered by the prompt whose group it belongs to; a group
+    cut short is red. ``said``: today's GRPOConfig on each batch (``verdicts``)."""
+    fig, axes = plotting.figure(2, title=f"Groups of num_generations={num_generations}: a generation batch that "
+                                "cuts one short is rejected", width=4.8, height=2.8)
+    for ax, batch in zip(axes, batches):
+        total = batch * accumulation
+        for slot in range(total):
+            row, col, group = slot // batch, slot % batch, slot // num_generations
+            whole = (group + 1) * num_generations <= total
+            color = plotting.OTHER if whole and group % 2 == 0 else "#9ecae1" if whole else plotting.BAD
+            ax.add_patch(Rectangle((col, row), 0.92, 0.92, color=color))
+            ax.text(col + 0.46, row + 0.46, "ABCDEFGH"[group], ha="center", va="center", color="white",
+                    fontweight="bold")
+        ax.set_xlim(0, max(batches))
+        ax.set_ylim(accumulation, 0)
+        ax.set_xticks([i + 0.46 for i in range(batch)], [str(i + 1) for i in range(batch)])
+        ax.set_yticks([i + 0.46 for i in range(accumulation)], [f"micro-batch {i + 1}" for i in range(accumulation)])
+        ax.grid(False)
+        verdict = "accepted" if said[batch] is None else "ValueError"
+        plotting.label(ax, "completion", "", f"per-device {batch} x accumulation {accumulation} "
+                       f"= {total}\n{total / num_generations:g} groups: {verdict}")
+    plotting.save(fig, run.output_dir, "generation_batch_groups")
+
+
+# ---- the core's figure -------------------------------------------------------------------------------------
+
+def figure(run: Run, died: child.Outcome, fixed_rows: list[dict], steps: int, walk: Walk) -> None:
+    """Bad against fixed: where each run of the user's script ended, and the report's config on today's TRL
+    (each attempt of the walk: red where it raised, green where it was accepted)."""
+    fig, (ax_run, ax_walk) = plotting.figure(2, title=(
+        f"bf16=True: killed by {died.signal} before step 1 (injected stand-in); bf16=False: {len(fixed_rows)} of "
+        f"{steps} steps.\nToday's TRL rejects the report's config {sum(bool(s['error']) for s in walk.steps)} times "
+        f"before per-device batch {walk.configs[-1]['per_device_train_batch_size']}"), width=5.4)
+    plotting.line(ax_run, [row["step"] for row in fixed_rows], [row["reward"] for row in fixed_rows], "fixed",
+                  "bf16=False: mean reward of the step")
+    ax_run.plot([1], [0], marker="X", markersize=12, color=plotting.BAD, linestyle="none",
+                label=f"bf16=True: killed by {died.signal}")
+    ax_run.set_xlim(0, steps + 1)
+    plotting.label(ax_run, "optimizer step", "mean reward", "the user's settings, two runs")
+    names = ["as written", "warmup renamed", "prompt length\ndropped", "per-device\nbatch fixed"][:len(walk.steps)]
+    errors = [step["error"].split(":")[0] if step["error"] else "accepted" for step in walk.steps]
+    plotting.bars(ax_walk, names, [1] * len(names), ["bad" if step["error"] else "fixed" for step in walk.steps],
+                  texts=errors)
+    ax_walk.set_yticks([])
+    plotting.label(ax_walk, "the report's config, fix after fix", "", "today's GRPOConfig")
+    plotting.save(fig, run.output_dir, "grpo_sigfpe")
+
+
+# ---- the deep dive: GRPO trials forked from a server -------------------------------------------------------
+
+def train_grpo_in_child(run: Run, spec: dict) -> list[dict]:
+    """A GRPO run in a child process: returns the per-step history (``StepRecorder``).
+
+    ``spec``: ``name``, ``config`` (GRPOConfig arguments), ``policy`` (a folder: GRPO with ``beta > 0``
+    loads its reference model from it), ``reward`` (a function of ``trl_clinic.course.data``) and
+    ``h20_stand_in`` (attach the INJECTED stand-in for the H20 crash).
+    """
+    trainer = GRPOTrainer(
+        model=spec["policy"],
+        reward_funcs=getattr(data, spec["reward"]),
+        args=GRPOConfig(**{**run.trainer_kwargs(spec["name"], progress=False), **spec["config"]}),
+        train_dataset=data.reward_prompts(4096, seed=run.subseed("prompts")),
+        processing_class=AutoTokenizer.from_pretrained(spec["policy"]),
+    )
+    if spec["h20_stand_in"]:
+        trainer.add_callback(InjectedH20Fault())
+    recorder = StepRecorder().watch(trainer)
+    trainer.train()
+    return recorder.history
+
+
+def grpo_trial(run: Run, name: str, config: dict, policy_path: Path, reward: str = "category_reward",
+               h20_stand_in: bool = False) -> child.ChildRun:
+    """Every GRPO run of the deep dive: ``train_grpo_in_child`` in a child forked from a server that imported
+    TRL once (``child.forked``), so a native crash kills the child, not the notebook's kernel."""
+    spec = {"name": name, "config": config, "policy": str(policy_path), "reward": reward, "h20_stand_in": h20_stand_in}
+    return child.forked(run, f"{__name__}:train_grpo_in_child", spec, name=f"grpo_{name}",
+                        timeout=run.sizes.child_timeout_s, preload=PRELOAD)
+
+
+def warm_start(run: Run) -> tuple[Path, list[float]]:
+    """A short SFT on word lists teaches the policy the answer format; returns the saved policy's folder
+    and the SFT losses. A random policy almost never answers in words at all."""
+    if run.sizes.model_size in PRETRAINED_SIZES:
+        model, tokenizer = load_smollm2()
+    else:
+        tokenizer = build_tokenizer()
+        model = make_causal_lm(tokenizer, "qwen2", size=run.sizes.model_size, seed=run.seed)
+    steps = run.sizes.warm_start_steps
+    trainer = SFTTrainer(
+        model=model,
+        args=SFTConfig(**run.trainer_kwargs("warm-start", progress=False), per_device_train_batch_size=16,
+                       learning_rate=run.sizes.warm_start_learning_rate, max_steps=steps),
+        train_dataset=data.word_lists(16 * steps, seed=run.subseed("warm start")),
+        processing_class=tokenizer,
+    )
+    recorder = StepRecorder().watch(trainer)
+    trainer.train()
+    return policy(run, "warm", model, tokenizer), recorder.series("loss")[1]
 
 
 def reward_ends(rows: list[dict]) -> tuple[float, float, int]:
-    """Section 4: mean reward over the first and the last tenth of a run, and how many steps a tenth is."""
+    """Mean reward over the first and the last tenth of a run, and how many steps a tenth is."""
     window = max(1, len(rows) // 10)
     return (sum(r["reward"] for r in rows[:window]) / window, sum(r["reward"] for r in rows[-window:]) / window,
             window)
 
 
-def try_suspects(run: Run, suspects: dict[str, dict], config: dict, policy: Path) -> dict[str, dict]:
-    """Section 4: one short real GRPO run per suspect setting, added to ``config`` on its own."""
+def try_suspects(run: Run, suspects: dict[str, dict], config: dict, policy_path: Path) -> dict[str, dict]:
+    """One short real GRPO run per suspect setting, added to ``config`` on its own."""
     rows = {}
-    for i, (name, change) in enumerate(suspects.items()):
-        tried = grpo_in_child(run, f"suspect-{i}", {**config, **change, "max_steps": run.sizes.suspect_steps}, policy)
+    for name, change in suspects.items():
+        tried = grpo_trial(run, f"suspect-{name}", {**config, **change, "max_steps": run.sizes.suspect_steps},
+                           policy_path)
         start, end, _ = reward_ends(tried.result) if tried.result else (None, None, None)
         rows[name] = {"change": change, "status": tried.outcome.status,
-                      "reward_gain": end - start if tried.result else None,
-                      "max_grad_norm_seen": max(r["grad_norm"] for r in tried.result) if tried.result else None}
+                      "reward_gain": end - start if tried.result else None}
         gain = f"; reward gain {end - start:+.3f}" if tried.result else ""
-        print(f"{name:>24} {change or ''}: {tried.outcome.describe()}{gain}")
+        print(f"{name:>14} {change}: {tried.outcome.describe()}{gain}")
     return rows
 
 
-def figure(run: Run, bisection: Bisection, healthy_rows: list[dict], silent_rows: list[dict]) -> None:
-    """Section 7: the injected bisection's trials, the healthy and the silent runs' reward, and the healthy
-    run's KL and zero-spread share."""
-    fig, (ax_trials, ax_reward, ax_kl) = plotting.figure(
-        3, title="Child processes find the setting that kills the run (an injected fault); the healthy run learns")
+def then_numbers(then) -> dict:
+    """The era run of TRL 0.14.0, as the checks read it (only the status when the era was skipped)."""
+    numbers = {"status": then.status}
+    if then.finished:
+        result = then.result
+        numbers.update(accepted=result["config_accepted_as_written"], error=result["error"],
+                       optimizer_steps=result["optimizer_steps"], changed=result["changed_for_the_run"],
+                       default_bf16=result["default_bf16"], completions_per_call=result["completions_per_call"],
+                       batch_help=result["batch_help"])
+        print(f"TRL 0.14.0 accepts the report's config as written: {result['config_accepted_as_written']}; "
+              f"{result['optimizer_steps']} real GRPO steps ran (changed for the run: {result['changed_for_the_run']})\n"
+              f"completions per reward call: {sorted(set(result['completions_per_call']))} with "
+              f"per_device_train_batch_size={result['reported']['per_device_train_batch_size']}; its help: "
+              f"{result['batch_help']!r}\na GRPOConfig that does not name bf16 has bf16={result['default_bf16']}")
+    return numbers
+
+
+def deep_figure(run: Run, bisection: Bisection, healthy_rows: list[dict], silent_rows: list[dict]) -> None:
+    """The injected bisection's trials in order, and the healthy and the silent runs' reward."""
+    start, end, _ = reward_ends(healthy_rows)
+    flat = sum(r["reward"] for r in silent_rows) / max(1, len(silent_rows))
+    fig, (ax_trials, ax_reward) = plotting.figure(2, title=(
+        f"Child processes name {', '.join(bisection.culprits or ['nothing'])} in {len(bisection.trials)} trials "
+        f"(injected fault).\nPartial credit: reward {start:.2f} -> {end:.2f}; all-or-nothing: {flat:.2f} a step"),
+        width=5.4)
     labels = [" + ".join(t.settings) if t.settings else "minimal" for t in bisection.trials]
-    labels = [label if len(label) < 45 else "..." + label[-42:] for label in labels]
+    labels = [label if len(label) < 40 else "..." + label[-37:] for label in labels]
     ax_trials.barh(range(len(labels)), [1] * len(labels),
                    color=[plotting.BAD if t.outcome.crashed else plotting.FIXED for t in bisection.trials])
     ax_trials.set_yticks(range(len(labels)), labels, fontsize=7)
@@ -201,45 +358,37 @@ def figure(run: Run, bisection: Bisection, healthy_rows: list[dict], silent_rows
         ax_trials.text(0.02, i, f"{trial.phase}: {trial.outcome.signal or trial.outcome.status}", va="center",
                        fontsize=7, color="white")
     plotting.label(ax_trials, "red: killed, green: finished", "", "bisection, in order")
-    steps = [row["step"] for row in healthy_rows]
-    plotting.line(ax_reward, steps, [row["reward"] for row in healthy_rows], "fixed", "healthy: mean reward",
-                  markersize=0)
+    plotting.line(ax_reward, [r["step"] for r in healthy_rows], [r["reward"] for r in healthy_rows], "fixed",
+                  "partial credit, warm policy", markersize=0)
     plotting.line(ax_reward, [r["step"] for r in silent_rows], [r["reward"] for r in silent_rows], "bad",
-                  "all-or-nothing reward, random policy")
+                  "all-or-nothing reward, policy before warm start")
     plotting.label(ax_reward, "optimizer step", "mean reward", "reward")
-    plotting.line(ax_kl, steps, [row["kl"] for row in healthy_rows], "fixed", "healthy: KL to reference",
-                  markersize=0)
-    plotting.line(ax_kl, steps, [row["frac_reward_zero_std"] for row in healthy_rows], "other",
-                  "healthy: frac_reward_zero_std", markersize=0)
-    plotting.label(ax_kl, "optimizer step", "value", "KL and zero-spread groups")
-    plotting.save(fig, run.output_dir, "grpo_sigfpe")
+    plotting.save(fig, run.output_dir, "grpo_sigfpe_deeper")
 
 
-def numbers(*, symptom, walk: Walk, rule: dict, plain, traced, shell: tuple[int, str], bisection: Bisection,
-            config_bisection: Bisection,
-            full_error, workaround: child.ChildRun, healthy: child.ChildRun, reward_ends: tuple[float, float],
-            silent: tuple[float, float], suspects: dict, then: dict, max_steps: int) -> dict:
-    """The checks' numbers, gathered from every section's results (what ``metrics.json`` stores)."""
-    config_error = next(t.outcome for t in config_bisection.trials if t.outcome.crashed)
+def deep_numbers(*, shell: child.Outcome, traced: child.Outcome, by_zero: child.Outcome, settable: dict,
+                 config_bisection: Bisection, full_error: child.Outcome, bisection: Bisection, healthy_rows: list[dict],
+                 reward_ends: tuple[float, float], suspects: dict, silent_rows: list[dict], then: dict) -> dict:
+    """The deep dive's numbers, gathered from every section's results (what ``metrics.json`` stores)."""
+    equal = [row for row in silent_rows if row["frac_reward_zero_std"] == 1.0]
     return {
-        "symptom": {"signal": symptom.signal, "returncode": symptom.returncode,
-                    "traceback": "Traceback" in symptom.stderr or "Fatal Python error" in symptom.stderr},
-        "config_walk": walk.steps,
-        "rule": rule,
         "native_crash": {"returncode": traced.returncode, "signal": traced.signal,
-                         "stderr_without_faulthandler": plain.stderr, "stderr_with_faulthandler": traced.stderr,
-                         "shell_returncode": shell[0], "shell_says": shell[1]},
+                         "stderr_with_faulthandler": traced.stderr, "shell_returncode": shell.returncode,
+                         "shell_says": shell.message, "by_zero": by_zero.message,
+                         "shell_stderr_is_bash_only": shell.stderr.strip().startswith("bash:")
+                         and "Fatal Python error" not in shell.stderr and "Traceback" not in shell.stderr},
+        "settable": settable,
+        "config_bisection": {"culprits": config_bisection.culprits, "trials": len(config_bisection.trials),
+                             "message": full_error.message},
         "bisection": [{"settings": t.settings, "phase": t.phase, "status": t.outcome.status,
                        "signal": t.outcome.signal, "seconds": t.outcome.seconds} for t in bisection.trials],
-        "config_bisection": {"culprits": config_bisection.culprits, "trials": len(config_bisection.trials),
-                             "first_error": config_error.message, "message": full_error.message},
         "culprits": bisection.culprits,
-        "workaround": workaround.outcome.status, "workaround_steps": len(workaround.result or []),
-        "max_steps": max_steps,
-        "healthy": healthy.outcome.status,
         "reward_start": reward_ends[0], "reward_end": reward_ends[1],
-        "final_kl": healthy.result[-1]["kl"],
-        "silent_frac_reward_zero_std": silent[0], "silent_max_grad_norm": silent[1],
+        "healthy_steps": len(healthy_rows),
+        "healthy_median_grad_norm": statistics.median(row["grad_norm"] for row in healthy_rows) if healthy_rows else None,
         "suspects": suspects,
+        "silent": {"steps": len(silent_rows), "equal_steps": len(equal),
+                   "mean_frac_reward_zero_std": sum(r["frac_reward_zero_std"] for r in silent_rows) / max(1, len(silent_rows)),
+                   "max_equal_grad_norm": max((row["grad_norm"] for row in equal), default=None)},
         "then": then,
     }

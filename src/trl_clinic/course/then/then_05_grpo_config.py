@@ -5,12 +5,14 @@ TRL #2906 was written against trl 0.14.0, the first release with ``GRPOTrainer``
 ``max_prompt_length`` and ``warmup_ratio`` still exist, so the report's config is accepted as written
 (today's TRL rejects it three times). This script builds ``trl.GRPOConfig`` from the report's
 arguments exactly (adding only ``output_dir`` and ``use_cpu``), records the ``bf16`` of a
-``GRPOConfig`` that does not name it (0.14.0's ``grpo_config.py`` has no ``bf16`` field of its own), then trains a tiny random Qwen2 policy
+``GRPOConfig`` that does not name it (0.14.0's ``grpo_config.py`` has no ``bf16`` field of its own) and
+the help of its ``per_device_train_batch_size`` ("Number of prompts sampled per device"), then trains a tiny random Qwen2 policy
 with the real ``trl.GRPOTrainer`` of 0.14.0 for a few optimizer steps with that config. For the run
 only ``max_steps`` (a few steps instead of an epoch) and ``report_to`` (tensorboard is not installed
 in the era) are changed; everything else, ``bf16=True`` and 16 generations of up to 200 tokens
-included, runs as written. On CPU it does not crash: the report's SIGFPE needs an H20 GPU and an old
-cuBLAS.
+included, runs as written; the reward function records how many completions each call scored (the
+micro-batch: per-device prompts x ``num_generations``). On CPU it does not crash: the report's SIGFPE
+needs an H20 GPU and an old cuBLAS.
 
 Usage: ``python then_05_grpo_config.py SPEC.json RESULT.json`` with the era's interpreter. The spec
 gives ``reported`` (the config's arguments, as lesson 05 quotes them from the report) and may set
@@ -63,8 +65,12 @@ def tiny_policy(tokenizer, seed: int):
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", torch_dtype=torch.float32)
 
 
+COMPLETIONS_PER_CALL: list[int] = []  # how many completions each reward call scored: 0.14.0's micro-batch
+
+
 def yes_share(completions: list[str], **kwargs) -> list[float]:
     """The share of a completion's words that are "yes"."""
+    COMPLETIONS_PER_CALL.append(len(completions))
     return [sum(word == "yes" for word in text.split()) / max(1, len(text.split())) for text in completions]
 
 
@@ -107,6 +113,8 @@ def main(spec_path: str, result_path: str) -> None:
                          for name in ("torch", "transformers", "trl", "peft", "accelerate")},
         "config_accepted_as_written": accepted,
         "default_bf16": default_bf16,
+        "batch_help": GRPOConfig.__dataclass_fields__["per_device_train_batch_size"].metadata["help"],
+        "completions_per_call": COMPLETIONS_PER_CALL,
         "error": error_text,
         "reported": reported,
         "config_as_read": {k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
