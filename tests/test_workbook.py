@@ -13,9 +13,13 @@ from trl_clinic.course.workbook import check_parameters, find_lessons, longest_f
 
 
 def test_select_by_number_or_name(notebooks):
+    """A lesson's number picks its core and its deep dive; --cores leaves the deep dives out (a workshop's run)."""
     name = next(iter(notebooks))
-    assert list(select(notebooks, [name[:2]])) == [name]
+    both = [n for n in notebooks if n.split("_", 1)[0] == name[:2]]
+    assert list(select(notebooks, [name[:2]])) == both and len(both) == 2 and both[0] == name
     assert list(select(notebooks, [name])) == [name]
+    assert list(select(notebooks, [name[:2]], cores_only=True)) == [name]
+    assert all(path.parent.name != "deeper" for path in select(notebooks, [], cores_only=True).values())
     assert select(notebooks, []) == notebooks
 
 
