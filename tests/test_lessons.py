@@ -14,7 +14,10 @@ SHAPES = [(key, profile) for key in TABLE for profile in CONCRETE_PROFILES]
 
 
 def test_every_notebook_has_a_lesson_entry_and_back(notebooks):
-    assert [lesson.stem for lesson in TABLE.values()] == list(notebooks)
+    """lessons.yaml puts each deep dive after its core; the runner lists the cores first, then the deep dives."""
+    assert sorted(lesson.stem for lesson in TABLE.values()) == sorted(notebooks)
+    cores = [lesson.stem for lesson in TABLE.values() if lesson.is_core]
+    assert list(notebooks)[:len(cores)] == cores
 
 
 def test_profiles_declare_device_precision_and_attention():
@@ -45,10 +48,14 @@ def test_a_size_declared_for_one_profile_only_is_refused():
 # What each lesson's checks assume of its sizes, on every profile.
 @pytest.mark.parametrize("profile", CONCRETE_PROFILES)
 def test_sizes_fit_what_the_checks_assume(profile):
-    s01 = TABLE["01"].sizes(profile)
+    s01, s01d = TABLE["01"].sizes(profile), TABLE["01-deeper"].sizes(profile)
     assert s01.batch_sizes[0] == 1 and s01.batch_sizes == sorted(s01.batch_sizes) and len(s01.batch_sizes) >= 3
-    assert s01.measure_samples % s01.batch_sizes[-1] == 0 and s01.measure_samples >= 4 * s01.batch_sizes[-1]
-    assert s01.warmup_learning_rate <= 3e-3
+    assert s01.samples % s01.batch_sizes[-1] == 0 and s01.samples >= 4 * s01.batch_sizes[-1]  # whole batches
+    assert s01.mask_lengths == [3, 2, 3]  # exercise 1's answer (21 cells) and a mask small enough to check by hand
+    assert s01d.batch_sizes == sorted(s01d.batch_sizes) and s01d.batch_sizes[0] > 1 and len(s01d.batch_sizes) >= 2
+    assert s01d.measure_samples % s01d.batch_sizes[-1] == 0 and s01d.samples % s01d.batch_sizes[-1] == 0
+    assert s01d.warmup_learning_rate <= 3e-3 and s01d.train_steps > 5  # a final loss over the last five steps
+    assert s01d.speed_steps > s01d.speed_warm_steps >= 1 and s01d.model_size == s01.model_size
     s02 = TABLE["02"].sizes(profile)
     assert min(s02.accumulation_sweep) >= 2 and s02.accumulation_sweep == sorted(set(s02.accumulation_sweep))
     assert s02.curve_accumulation in s02.accumulation_sweep and s02.curve_steps >= 4
