@@ -72,7 +72,7 @@ def one_step(cls: type, settings: dict, source: str, tensors: list[tuple[str, to
 
 @probe("fp16_adamw", "03", "fp16 trainable weights that the trainer's own optimizer (its class and settings, the one "
        "passed in optimizers= included) turns non-finite in one step on the real first gradient: a non-fused AdamW's "
-       "fp16 state rounds eps to 0 and underflows g^2; then the loss is NaN (and logged as 0).")
+       "fp16 state rounds eps to 0 and underflows g^2; then the loss is NaN (logged as a huge number, then 0).")
 def fp16_adamw(view: TrainerView) -> Finding:
     fp16 = [(name, p) for name, p in view.model.named_parameters() if p.requires_grad and p.dtype == torch.float16]
     if not fp16:
