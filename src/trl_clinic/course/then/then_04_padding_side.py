@@ -68,10 +68,13 @@ SCENARIOS = {
     "tokenizer_left": "evaluate(), tokenizer.padding_side = 'left' (the message's advice)",
     "use_cache_false": "evaluate(), model.config.use_cache = False on the model instance",
     "path_model_init_kwargs": "evaluate(), a model path and DPOConfig(model_init_kwargs={'use_cache': False})",
-    "explicit_ref_path": "the same with ref_model=<path>: the reference model's forward",
-    "explicit_ref_path_fixed": "the same with ref_model_init_kwargs={'use_cache': False} too",
+    "explicit_ref_path": "evaluate(), the same and ref_model=<path> (no ref_model_init_kwargs)",
+    "explicit_ref_path_fixed": "evaluate(), the same and ref_model=<path>, ref_model_init_kwargs={'use_cache': False}",
     "padding_free": "evaluate(), DPOConfig(padding_free=True)",
 }
+DIRECT = {"right": "one forward of a stacked pair, right-padded, use_cache=True",
+          "right_no_cache": "the same forward with use_cache=False",
+          "left": "the same pair left-padded, use_cache=True"}
 NEEDS_DPO_CONFIG = set(SCENARIOS) - {"as_reported", "tokenizer_left", "use_cache_false"}
 
 
@@ -257,7 +260,7 @@ def direct_forward(spec: dict) -> dict:
     prompt, chosen, rejected = PAIRS[0]
     texts = [f"{prompt} {chosen}", f"{prompt} {rejected}"]
     results = {}
-    for name, side, use_cache in (("right", "right", True), ("right_no_cache", "right", False), ("left", "left", True)):
+    for name, (side, use_cache) in zip(DIRECT, (("right", True), ("right", False), ("left", True))):
         tokenizer.padding_side = side
         batch = tokenizer(texts, padding=True, return_tensors="pt")
         with torch.no_grad():
@@ -265,6 +268,14 @@ def direct_forward(spec: dict) -> dict:
                                                    use_cache=use_cache), {})[1])
         results[name]["attention_mask"] = batch["attention_mask"].tolist()
     return results
+
+
+def guard_families() -> list[str]:
+    """The model families whose modeling file in this transformers holds the guard's message."""
+    import transformers
+
+    models = Path(transformers.__file__).parent / "models"
+    return sorted(path.parent.name for path in models.glob("*/modeling_*.py") if GUARD in path.read_text())
 
 
 def guard_function(modeling_qwen2) -> str | None:
@@ -295,7 +306,9 @@ def main(spec_path: str, result_path: str) -> None:
         "flash_attn_installed": FLASH_ATTN_INSTALLED,
         "guard_function": guard_function(modeling_qwen2),
         "guard_file": inspect.getsourcefile(modeling_qwen2),
+        "guard_families": guard_families(),
         "scenario_descriptions": {name: SCENARIOS[name] for name in asked},
+        "direct_forward_descriptions": DIRECT,
         "scenarios": scenarios,
         "direct_forward": direct_forward(spec) if spec.get("direct_forward", True) else {},
         "seconds": time.perf_counter() - start,
