@@ -71,7 +71,10 @@ def test_sizes_fit_what_the_checks_assume(profile):
     assert s03d.accumulation_sweep == sorted(set(s03d.accumulation_sweep))
     assert max(s03d.fused_steps, s03d.head_steps) <= s03d.train_steps  # the pairs drawn: train_steps x batch x 32
     s04 = TABLE["04"].sizes(profile)
-    assert s04.dpo_steps >= 1 and s04.n_prompts >= 4
+    # at least 3 chat questions: the third (the longest of the list) is the one row without a pad, the others padded
+    assert s04.dpo_steps >= 1 and 3 <= s04.chat_prompts <= 6 and s04.dpo_eval_pairs >= 8
+    s04d = TABLE["04-deeper"].sizes(profile)
+    assert s04d.dpo_steps >= 1 and s04d.n_prompts >= 4 and s04d.sft_eval_rows % 2 == 0  # whole batches of 2
     s05 = TABLE["05"].sizes(profile)
     assert s05.user_steps >= 2 and s05.generations >= 2 and s05.child_timeout_s >= 60
     s05d = TABLE["05-deeper"].sizes(profile)  # reward_ends reads a tenth of the run at each end
