@@ -365,13 +365,19 @@ def test_04_an_unexpected_error_is_never_counted_as_past_the_check():
 
 @pytest.fixture(scope="module")
 def era_01_runs(tmp_path_factory):
-    """then_01_padding_free run once in each of lesson 01's eras (the old one takes ~30 s), shared by
-    the tests below."""
+    """then_01_padding_free in each of lesson 01's eras, as the lesson runs it: the copy-task model trained with
+    today's SFTTrainer while the eras load, its weights handed over (companion.start_era, train_copier); shared
+    by the tests below."""
     need_era("01-trl-0.14")
     need_era("01-transformers-4.55")
-    workdir = tmp_path_factory.mktemp("then_01")
-    old = eras.run_in_era("01-trl-0.14", "then_01_padding_free", {}, workdir)
-    later = eras.run_in_era("01-transformers-4.55", "then_01_padding_free", {}, workdir)
+    from trl_clinic.course.companions import padding_free as companion
+    from trl_clinic.course.parameters import start_run
+
+    run = start_run("01", "cpu", 0, tmp_path_factory.mktemp("then_01"))
+    examples = companion.copy_examples(run.sizes.samples, run.subseed("examples"))
+    futures = [companion.start_era(run, era, examples) for era in (companion.ERA_OLD, companion.ERA_LATE)]
+    companion.train_copier(run)
+    old, later = (future.result() for future in futures)
     assert old.finished and later.finished, f"{old.message}\n{old.stderr}\n{later.message}\n{later.stderr}"
     return old, later
 
@@ -379,28 +385,37 @@ def era_01_runs(tmp_path_factory):
 @pytest.mark.era
 def test_01_padding_free_on_trl_0_14_and_transformers_4_55(era_01_runs):
     old, later = era_01_runs
-    assert old.result["collator"]["has_attention_mask"] is False  # trl 0.14: position_ids only
-    assert "position_ids" in old.result["collator"]["keys"]
+    # trl 0.14: position_ids and no mask; trl 0.21 as SFTTrainer builds it on sdpa: a mask of ones, no position_ids
+    assert old.result["collator"]["has_position_ids"] and not old.result["collator"]["has_attention_mask"]
+    assert later.result["collator"]["attention_mask_all_ones"] and not later.result["collator"]["has_position_ids"]
     for implementation in ("eager", "sdpa"):
         assert not any(old.result["isolated"][implementation].values())  # 4.48: contaminated every way
         isolated = later.result["isolated"][implementation]
         assert isolated["train, use_cache=False, no mask"] and isolated["eval, use_cache=False, no mask"]
         assert not isolated["train, config use_cache=True, no mask"]  # the cache turns the block mask off
-        assert not isolated["train, the era's collator batch"]  # trl 0.21 sends an all-ones mask
-    assert later.result["collator"]["attention_mask_all_ones"] is True
+        assert not isolated["train, the collator's batch as its trainer sends it"]
+    lengths = old.result["mask_lengths"]
+    owner = [i for i, n in enumerate(lengths) for _ in range(n)]
+
+    def across(pattern):
+        return sum(a for q, row in enumerate(pattern) for k, a in enumerate(row) if owner[q] != owner[k])
+
+    assert across(old.result["attention_pattern"]["eval, use_cache=False, no mask"]) == 21  # one causal mask: 3*2+3*3+2*3
+    assert across(later.result["attention_pattern"]["eval, use_cache=False, no mask"]) == 0  # block-diagonal
+    assert across(later.result["attention_pattern"]["train, config use_cache=True, no mask"]) == 21
 
 
 @pytest.mark.era
-def test_01_padding_free_loss_grows_with_the_batch_through_the_real_sft_trainer_on_trl_0_14(era_01_runs):
+def test_01_padding_free_loss_grows_with_the_batch_through_the_real_sft_trainer(era_01_runs):
     old, later = era_01_runs
     losses = old.result["loss_by_batch_size"]
-    assert losses["batch_sizes"] == [1, 4, 16] and losses["attn_implementation"] in ("eager", "sdpa")
-    assert len(losses["padded"]) == len(losses["padding_free"]) == len(losses["ratio"]) == 3
+    assert losses["batch_sizes"] == [1, 4, 16] and losses["attn_implementation"] == ["sdpa"]  # the flag never came
     for padded, free, ratio in zip(losses["padded"], losses["padding_free"], losses["ratio"]):
         assert padded > 0 and ratio == pytest.approx(free / padded)
     assert abs(losses["ratio"][0] - 1) < 1e-3  # one sequence per batch: nothing to leak
-    assert losses["ratio"][-1] > losses["ratio"][0]  # more packed neighbours, more contamination
-    assert later.result["loss_by_batch_size"] is None  # trl 0.21 has no DataCollatorForCompletionOnlyLM
+    assert losses["ratio"][1] < losses["ratio"][2] and losses["ratio"][2] > 2  # more packed neighbours, more contamination
+    assert later.result["loss_by_batch_size"]["ratio"][-1] > 2  # trl 0.21 on sdpa: the mask of ones
+    assert any("flash_attention_2" in w for w in later.result["loss_by_batch_size"]["warnings"])  # and it warned
 
 
 def reported_in(source: Path) -> dict:

@@ -1,10 +1,7 @@
-import torch
-
 from trl_clinic.course import data
 from trl_clinic.course.companions.padding_free import FAMILY_CONFIGS, family_probe
 from trl_clinic.course.models import make_causal_lm
 from trl_clinic.probes.packing import pack, packed_vs_separate
-from trl_clinic.course.stand_ins import recreated_all_ones_mask
 
 
 def sequences(tokenizer, n=3):
@@ -32,11 +29,6 @@ def test_probe_restores_training_mode(tokenizer):
     model = make_causal_lm(tokenizer).train()
     packed_vs_separate(model, sequences(tokenizer, 2))
     assert model.training
-
-
-def test_recreated_all_ones_mask_adds_the_mask():
-    collate = recreated_all_ones_mask(lambda examples: {"input_ids": torch.tensor([[1, 2, 3]])})
-    assert collate([])["attention_mask"].tolist() == [[1, 1, 1]]
 
 
 def test_a_kv_cache_turns_the_boundary_search_off(tokenizer):

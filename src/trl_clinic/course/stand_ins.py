@@ -8,33 +8,12 @@ library version and the code it stands for.
 
 from __future__ import annotations
 
-import torch
 from transformers import Trainer, TrainerCallback
 from trl import SFTTrainer
 
 from trl_clinic.course.crash import native_sigfpe
 
 RECREATED, INJECTED = "recreated", "injected"
-
-
-def recreated_all_ones_mask(collator):
-    """RE-CREATED: TRL's padding-free collator that sent the packed row with an attention mask of ones.
-
-    Stands for ``DataCollatorForLanguageModeling.torch_call`` with ``padding_free=True`` in
-    ``trl/trainer/sft_trainer.py`` of TRL 0.19.0-0.23.0, which concatenated the per-sequence masks
-    (all ones) into one row beside ``position_ids`` (0.19.1-0.23.0 dropped it only for packed
-    datasets; 0.23.1's and 0.24.0's send no mask with any padding-free batch; read in each released
-    file). With a mask present transformers builds one causal mask over the whole row and no longer
-    looks for sequence boundaries in ``position_ids``: every token attends to the sequences packed
-    before it, as under an attention kernel that ignores the boundaries.
-    """
-
-    def collate(examples):
-        batch = collator(examples)
-        batch["attention_mask"] = torch.ones_like(batch["input_ids"])
-        return batch
-
-    return collate
 
 
 def recreate_pre_446_loss(trainer: Trainer) -> Trainer:

@@ -35,7 +35,7 @@ def packed_vs_separate(model: PreTrainedModel, sequences: list[list[int]],
     """Per-sequence mean loss one at a time and inside one packed row, and whether they agree.
 
     ``all_ones_mask=True`` sends the packed row with an attention mask of ones, as a collator that
-    keeps the per-sequence masks does (``stand_ins.recreated_all_ones_mask`` re-creates TRL's).
+    keeps the per-sequence masks does (TRL 0.19.0-0.23.0's padding-free collator sent one).
     ``use_cache=True`` runs the packed row with a KV cache, as a hand-written forward that leaves
     ``use_cache`` at a config default of True does (TRL's ``SFTTrainer.compute_loss`` passes False).
     ``isolated`` is True when every sequence's loss matches within ``tolerance`` (relative): the

@@ -1,9 +1,10 @@
-"""Companion of notebooks/01_padding_free_high_loss.py: the warm-up, the sweep runners, the eras started
-in the background, the report lines and the multi-panel figures that a learner need not read.
+"""Companion of lesson 01 (sources/01_padding_free_high_loss.py and its deep dive,
+sources/deeper/01_padding_free_high_loss_deeper.py): the copy-task model, the eras started in the
+background, the runners that repeat the notebook's own trainer over batch sizes, and the figures.
 
-The notebook keeps the lines that show the bug and the fix: it builds every ``SFTTrainer`` itself
-(``padding_free=True``, the re-created all-ones mask, ``attn_implementation``) and hands that builder
-to the runners here, which only repeat it over batch sizes, settings and modes and record the logs.
+The notebooks keep the lines that show the bug and the fix: they build every ``SFTTrainer`` themselves
+(``padding_free=True``, ``model_init_kwargs={"attn_implementation": ...}``) and hand that builder to the
+runners here, which only repeat it and record what the trainer logged.
 """
 
 from __future__ import annotations
@@ -11,30 +12,298 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import random
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
+from matplotlib.colors import to_rgb
 from datasets import Dataset, concatenate_datasets
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    TrainerCallback,
+)
 from trl import SFTConfig, SFTTrainer
 
 from trl_clinic.course import data, eras, plotting
-from trl_clinic.course.models import make_causal_lm
-from trl_clinic.probes.packing import packed_vs_separate
+from trl_clinic.course.handshake import neutral_config
+from trl_clinic.course.models import make_causal_lm, model_config
 from trl_clinic.course.parameters import Run
-from trl_clinic.probes.recording import StepRecorder, quiet
 from trl_clinic.course.runtime import peak_memory_mib, reset_peak_memory
+from trl_clinic.probes.packing import packed_vs_separate
+from trl_clinic.probes.recording import quiet
 
-MODES = ("padded", "contaminated", "fixed")
-ERAS = ("01-trl-0.14", "01-transformers-4.55")
-EARLY = 5  # the first optimizer steps, where the report saw the grad norm "fluctuate abnormally"
-# Section 5: the families probed at random init. Weights drawn 10x wider than the usual 0.02 make
-# attention far from uniform, so a foreign token moves the loss measurably even without training
-# (at 0.02, Bloom's packed/alone difference was 2e-5, under the probe's 1e-4).
+ERA_OLD, ERA_LATE = "01-trl-0.14", "01-transformers-4.55"
+# The copy task's vocabulary and response template, as the era script (then_01_padding_free.py) uses them.
+VOCAB, TEMPLATE = 64, [3, 4]
+# Copying needs two layers (one head finds the earlier position, the next reads it): one layer of the profile's
+# size stayed at a loss of about 1.7 after 200 steps at seeds 0-5, two reached 0.9 to 1.3.
+COPIER_LAYERS = 2
+
+
+# ---- the copy task: a model that must read its own prompt -----------------------------------------------
+
+def copy_tokenizer() -> PreTrainedTokenizerFast:
+    """Token ``t<i>`` is id ``i``: pad 0, eos 1, the template 3 4; the examples are token ids already."""
+    tokenizer = Tokenizer(WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t2"))
+    tokenizer.pre_tokenizer = WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="t0", eos_token="t1", unk_token="t2")
+
+
+def copy_examples(count: int, seed: int) -> Dataset:
+    """``k`` random tokens, the template, the same ``k`` tokens again, eos; the loss is on the copy and eos
+    (``completion_mask``): the completion can only be predicted by attending to the sequence's own prompt."""
+    rng, rows = random.Random(seed), {"input_ids": [], "completion_mask": []}
+    for _ in range(count):
+        prompt = [rng.randrange(5, VOCAB) for _ in range(rng.randint(3, 8))]
+        rows["input_ids"].append(prompt + TEMPLATE + prompt + [1])
+        rows["completion_mask"].append([0] * (len(prompt) + 2) + [1] * (len(prompt) + 1))
+    return Dataset.from_dict(rows)
+
+
+def handed_over(run: Run) -> Path:
+    """Where ``train_copier`` leaves the trained weights for the eras started before it (``start_era``)."""
+    return run.output_dir / "then" / "copier.pt"
+
+
+def train_copier(run: Run) -> Path:
+    """A tiny Llama trained on the copy task with today's real ``SFTTrainer`` (padded), saved as a model folder
+    with its tokenizer (the model every comparison of the lesson loads, today and in the eras), and its weights
+    handed over to the eras (``handed_over``); if training fails, a marker tells the waiting eras to stop."""
+    weights = handed_over(run)
+    weights.parent.mkdir(exist_ok=True)
+    try:
+        model, losses = _train_copier(run)
+    except BaseException:
+        weights.with_suffix(".failed").touch()
+        raise
+    folder = run.output_dir / "copier"
+    model.save_pretrained(folder)
+    copy_tokenizer().save_pretrained(folder)
+    partial = weights.with_suffix(".partial")  # an era waits for the file: it appears whole or not at all
+    torch.save({name: tensor.detach().float().cpu().contiguous() for name, tensor in model.state_dict().items()},
+               partial)
+    partial.rename(weights)
+    print(f"copy-task model: {run.sizes.copier_steps} padded SFT steps, loss {losses[0]:.2f} -> {losses[-1]:.2f}; "
+          f"saved in {folder.name}/")
+    return folder
+
+
+def _train_copier(run: Run) -> tuple[PreTrainedModel, list[float]]:
+    sizes = run.sizes
+    model = make_causal_lm(copy_tokenizer(), size=sizes.model_size, seed=run.seed, num_hidden_layers=COPIER_LAYERS)
+    args = SFTConfig(**run.trainer_kwargs("copier", progress=False), max_length=None, completion_only_loss=True,
+                     per_device_train_batch_size=sizes.copier_batch_size, max_steps=sizes.copier_steps,
+                     learning_rate=sizes.copier_learning_rate, lr_scheduler_type="constant")
+    examples = copy_examples(sizes.copier_batch_size * sizes.copier_steps, run.subseed("copier"))
+    trainer = quiet(SFTTrainer(model=model, args=args, train_dataset=examples, processing_class=copy_tokenizer()))
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False), losses
+
+
+# ---- the eras: the same model and examples on the old libraries -----------------------------------------
+
+def start_era(run: Run, era: str, examples: Dataset) -> Future:
+    """``then_01_padding_free.py`` in ``era``, in a background thread (on the core the lesson's one torch thread
+    leaves free). It loads the old libraries at once, then waits for ``train_copier`` to hand over the copy-task
+    model's weights (``handed_over``), and runs the same examples. Start every era before ``train_copier``: the
+    weights of an earlier run in the same folder are removed here, so no era reads them."""
+    weights = handed_over(run)
+    for stale in (weights, weights.with_suffix(".failed")):
+        stale.unlink(missing_ok=True)
+    spec = {"seed": run.subseed("then"), "threads": 1, "loss_batch_sizes": list(run.sizes.batch_sizes),
+            "mask_lengths": list(run.sizes.mask_lengths), "examples": examples.to_dict(),
+            "model": {"config": neutral_config(model_config(copy_tokenizer(), size=run.sizes.model_size,
+                                                            num_hidden_layers=COPIER_LAYERS)),
+                      "weights": str(handed_over(run))}}
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=era)
+    future = pool.submit(eras.run_in_era, era, "then_01_padding_free", spec, run.output_dir / "then")
+    pool.shutdown(wait=False)
+    return future
+
+
+def show_logs(then: eras.EraRun) -> None:
+    """The old trainer's own log lines at the largest batch size, padded and padding-free, and the mean by batch."""
+    print(then.describe())
+    if not then.finished:
+        return
+    losses = then.result["loss_by_batch_size"]
+    print(f"  the trainer's model runs: {', '.join(losses['attn_implementation'])}")
+    for name, label in (("padded", "padded"), ("padding_free", "padding_free=True")):
+        print(f"  {label}, batch {losses['batch_sizes'][-1]}, the trainer's log lines:")
+        for entry in losses["log"][name]:
+            print("   ", {key: entry[key] for key in ("loss", "grad_norm", "learning_rate", "epoch")})
+    print("  mean logged loss, padding-free / padded: " + ", ".join(
+        f"batch {b}: {r:.2f}" for b, r in zip(losses["batch_sizes"], losses["ratio"])))
+
+
+def era_numbers(then: eras.EraRun) -> dict:
+    """What the checks read from one era's result (``status`` alone when it did not run)."""
+    numbers = {"status": then.status}
+    if then.finished:
+        result, losses = then.result, then.result["loss_by_batch_size"]
+        numbers.update(collator=result["collator"], differences=result["max_abs_logit_difference"],
+                       attention_pattern=result["attention_pattern"],
+                       losses={key: losses[key] for key in ("batch_sizes", "padded", "padding_free", "ratio",
+                                                            "attn_implementation", "warnings")})
+    return numbers
+
+
+# ---- the mechanism: which key each query may attend to ------------------------------------------------
+
+@torch.no_grad()
+def attention_pattern(checkpoint: Path, lengths: list[int], **forward: object) -> list[list[int]]:
+    """1 where a query of the packed row gives a key a weight above 0 (today's eager kernel, layer 0, head 0),
+    the row sent as padding-free collators send it: ``position_ids`` restarting at 0 per sequence, no mask."""
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="eager").eval()
+    positions = torch.tensor([[i for n in lengths for i in range(n)]])
+    ids = torch.arange(5, 5 + positions.shape[1])[None]
+    out = model(input_ids=ids, position_ids=positions, output_attentions=True, **{"use_cache": False, **forward})
+    return (out.attentions[0][0, 0] > 0).int().tolist()
+
+
+def old_pattern(then: eras.EraRun) -> list[list[int]] | None:
+    """The era's pattern for the row as the padding-free collator sends it (no mask, no cache); None if it did not run."""
+    return then.result["attention_pattern"]["eval, use_cache=False, no mask"] if then.finished else None
+
+
+def foreign_cells(pattern: list[list[int]], lengths: list[int]) -> int:
+    """Query/key pairs of different sequences that the pattern lets through."""
+    owner = [i for i, n in enumerate(lengths) for _ in range(n)]
+    return sum(allowed for q, row in enumerate(pattern) for k, allowed in enumerate(row) if owner[q] != owner[k])
+
+
+def foreign_counts(masks: dict[str, list[list[int]] | None], lengths: list[int]) -> dict[str, int]:
+    """``foreign_cells`` of every pattern that was measured."""
+    return {name: foreign_cells(mask, lengths) for name, mask in masks.items() if mask is not None}
+
+
+def plot_masks(run: Run, masks: dict[str, list[list[int]] | None], lengths: list[int],
+               file: str = "attention_masks") -> None:
+    """One panel per pattern: a key of the query's own sequence green, of another sequence red, none white."""
+    masks = {name: mask for name, mask in masks.items() if mask is not None}
+    owner = [i for i, n in enumerate(lengths) for _ in range(n)]
+    positions = [str(i) for n in lengths for i in range(n)]
+    counts = foreign_counts(masks, lengths)
+    fig, axes = plotting.figure(len(masks), width=4.2, height=4.4, title="One packed row: which keys each query reads "
+                                f"({' vs '.join(str(c) for c in counts.values())} across sequences, red)")
+    for ax, (name, mask) in zip(axes, masks.items()):
+        colours = [[(1, 1, 1) if not allowed else to_rgb(plotting.STYLE["fixed" if owner[q] == owner[k] else "bad"])
+                    for k, allowed in enumerate(row)] for q, row in enumerate(mask)]
+        ax.imshow(colours)
+        ax.set_xticks(range(len(positions)), positions)
+        ax.set_yticks(range(len(positions)), positions)
+        ax.set_xticks([x - 0.5 for x in range(1, len(positions))], minor=True)
+        ax.set_yticks([y - 0.5 for y in range(1, len(positions))], minor=True)
+        ax.grid(which="minor", color="#bbbbbb", linewidth=0.5)
+        ax.grid(which="major", visible=False)
+        plotting.label(ax, "key (its position_id)", "query (its position_id)", f"{name}: {counts[name]} red")
+    plotting.save(fig, run.output_dir, file)
+
+
+# ---- the fix, measured: the notebook's trainer over batch sizes at learning rate 0 ------------------------
+
+def kernel_dtype(attention: str) -> str:
+    """FlashAttention takes half-precision weights; sdpa and eager keep fp32 (bf16 autocast on a GPU)."""
+    return "bfloat16" if attention.startswith("flash_attention") else "float32"
+
+
+def mean_logged(trainer: SFTTrainer, key: str = "loss") -> float:
+    """Train, then the mean of what the trainer logged at each step (``logging_steps=1``)."""
+    quiet(trainer).train()
+    values = [entry[key] for entry in trainer.state.log_history if key in entry and "train_runtime" not in entry]
+    # Trainer logs 0.0 for a NaN step loss: the ratios divide by these, so they must be real
+    assert values and all(math.isfinite(v) and v > 0 for v in values), f"non-finite or missing {key}: {values}"
+    return sum(values) / len(values)
+
+
+@contextmanager
+def quiet_batch_one_warning():
+    """TRL warns at every padding-free trainer of batch 1 that batch 1 gains nothing: true, and the point of
+    that baseline (one sequence per row has nothing to contaminate)."""
+    logger = logging.getLogger("trl.trainer.sft_trainer")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def loss_by_batch_size(make_trainer: Callable[[int, bool], SFTTrainer], batch_sizes: list[int]) -> dict:
+    """``make_trainer(batch_size, padding_free)`` trained one epoch per batch size and mode: mean logged loss,
+    the ratio padding-free / padded, and the attention implementation the trainer's model really has."""
+    out: dict[str, list] = {"batch_sizes": list(batch_sizes), "padded": [], "padding_free": []}
+    for size in batch_sizes:
+        for name, padding_free in (("padded", False), ("padding_free", True)):
+            with quiet_batch_one_warning():
+                trainer = make_trainer(size, padding_free)
+            out["attention"] = trainer.model.config._attn_implementation
+            out[name].append(mean_logged(trainer))
+    out["ratio"] = [free / padded for free, padded in zip(out["padding_free"], out["padded"])]
+    print("today, mean logged loss, padding-free / padded: " + ", ".join(
+        f"batch {b}: {r:.4f}" for b, r in zip(batch_sizes, out["ratio"])) + f" (the model runs {out['attention']})")
+    return out
+
+
+def plot_bad_vs_fixed(run: Run, then: eras.EraRun, today: dict) -> None:
+    """The figure of the lesson: padding-free over padded loss by batch size, the report's libraries and today's."""
+    old = then.result["loss_by_batch_size"] if then.finished else None
+    worst = f"{old['ratio'][-1]:.1f}x on TRL 0.14, " if old else ""
+    fig, (ax,) = plotting.figure(1, width=8, title=f"Padding-free / padded loss at batch {today['batch_sizes'][-1]}: "
+                                 f"{worst}{today['ratio'][-1]:.2f}x today")
+    if old:
+        plotting.line(ax, old["batch_sizes"], old["ratio"], "bad", "TRL 0.14 + transformers 4.48.3 (sdpa)")
+    plotting.line(ax, today["batch_sizes"], today["ratio"], "fixed", f"today's TRL, {today['attention']}")
+    ax.axhline(1, color=plotting.REFERENCE, linestyle="--", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(today["batch_sizes"], [str(b) for b in today["batch_sizes"]])
+    plotting.label(ax, "per-device batch size (sequences packed into one row)",
+                   "mean logged loss, padding-free / padded", "copy task, learning rate 0, one epoch")
+    plotting.save(fig, run.output_dir, "padding_free_vs_padded")
+
+
+def checkup_status(report) -> str:
+    """The packing probe's verdict in a check-up report."""
+    return next((finding.status for finding in report.findings if finding.probe == "packing"), "absent")
+
+
+# ---- deep dive: TRL 0.21 + transformers 4.55 in their era ------------------------------------------------
+
+def describe_late(then: eras.EraRun) -> None:
+    """The era's padding-free batch as its SFTTrainer builds it on sdpa, its warning, its loss by batch size
+    and the packed-vs-alone logit table (with and without the config's cache)."""
+    print(then.describe())
+    if not then.finished:
+        return
+    result, losses = then.result, then.result["loss_by_batch_size"]
+    print(f"  collator: {result['collator']['collator']}\n    -> keys {result['collator']['keys']}, attention mask all "
+          f"ones: {result['collator']['attention_mask_all_ones']}")
+    for warning in losses["warnings"]:
+        print(f"  the trainer warned: {warning[:150]}...")
+    print("  real SFTTrainer at lr 0, padding-free / padded loss: " + ", ".join(
+        f"batch {b}: {r:.2f}" for b, r in zip(losses["batch_sizes"], losses["ratio"])))
+    for implementation, rows in result["max_abs_logit_difference"].items():
+        for mode, difference in rows.items():
+            verdict = "isolated" if difference < result["isolated_below"] else "CONTAMINATED"
+            print(f"  {implementation:>5} | {mode:<52} {verdict} (largest logit difference {difference:.2g})")
+
+
+# ---- deep dive: what keeps packed sequences apart today, family by family --------------------------------
+
+# Weights drawn 10x wider than the usual 0.02 make attention far from uniform, so a foreign token moves the
+# loss measurably without training (at 0.02, Bloom's packed/alone difference was 2e-5, under the probe's 1e-4).
 WIDE_INIT = 0.2
 FAMILY_CONFIGS = {
     "llama": {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -50,353 +319,259 @@ FAMILY_CONFIGS = {
 
 
 def as_sequence(tokenizer: PreTrainedTokenizerBase, row: dict) -> list[int]:
-    """Sections 3, 7, 8: one prompt-completion sample as the token ids SFTTrainer trains on (with eos)."""
+    """One prompt-completion sample as the token ids SFTTrainer trains on (with eos)."""
     return tokenizer(row["prompt"] + row["completion"])["input_ids"] + [tokenizer.eos_token_id]
 
 
-def length_grouped_row(tokenizer: PreTrainedTokenizerBase, dataset: Dataset, size: int) -> list[list[int]]:
-    """Section 8: the rows a length-grouped batch packs together, the middle of the samples sorted by length."""
-    by_length = sorted(dataset, key=lambda row: len(row["prompt"]))
-    return [as_sequence(tokenizer, row) for row in by_length[(len(by_length) - size) // 2:][:size]]
-
-
-def describe_probes(probes: dict[str, dict]) -> None:
-    """Sections 3 and 5: one verdict line per probe."""
-    for name, result in probes.items():
-        verdict = "isolated" if result["isolated"] else "CONTAMINATED"
-        where = f", {result['attention']}" if "attention" in result else ""
-        print(f"{name:>38}: {verdict} (largest relative loss difference {result['max_relative_difference']:.1e}{where})")
-
-
-def kernel_dtype(attention: str) -> torch.dtype:
-    """Section 10: FlashAttention-2 takes half-precision weights; sdpa keeps fp32 (bf16 autocast on a GPU)."""
-    return torch.bfloat16 if attention.startswith("flash_attention") else torch.float32
-
-
-def describe_throughput(speed: dict[str, dict]) -> None:
-    """Section 10: padding share, tokens per second and peak memory, and the speed-up."""
-    for name, numbers in speed.items():
-        memory = f"{numbers['peak_memory_mib']:.0f} MiB" if numbers["peak_memory_mib"] else "not measured on CPU"
-        print(f"{name:>12}: padding share {numbers['padding_share']:.0%}, {numbers['tokens_per_second']:.0f} tokens/s, "
-              f"peak memory {memory}")
-    print(f"padding-free / padded throughput: "
-          f"{speed['padding_free']['tokens_per_second'] / speed['padded']['tokens_per_second']:.2f}x")
-
-
-def collect_numbers(run: Run, **numbers: object) -> dict:
-    """Checks: the run's numbers for metrics.json, probes cut to their verdicts (the per-sequence losses
-    are only needed on the way)."""
-    keep = ("isolated", "max_relative_difference", "attention")
-    for key in ("probes", "family_probes"):
-        numbers[key] = {name: {k: v for k, v in r.items() if k in keep} for name, r in numbers[key].items()}
-    speed = numbers["throughput"]
-    return {"speed_attention": run.attention,
-            "padding_free_speedup": speed["padding_free"]["tokens_per_second"] / speed["padded"]["tokens_per_second"],
-            **numbers}
-
-
-@contextmanager
-def _quiet_batch_one_warning():
-    """TRL warns at every padding-free run of batch 1 that batch 1 gains nothing: true, and the point
-    of that baseline (one sequence per row has nothing to contaminate)."""
-    logger = logging.getLogger("trl.trainer.sft_trainer")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-def start_eras(run: Run) -> dict[str, Future]:
-    """Section 2 and 6: both eras in one background thread, on the core the lesson's single torch
-    thread leaves free, so their 20-30 s overlap the warm-up and the sweeps."""
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eras")
-    futures = {era: pool.submit(eras.run_in_era, era, "then_01_padding_free", {"seed": run.subseed("then")},
-                                run.output_dir / "then") for era in ERAS}
-    pool.shutdown(wait=False)
-    return futures
-
-
-def era_numbers(then: eras.EraRun) -> dict:
-    """Section 2 and 6: what the checks read from one era's result (``status`` alone when it did not run)."""
-    numbers = {"status": then.status}
-    if then.finished:
-        collator = then.result["collator"]
-        numbers.update(collator_has_mask=collator["has_attention_mask"],
-                       collator_mask_all_ones=collator["attention_mask_all_ones"],
-                       differences=then.result["max_abs_logit_difference"])
-        by_batch = then.result.get("loss_by_batch_size")
-        if by_batch:
-            numbers["loss_ratio_by_batch_size"] = dict(zip(by_batch["batch_sizes"], by_batch["ratio"]))
-    return numbers
-
-
-def describe_era(then: eras.EraRun) -> None:
-    """Section 2 and 6: the era's collator, its loss by batch size and its packed-vs-alone table."""
-    print(then.describe())
-    if not then.finished:
-        return
-    print(f"  collator: {then.result['collator']['collator']} -> keys {then.result['collator']['keys']}")
-    by_batch = then.result.get("loss_by_batch_size")
-    if by_batch:
-        print("  real SFTTrainer at lr 0, padding-free / padded loss: " + ", ".join(
-            f"batch {b}: {r:.2f}" for b, r in zip(by_batch["batch_sizes"], by_batch["ratio"])))
-    for implementation, rows in then.result["max_abs_logit_difference"].items():
-        for mode, difference in rows.items():
-            verdict = "isolated" if difference < then.result["isolated_below"] else "CONTAMINATED"
-            print(f"  {implementation:>5} | {mode:<40} {verdict} (largest logit difference {difference:.2g})")
-
-
-def family_probe(tokenizer: PreTrainedTokenizerBase, family: str, seed: int,
-                 sequences: list[list[int]]) -> dict[str, object]:
-    """Section 5: ``packed_vs_separate`` with today's padding-free inputs (``position_ids``, no mask, no
-    cache) on a tiny random ``family`` model, on sdpa where the family has it, else eager."""
+def family_model(tokenizer: PreTrainedTokenizerBase, family: str, seed: int) -> PreTrainedModel:
+    """A tiny random ``family`` model (``FAMILY_CONFIGS``) on sdpa where the family has it, else eager."""
     config = AutoConfig.for_model(family, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                                   eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=True,
                                   **FAMILY_CONFIGS[family])
     for implementation in ("sdpa", "eager"):
         try:
             torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
-            break
+            return AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
         except ValueError:  # "... does not support an attention implementation through sdpa yet"
             continue
-    probe = packed_vs_separate(model, sequences)
-    return {"attention": model.config._attn_implementation, **probe}
+    raise ValueError(f"{family} has neither sdpa nor eager attention")
 
 
-@dataclass
-class Bench:
-    """The lesson's models and the runs it repeats: warm-up, lr-0 measurements, short trainings."""
-
-    run: Run
-    tokenizer: PreTrainedTokenizerBase
-    weights: dict[str, dict] = field(default_factory=dict)
-    _measured: dict[tuple, dict[str, float]] = field(default_factory=dict)
-
-    def warmup_set(self) -> Dataset:
-        sizes = self.run.sizes
-        half = sizes.warmup_batch_size * sizes.warmup_steps // 2
-        return concatenate_datasets([data.mrc_samples(half, seed=self.run.subseed("warm-up")),
-                                     data.instruction_pairs(half, seed=self.run.subseed("warm-up"), max_people=2)])
-
-    def warm_model(self, family: str = "llama") -> PreTrainedModel:
-        """Section 1: a fresh model with the family's warmed-up weights (trained once, padded, whole-sequence
-        loss): a random model predicts every token about equally badly whatever it attends to."""
-        model = make_causal_lm(self.tokenizer, family, size=self.run.sizes.model_size, seed=self.run.seed)
-        if family not in self.weights:
-            self.weights[family] = self._warm_up(model, family)
-        model.load_state_dict(self.weights[family])
-        return model
-
-    def _warm_up(self, model: PreTrainedModel, family: str) -> dict:
-        sizes = self.run.sizes
-        args = SFTConfig(**self.run.trainer_kwargs(f"warmup-{family}"), per_device_train_batch_size=sizes.warmup_batch_size,
-                         learning_rate=sizes.warmup_learning_rate, max_steps=sizes.warmup_steps, max_length=None,
-                         completion_only_loss=False)
-        trainer = SFTTrainer(model=model, args=args, processing_class=self.tokenizer,
-                             train_dataset=self.warmup_set().shuffle(seed=self.run.subseed("warm-up order")))
-        log = StepRecorder().watch(trainer)
-        trainer.train()
-        raw = log.series("raw_loss")[1]
-        # every later ratio divides by losses of this model: a warm-up that diverged must stop here, loudly
-        assert all(math.isfinite(v) and v > 0 for v in raw), f"{family} warm-up diverged: raw losses {raw[-5:]}"
-        print(f"{family} warm-up ({sizes.warmup_steps} steps, padded): loss {log.series('loss')[1][0]:.2f} -> "
-              f"{log.last('loss'):.2f}")
-        return copy.deepcopy(model.state_dict())
-
-    def measure(self, make_trainer: Callable[..., SFTTrainer], mode: str, batch_size: int, dataset: Dataset,
-                **kwargs) -> dict[str, float]:
-        """Sections 1, 4, 5, 7: mean logged loss and grad norm over the dataset at lr 0 (the weights never
-        change, only the batching does). The same run asked twice is measured once."""
-        key = (mode, batch_size, dataset._fingerprint, tuple(sorted(kwargs.items())))
-        if key not in self._measured:
-            with _quiet_batch_one_warning():
-                recorder, _ = self.train(make_trainer, mode, batch_size, dataset, learning_rate=0.0,
-                                         max_steps=len(dataset) // batch_size, **kwargs)
-            losses, norms = recorder.series("loss")[1], recorder.series("grad_norm")[1]
-            self._measured[key] = {"loss": sum(losses) / len(losses), "grad_norm": sum(norms) / len(norms)}
-        return self._measured[key]
-
-    @staticmethod
-    def train(make_trainer: Callable[..., SFTTrainer], mode: str, batch_size: int, dataset: Dataset,
-              **kwargs) -> tuple[StepRecorder, PreTrainedModel]:
-        """One real run of the notebook's trainer, recorded step by step."""
-        trainer = make_trainer(mode, batch_size, dataset, **kwargs)
-        recorder = StepRecorder().watch(trainer)
-        trainer.train()
-        # Trainer logs 0.0 for a NaN step loss: the ratios divide by these, so they must be real
-        assert all(math.isfinite(v) and v > 0 for v in recorder.series("raw_loss")[1]), f"{mode} run: non-finite loss"
-        return recorder, trainer.model
-
-    def sweep(self, make_trainer: Callable[..., SFTTrainer], settings: dict[str, tuple[Dataset, bool]],
-              batch_sizes: list[int]) -> dict:
-        """Section 4: every setting x mode x batch size at lr 0, and one report line per setting."""
-        sweep = {}
-        for name, (dataset, completion_only) in settings.items():
-            sweep[name] = {mode: [self.measure(make_trainer, mode, b, dataset, completion_only=completion_only)
-                                  for b in batch_sizes] for mode in MODES}
-            print(f"{name:>30}: contaminated/padded loss " + ", ".join(f"{r:.2f}" for r in ratios(sweep[name]))
-                  + "; grad norm " + ", ".join(f"{r:.1f}" for r in ratios(sweep[name], key="grad_norm"))
-                  + f" at batch {', '.join(map(str, batch_sizes))}")
-        return sweep
-
-    def training(self, make_trainer: Callable[..., SFTTrainer], mode: str, dataset: Dataset,
-                 held_out: list[list[int]], **config) -> dict:
-        """Sections 7 and 8: a short real training run from the warmed-up Llama (per-step loss and grad norm),
-        then ``packed_vs_separate`` on held-out rows packed the way the run packed them."""
-        sizes = self.run.sizes
-        config = {"learning_rate": sizes.train_learning_rate, "max_steps": sizes.train_steps, **config}
-        recorder, model = self.train(make_trainer, mode, sizes.train_batch_size, dataset, **config)
-        losses, norms = recorder.series("loss")[1], recorder.series("grad_norm")[1]
-        probe = packed_vs_separate(model, held_out[:sizes.train_batch_size], all_ones_mask=mode == "contaminated")
-        return {"loss": losses, "grad_norm": norms, "mean_loss": sum(losses) / len(losses),
-                "mean_grad_norm": sum(norms) / len(norms), "final_loss": sum(losses[-EARLY:]) / EARLY,
-                "early_grad_max": max(norms[:EARLY]), "early_grad_spread": float(torch.tensor(norms[:EARLY]).std()),
-                "held_out_loss": sum(probe["separate"]) / len(probe["separate"]),
-                "isolated": probe["isolated"], "ratio": probe["ratio"]}
+def family_probe(tokenizer: PreTrainedTokenizerBase, family: str, seed: int,
+                 sequences: list[list[int]]) -> dict[str, object]:
+    """``packed_vs_separate`` with today's padding-free inputs (``position_ids``, no mask, no cache)."""
+    model = family_model(tokenizer, family, seed)
+    return {"attention": model.config._attn_implementation, **packed_vs_separate(model, sequences)}
 
 
-def ratios(runs: dict[str, list[dict[str, float]]], mode: str = "contaminated", key: str = "loss") -> list[float]:
-    """Sections 4 and 5: ``mode`` over padded, batch size by batch size, at the same weights."""
-    return [c[key] / p[key] for c, p in zip(runs[mode], runs["padded"])]
+def describe_probes(probes: dict[str, dict]) -> None:
+    """One verdict line per probe."""
+    for name, result in probes.items():
+        verdict = "isolated" if result["isolated"] else "CONTAMINATED"
+        where = f", {result['attention']}" if "attention" in result else ""
+        print(f"{name:>34}: {verdict} (largest relative loss difference {result['max_relative_difference']:.1e}{where})")
 
 
-def describe_training(training: dict[str, dict]) -> None:
-    """Section 7: one line per mode."""
-    for mode, t in training.items():
-        print(f"{mode:>12}: loss {t['loss'][0]:.2f} -> {t['final_loss']:.2f} (last {EARLY} steps); grad norm at step 1 "
-              f"{t['grad_norm'][0]:.2f}, first {EARLY} steps max {t['early_grad_max']:.2f}; "
-              f"held-out loss alone {t['held_out_loss']:.3f}")
-
-
-def remedy_at_lr_0(logged: dict[str, float], model: PreTrainedModel, sequences: list[list[int]],
-                   baseline: dict[str, float]) -> dict:
-    """Section 8: a data-side remedy's lr-0 logged numbers, and the probe on the warmed-up weights with its rows."""
-    probe = packed_vs_separate(model, sequences, all_ones_mask=True)
-    return {"loss": logged["loss"], "grad_norm": logged["grad_norm"], "isolated": probe["isolated"],
-            "ratio": probe["ratio"], "baseline": baseline}
-
-
-def remedy_trained(t: dict, padded: dict, contaminated: dict) -> dict:
-    """Section 8: an optimizer-side remedy (or the cure), against the contaminated training.
-
-    Every training starts from the warmed-up weights on the same first batch, so the step-1 loss over
-    padded's step-1 loss is the cost of the row's foreign context at equal weights; the probe runs on
-    the weights the training leaves: do packed sequences still see each other?
-    """
-    return {"loss": t["mean_loss"], "grad_norm": t["mean_grad_norm"], "isolated": t["isolated"],
-            "ratio": t["loss"][0] / padded["loss"][0], "ratio_after_training": t["ratio"],
-            "baseline": {"loss": contaminated["mean_loss"], "grad_norm": contaminated["mean_grad_norm"]}}
-
-
-def judge_remedies(remedies: dict[str, tuple[str, dict]], separation: str) -> dict[str, dict]:
-    """Section 8: each remedy hides the symptom (lower logged numbers), cures it (probe isolated) or neither."""
-    judged = {}
-    for name, (how, r) in remedies.items():
-        hides = r["loss"] < r["baseline"]["loss"] or r["grad_norm"] < r["baseline"]["grad_norm"]
-        verdict = "cures it" if r["isolated"] else ("hides it, no cure" if hides else "neither hides nor cures it")
-        judged[name] = {"how": how, "separates": name == separation, "verdict": verdict, **r}
-        print(f"{name + ' (' + how + ')':>50}: logged loss {r['loss']:.2f} (contaminated {r['baseline']['loss']:.2f}), "
-              f"grad norm {r['grad_norm']:.2f} ({r['baseline']['grad_norm']:.2f}); equal-weights loss ratio "
-              f"{r['ratio']:.3f} -> {verdict}")
-    return judged
-
-
-def throughput(trainer: SFTTrainer, pad_token_id: int) -> dict[str, float | None]:
-    """Section 10: the share of pad tokens in the batches the trainer will see, real tokens per second and
-    peak memory of its training run."""
-    steps = quiet(trainer).args.max_steps
-    # the same seeded sampler feeds train(): these are the batches it will see
-    batches = [batch for batch, _ in zip(trainer.get_train_dataloader(), range(steps))]
-    slots = sum(batch["input_ids"].numel() for batch in batches)  # positions the model computes
-    real = sum(int((batch["input_ids"] != pad_token_id).sum()) for batch in batches)
-    device = trainer.model.device
-    reset_peak_memory(device)
-    start = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - start
-    return {"padding_share": 1 - real / slots, "tokens_per_second": real / seconds, "seconds": seconds,
-            "peak_memory_mib": peak_memory_mib(device)}
-
-
-def plot_sweep(run: Run, sweep: dict, batch_sizes: list[int], main: str) -> None:
-    """Section 4: loss and grad norm by batch size on the main setting, and every setting's ratio."""
-    fig, (ax_loss, ax_grad) = plotting.figure(
-        2, title="Padding-free batches with an all-ones mask (recreated): loss and grad norm grow with batch size")
-    for mode, kind in (("contaminated", "bad"), ("padded", "reference"), ("fixed", "fixed")):
-        label = "fixed (on top of padded)" if mode == "fixed" else mode
-        plotting.line(ax_loss, batch_sizes, [r["loss"] for r in sweep[main][mode]], kind, label)
-        plotting.line(ax_grad, batch_sizes, [r["grad_norm"] for r in sweep[main][mode]], kind, label)
-    plotting.label(ax_loss, "per-device batch size", "mean loss (nats/token)", f"{main}, same weights")
-    plotting.label(ax_grad, "per-device batch size", "mean grad norm", f"{main}, same weights")
-    for ax in (ax_loss, ax_grad):
-        ax.set_xscale("log", base=2)
-    plotting.save(fig, run.output_dir, "padding_free")
-    fig, axes = plotting.figure(len(sweep), title="Contaminated (recreated) / padded loss ratio, every setting", width=3.6)
-    for ax, (name, runs) in zip(axes, sweep.items()):
-        plotting.line(ax, batch_sizes, ratios(runs), "bad", "contaminated / padded")
-        plotting.line(ax, batch_sizes, ratios(runs, "fixed"), "fixed", "fixed / padded")
-        ax.set_xscale("log", base=2)
-        plotting.label(ax, "batch size", "loss ratio", name)
-    plotting.save(fig, run.output_dir, "loss_ratio_by_setting")
+def verdicts(probes: dict[str, dict]) -> dict[str, dict]:
+    """The probes cut to what the checks read (the per-sequence losses are only needed on the way)."""
+    keep = ("isolated", "max_relative_difference", "attention", "ratio")
+    return {name: {k: v for k, v in r.items() if k in keep} for name, r in probes.items()}
 
 
 def plot_families(run: Run, probes: dict[str, dict]) -> None:
-    """Section 5: packed/alone loss per family with today's padding-free inputs."""
-    fig, (ax,) = plotting.figure(1, width=6.5, title="Today's padding-free inputs (position_ids, no mask, no cache)")
+    """Packed/alone loss per family with today's padding-free inputs."""
+    contaminated = [name for name, r in probes.items() if not r["isolated"]]
+    fig, (ax,) = plotting.figure(1, width=7, title=f"Today's padding-free inputs: {len(contaminated)} of {len(probes)} "
+                                 f"families still mix packed sequences")
     names = list(probes)
-    kinds = ["fixed" if probes[name]["isolated"] else "bad" for name in names]
     ax.barh(names, [max(probes[name]["max_relative_difference"], 1e-9) for name in names],
-            color=[plotting.STYLE[k] for k in kinds])
+            color=[plotting.STYLE["fixed" if probes[name]["isolated"] else "bad"] for name in names])
     ax.axvline(1e-4, color=plotting.REFERENCE, linestyle="--")
     ax.set_xscale("log")
     plotting.label(ax, "largest relative loss difference, packed vs alone", "",
-                   "left of the dashed line: packed sequences kept apart")
-    plotting.save(fig, run.output_dir, "loss_ratio_by_family")
+                   "position_ids, no mask, no cache; left of the dashed line: kept apart")
+    plotting.save(fig, run.output_dir, "families")
 
 
-def plot_training(run: Run, training: dict[str, dict], spike: float) -> None:
-    """Section 7: per-step loss and grad norm of the three short trainings."""
-    fig, (ax_loss, ax_grad) = plotting.figure(2, title=f"Training: contaminated batches (recreated) start with a "
-                                              f"{spike:.0f}x grad-norm spike and log a higher loss")
-    steps = range(1, run.sizes.train_steps + 1)
-    for mode, kind in (("contaminated", "bad"), ("padded", "reference"), ("fixed", "fixed")):
-        label = "fixed (on top of padded)" if mode == "fixed" else mode
-        plotting.line(ax_loss, steps, training[mode]["loss"], kind, label)
-        plotting.line(ax_grad, steps, training[mode]["grad_norm"], kind, label)
-    plotting.label(ax_loss, "optimizer step", "logged loss (nats/token)",
-                   f"Llama, batch {run.sizes.train_batch_size}, lr {run.sizes.train_learning_rate:g}")
+# ---- deep dive: OPT, a family today's sdpa still contaminates, through the real SFTTrainer ---------------
+
+MODES = {"padded": False, "padding-free": True}
+EARLY = 5  # the last optimizer steps averaged for a run's final logged loss
+
+
+class Bench:
+    """The deep dive's warmed-up models and the runs it repeats: lr-0 measurements and short trainings."""
+
+    def __init__(self, run: Run, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.run, self.tokenizer = run, tokenizer
+        self.weights: dict[str, dict] = {}
+        self._measured: dict[tuple, dict[str, float]] = {}
+
+    def warm_model(self, family: str = "opt") -> PreTrainedModel:  # the profile's opt_size
+        """A fresh ``family`` model with the warmed-up weights (trained once, padded, whole-sequence loss, on the
+        lesson's text): a random model predicts every token about equally badly, whatever it attends to."""
+        sizes = self.run.sizes
+        model = make_causal_lm(self.tokenizer, family, size=sizes.opt_size, seed=self.run.seed)
+        if family not in self.weights:
+            half = sizes.warmup_batch_size * sizes.warmup_steps // 2
+            warm = concatenate_datasets([data.mrc_samples(half, seed=self.run.subseed("warm-up"),
+                                                          max_sentences=sizes.max_sentences),
+                                         data.instruction_pairs(half, seed=self.run.subseed("warm-up"), max_people=2)])
+            args = SFTConfig(**self.run.trainer_kwargs(f"warmup-{family}", progress=False), max_length=None,
+                             completion_only_loss=False, per_device_train_batch_size=sizes.warmup_batch_size, max_steps=sizes.warmup_steps,
+                             learning_rate=sizes.warmup_learning_rate)
+            trainer = SFTTrainer(model=model, args=args, processing_class=self.tokenizer,
+                                 train_dataset=warm.shuffle(seed=self.run.subseed("warm-up order")))
+            losses = logged(trainer)["loss"]
+            print(f"{family} warm-up ({sizes.warmup_steps} steps, padded): loss {losses[0]:.2f} -> {losses[-1]:.2f}")
+            self.weights[family] = copy.deepcopy(model.state_dict())
+        model.load_state_dict(self.weights[family])
+        return model
+
+    def measure(self, make_trainer: Callable[..., SFTTrainer], padding_free: bool, batch_size: int, dataset: Dataset,
+                **kwargs) -> dict[str, float]:
+        """Mean logged loss and grad norm over one epoch at lr 0 (the weights never change, only the batching
+        does). The same run asked twice is measured once."""
+        key = (padding_free, batch_size, dataset._fingerprint, tuple(sorted(kwargs.items())))
+        if key not in self._measured:
+            trainer = make_trainer(batch_size, padding_free, dataset, learning_rate=0.0,
+                                   max_steps=len(dataset) // batch_size, **kwargs)
+            log = logged(trainer)
+            self._measured[key] = {name: sum(values) / len(values) for name, values in log.items()}
+        return self._measured[key]
+
+    def sweep(self, make_trainer: Callable[..., SFTTrainer], settings: dict[str, tuple[Dataset, bool]],
+              batch_sizes: list[int]) -> dict:
+        """Every setting x mode x batch size at lr 0, and one line per setting."""
+        sweep = {}
+        for name, (dataset, completion_only) in settings.items():
+            sweep[name] = {mode: [self.measure(make_trainer, padding_free, b, dataset, completion_only_loss=completion_only)
+                                  for b in batch_sizes] for mode, padding_free in MODES.items()}
+            print(f"{name:>30}: padding-free/padded loss " + ", ".join(f"{r:.2f}" for r in ratios(sweep[name]))
+                  + "; grad norm " + ", ".join(f"{r:.1f}" for r in ratios(sweep[name], "grad_norm"))
+                  + f" at batch {', '.join(map(str, batch_sizes))}")
+        return sweep
+
+    def training(self, make_trainer: Callable[..., SFTTrainer], padding_free: bool, dataset: Dataset,
+                 held_out: list[list[int]], **config) -> dict:
+        """A short real training from the warmed-up weights (loss and grad norm per step), then the held-out
+        packed/alone loss ratio on the weights it left (``packed_vs_separate``, today's padding-free inputs)."""
+        sizes = self.run.sizes
+        config = {"learning_rate": sizes.train_learning_rate, "max_steps": sizes.train_steps, **config}
+        trainer = make_trainer(sizes.train_batch_size, padding_free, dataset, **config)
+        log = logged(trainer)
+        probe = packed_vs_separate(trainer.model, held_out)
+        return {**log, "mean_loss": sum(log["loss"]) / len(log["loss"]),
+                "final_loss": sum(log["loss"][-EARLY:]) / EARLY, "held_out_ratio": probe["ratio"]}
+
+
+def logged(trainer: SFTTrainer) -> dict[str, list[float]]:
+    """Train (quietly, batch-1 warning off) and return the loss and grad norm the trainer logged at every step."""
+    with quiet_batch_one_warning():
+        quiet(trainer).train()
+    rows = [entry for entry in trainer.state.log_history if "loss" in entry and "train_runtime" not in entry]
+    log = {key: [row[key] for row in rows] for key in ("loss", "grad_norm")}
+    # Trainer logs 0.0 for a NaN step loss: the ratios divide by these, so they must be real
+    assert log["loss"] and all(math.isfinite(v) and v > 0 for v in log["loss"]), f"non-finite loss: {log['loss']}"
+    return log
+
+
+def ratios(runs: dict[str, list[dict[str, float]]], key: str = "loss") -> list[float]:
+    """Padding-free over padded, batch size by batch size, at the same weights."""
+    return [free[key] / padded[key] for free, padded in zip(runs["padding-free"], runs["padded"])]
+
+
+def length_grouped(dataset: Dataset, size: int) -> Dataset:
+    """The ``size`` samples in the middle of the length order: one batch of balanced lengths."""
+    order = sorted(range(len(dataset)), key=lambda i: len(dataset[i]["prompt"]))
+    return dataset.select(order[(len(order) - size) // 2:][:size])
+
+
+def plot_sweep(run: Run, sweep: dict, batch_sizes: list[int]) -> None:
+    """Every setting's padding-free/padded loss and grad-norm ratio by batch size."""
+    worst = max(sweep, key=lambda name: ratios(sweep[name])[-1])
+    fig, (ax_loss, ax_grad) = plotting.figure(2, title=f"OPT, today's SFTTrainer: padding-free raises the loss up to "
+                                              f"{ratios(sweep[worst])[-1]:.2f}x ({worst}), more at bigger batches")
+    for name, runs in sweep.items():
+        kind = "bad" if name == worst else "other"
+        plotting.line(ax_loss, batch_sizes, ratios(runs), kind, name)
+        plotting.line(ax_grad, batch_sizes, ratios(runs, "grad_norm"), kind, name)
+    for ax, what in ((ax_loss, "loss"), (ax_grad, "grad norm")):
+        ax.axhline(1, color=plotting.REFERENCE, linestyle="--", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(batch_sizes, [str(b) for b in batch_sizes])
+        plotting.label(ax, "per-device batch size", f"padding-free / padded {what}", "same weights, learning rate 0")
+    plotting.save(fig, run.output_dir, "opt_by_batch_size")
+
+
+def describe_training(training: dict[str, dict]) -> None:
+    for mode, t in training.items():
+        norms = t["grad_norm"]
+        print(f"{mode:>26}: loss {t['loss'][0]:.2f} -> {sum(t['loss'][-EARLY:]) / EARLY:.2f} (last {EARLY} steps); grad norm "
+              f"at step 1 {norms[0]:.2f}, largest {max(norms):.2f} (step {norms.index(max(norms)) + 1})"
+              + (f"; held-out packed/alone loss {t['held_out_ratio']:.3f}" if "held_out_ratio" in t else ""))
+
+
+def plot_training(run: Run, training: dict[str, dict]) -> None:
+    """Per-step logged loss and grad norm of the short trainings."""
+    spike = training["OPT, padding-free"]["grad_norm"][0] / training["OPT, padded"]["grad_norm"][0]
+    fig, (ax_loss, ax_grad) = plotting.figure(2, title=f"OPT training: padding-free starts at {spike:.1f}x the padded "
+                                              "grad norm and logs a higher loss")
+    kinds = {"OPT, padded": "reference", "OPT, padding-free": "bad"}
+    for mode, t in training.items():
+        if mode in kinds:
+            steps = range(1, len(t["loss"]) + 1)
+            plotting.line(ax_loss, steps, t["loss"], kinds[mode], mode)
+            plotting.line(ax_grad, steps, t["grad_norm"], kinds[mode], mode)
+    plotting.label(ax_loss, "optimizer step", "logged loss (nats/token)", f"batch {run.sizes.train_batch_size}")
     plotting.label(ax_grad, "optimizer step", "grad norm (before clipping)", "grad norm per step", log_y=True)
     plotting.save(fig, run.output_dir, "training")
 
 
 def plot_remedies(run: Run, remedies: dict[str, dict]) -> None:
-    """Section 8: does each remedy keep sequences apart, and does its logged loss look better?"""
-    cured = [name for name, r in remedies.items() if r["isolated"]]
-    hidden = [name for name, r in remedies.items() if r["verdict"].startswith("hides")]
+    """Each remedy's packed-sequence cost (still above 1?) and its logged loss against the baseline."""
+    hidden = [name for name, r in remedies.items() if r["loss"] < r["baseline"]]
     fig, (ax_ratio, ax_logged) = plotting.figure(
-        2, width=6.5, height=4.2, title=f"Remedies: {len(hidden)} of {len(remedies) - len(cured)} others hide the "
-                                        f"symptom, only {' and '.join(cured) or 'none'} cures it")
+        2, width=6.5, height=3.6, title=f"Remedies: {len(hidden)} of {len(remedies)} lower the logged loss, none "
+                                        "stops packed sequences from mixing")
     names = list(remedies)
-    colors = [plotting.STYLE["fixed" if remedies[name]["isolated"] else "bad"] for name in names]
-    ax_ratio.barh(names, [remedies[name]["ratio"] for name in names], color=colors)
+    ax_ratio.barh(names, [remedies[name]["ratio"] for name in names], color=plotting.BAD)
     ax_ratio.axvline(1, color=plotting.REFERENCE, linestyle="--")
     ax_ratio.set_xlim(left=min(0.95, min(r["ratio"] for r in remedies.values()) - 0.02))
-    plotting.label(ax_ratio, "contaminated / padded loss, same weights", "", "do sequences still see each other? (1: no)")
-    ax_logged.barh(names, [remedies[name]["loss"] / remedies[name]["baseline"]["loss"] for name in names], color=colors)
+    plotting.label(ax_ratio, "padding-free / padded loss, or packed / alone (1: kept apart)", "", "still mixed?")
+    ax_logged.barh(names, [remedies[name]["loss"] / remedies[name]["baseline"] for name in names], color=plotting.OTHER)
     ax_logged.axvline(1, color=plotting.REFERENCE, linestyle="--")
     ax_logged.set_yticklabels([])
-    plotting.label(ax_logged, "logged loss / contaminated baseline", "", "does the logged loss look better? (< 1: yes)")
+    plotting.label(ax_logged, "logged loss / without the remedy", "", "does the logged loss look better? (< 1)")
     plotting.save(fig, run.output_dir, "remedies")
 
 
-def plot_throughput(run: Run, speed: dict[str, dict]) -> None:
-    """Section 10: real tokens per second, padded vs padding-free."""
-    fig, (ax,) = plotting.figure(1, title="Padding-free computes no pad tokens")
-    plotting.bars(ax, ["padded", "padding-free"], [speed[k]["tokens_per_second"] for k in ("padded", "padding_free")],
-                  ["reference", "fixed"], fmt="{:.0f}")
-    plotting.label(ax, f"batch {run.sizes.speed_batch_size}, {run.attention}, {run.device.type}", "real tokens / second",
-                   f"throughput (padding share {speed['padded']['padding_share']:.0%} when padded)")
+# ---- deep dive: why bother (padding share, throughput, memory) ----------------------------------------
+
+class _StepClock(TrainerCallback):
+    """The time at the end of every optimizer step (after the device finished it)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.ends = device, []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.ends.append(time.perf_counter())
+
+
+def throughput(trainer: SFTTrainer, warm_steps: int) -> dict[str, float | None]:
+    """Share of pad tokens in the batches the trainer will see, real tokens per second over the steps after
+    the first ``warm_steps`` (kernel selection and allocation happen there), and peak memory."""
+    steps = quiet(trainer).args.max_steps
+    # the same seeded sampler feeds train(): these are the batches it will see
+    batches = [batch for batch, _ in zip(trainer.get_train_dataloader(), range(steps))]
+    slots = [batch["input_ids"].numel() for batch in batches]  # positions the model computes
+    real = [int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+            for batch in batches]  # a padding-free row holds no pad token
+    clock = _StepClock(trainer.model.device)
+    trainer.add_callback(clock)
+    reset_peak_memory(trainer.model.device)
+    trainer.train()
+    seconds = clock.ends[-1] - clock.ends[warm_steps - 1]
+    return {"padding_share": 1 - sum(real) / sum(slots), "tokens_per_second": sum(real[warm_steps:]) / seconds,
+            "mean_row_tokens": sum(slots) / len(slots), "peak_memory_mib": peak_memory_mib(trainer.model.device)}
+
+
+def describe_throughput(speed: dict[str, dict]) -> None:
+    for name, numbers in speed.items():
+        memory = f"{numbers['peak_memory_mib']:.0f} MiB" if numbers["peak_memory_mib"] else "not measured on CPU"
+        print(f"{name:>13}: padding share {numbers['padding_share']:.0%}, {numbers['tokens_per_second']:.0f} real tokens/s, "
+              f"peak memory {memory}")
+    print(f"padding-free / padded throughput: "
+          f"{speed['padding-free']['tokens_per_second'] / speed['padded']['tokens_per_second']:.2f}x")
+
+
+def plot_throughput(run: Run, speed: dict[str, dict], attention: str) -> None:
+    share = speed["padded"]["padding_share"]
+    fig, (ax,) = plotting.figure(1, title=f"Padded batches were {share:.0%} padding; padding-free runs "
+                                 f"{speed['padding-free']['tokens_per_second'] / speed['padded']['tokens_per_second']:.2f}x "
+                                 "the real tokens/s here")
+    plotting.bars(ax, list(speed), [s["tokens_per_second"] for s in speed.values()], ["reference", "fixed"], fmt="{:.0f}")
+    plotting.label(ax, f"batch {run.sizes.speed_batch_size}, {attention}, {run.device.type}", "real tokens / second")
     plotting.save(fig, run.output_dir, "throughput")
