@@ -19,7 +19,7 @@
 #
 # **You should know** how DPO scores chosen and rejected answers, and what an attention mask and a [KV cache](https://huggingface.co/docs/transformers/kv_cache) are.
 #
-# **Time**: 45 s to run on the cpu profile; about 25 minutes to work through.
+# **Time**: 32 s to run on the cpu profile; about 25 minutes to work through.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
