@@ -129,7 +129,9 @@ def batched_eval_loss(rows: list[tuple[float, int]], batch_size: int) -> float:
     return total / len(rows)
 
 
-def _completion_logprob(logits: torch.Tensor, ids: list[int], n_prompt: int) -> float:
+def completion_logprob(logits: torch.Tensor, ids: list[int], n_prompt: int) -> float:
+    """The summed log-probability of ``ids[n_prompt:]`` under ``logits`` (one row's, aligned with ``ids``): how
+    DPO scores a completion, in fp32 whatever the model's dtype."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     targets = torch.tensor(ids[n_prompt:], device=logits.device)
     return logprobs[n_prompt - 1:len(ids) - 1].gather(-1, targets[:, None]).sum().item()
@@ -147,14 +149,14 @@ def sequence_logprobs(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
     full = [p + tokenizer(c)["input_ids"] for p, c in zip(prompt_ids, completions)]
     if mode == "single":
-        return [_completion_logprob(model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0],
-                                    ids, len(p)) for ids, p in zip(full, prompt_ids)]
+        return [completion_logprob(model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0],
+                                   ids, len(p)) for ids, p in zip(full, prompt_ids)]
     if mode == "padding_free":
         row = {key: value.to(device) for key, value in pack(full).items()}
         logits = model(**row, use_cache=False).logits[0]
         out, start = [], 0
         for ids, p in zip(full, prompt_ids):
-            out.append(_completion_logprob(logits[start:start + len(ids)], ids, len(p)))
+            out.append(completion_logprob(logits[start:start + len(ids)], ids, len(p)))
             start += len(ids)
         return out
     if mode not in ("left", "right"):
@@ -173,7 +175,7 @@ def sequence_logprobs(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     out = []
     for i, (ids, p) in enumerate(zip(full, prompt_ids)):
         offset = width - len(ids) if mode == "left" else 0
-        out.append(_completion_logprob(logits[i, offset:offset + len(ids)], ids, len(p)))
+        out.append(completion_logprob(logits[i, offset:offset + len(ids)], ids, len(p)))
     return out
 
 

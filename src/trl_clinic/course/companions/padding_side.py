@@ -23,7 +23,7 @@ from trl_clinic.course.eras import EraRun
 from trl_clinic.course.models import MODEL_SIZES, make_causal_lm, trained_model
 from trl_clinic.course.parameters import Run
 from trl_clinic.course.runtime import no_activation_checkpointing
-from trl_clinic.probes.padding import _completion_logprob
+from trl_clinic.probes.padding import completion_logprob
 from trl_clinic.probes.recording import StepRecorder, quiet
 
 # the core's run of the report's era; the deep dive runs the rest (padding_free, the direct forwards)
@@ -339,7 +339,7 @@ def tokenizer_batch_logprobs(model: PreTrainedModel, tokenizer: PreTrainedTokeni
         handle.remove()
     width = batch["input_ids"].shape[1]
     offsets = [width - len(ids) if side == "left" else 0 for ids in full]
-    scores = [_completion_logprob(logits[i, o:o + len(ids)], ids, len(p))
+    scores = [completion_logprob(logits[i, o:o + len(ids)], ids, len(p))
               for i, (ids, p, o) in enumerate(zip(full, prompt_ids, offsets))]
     first_positions = [seen[0].expand(len(full), -1)[i, o].item() for i, o in enumerate(offsets)]
     return scores, first_positions
