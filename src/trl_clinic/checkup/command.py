@@ -123,26 +123,38 @@ def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def add_script_command(commands: argparse._SubParsersAction, name: str, options, handle, kind_help: str,
+                       **parser_kwargs) -> argparse.ArgumentParser:
+    """Register ``trl-clinic <name> <kind> [our options] [TRL's arguments]``, the shape ``checkup`` and ``watch``
+    share: ``options(parser)`` adds our options, everything after the kind goes to TRL's script."""
+    parser = commands.add_parser(name, formatter_class=argparse.RawDescriptionHelpFormatter, **parser_kwargs)
+    parser.add_argument("kind", choices=list(KINDS), help=kind_help)
+    options(parser)
+    parser.add_argument("trl_args", nargs=argparse.REMAINDER, help="the arguments `trl <kind>` takes")
+    parser.set_defaults(handler=handle)
+    return parser
+
+
+def own_options(options, args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
+    """Our options, which may also come after the kind among TRL's arguments, and TRL's arguments without them."""
+    own, trl_args = options(argparse.ArgumentParser(add_help=False)).parse_known_args(args.trl_args)
+    return argparse.Namespace(**{key: value or getattr(args, key) for key, value in vars(own).items()}), trl_args
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``checkup`` on the ``trl-clinic`` command (no heavy import until it runs)."""
-    checkup = commands.add_parser(
-        "checkup", add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+    checkup = add_script_command(
+        commands, "checkup", _options, handle, "the TRL script whose trainer is checked", add_help=False,
         help="run the lessons' probes on the trainer `trl sft|dpo|reward|grpo` would build; exit 1 on a fail, 3 on an error",
         description=__doc__.split("\n\n")[0] + "\n\nexample: trl-clinic checkup sft --config recipe.yaml --json\n"
         "(`trl-clinic checkup sft --help` lists TRL's own arguments)")
     checkup.add_argument("-h", "--help", action=_Help, help="show this help, with what each finding means")
-    checkup.add_argument("kind", choices=list(KINDS), help="the TRL script whose trainer is checked")
-    _options(checkup)
-    checkup.add_argument("trl_args", nargs=argparse.REMAINDER, help="the arguments `trl <kind>` takes")
-    checkup.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    # our options may also come after the kind, among TRL's arguments
-    own, trl_args = _options(argparse.ArgumentParser(add_help=False)).parse_known_args(args.trl_args)
-    report = checkup_from_command_line(args.kind, trl_args, only=own.only or args.only, skip=own.skip or args.skip,
-                                       show=not (own.json or args.json))
-    if own.json or args.json:
+    own, trl_args = own_options(_options, args)
+    report = checkup_from_command_line(args.kind, trl_args, only=own.only, skip=own.skip, show=not own.json)
+    if own.json:
         print(report.to_json())
     sys.stdout.flush()
     return report.exit_code

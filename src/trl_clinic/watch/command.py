@@ -14,7 +14,7 @@ import sys
 import textwrap
 from unittest import mock
 
-from trl_clinic.checkup.command import KINDS
+from trl_clinic.checkup.command import KINDS, add_script_command, own_options
 from trl_clinic.watch.findings import CATALOGUE, lesson_name
 
 
@@ -58,21 +58,16 @@ def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``watch`` on the ``trl-clinic`` command (no heavy import until it runs)."""
-    watch = commands.add_parser(
-        "watch", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=explain(),
+    add_script_command(
+        commands, "watch", _options, handle, "the TRL script to run", epilog=explain(),
         help="train with `trl sft|dpo|reward|grpo` and the watch on; exit 1 when it finds something",
         description=__doc__.split("\n\n")[0] + "\n\nexample: trl-clinic watch sft --config recipe.yaml "
         "--stop-on nonfinite --report watch.html\n(`trl-clinic watch sft --help` lists TRL's own arguments)")
-    watch.add_argument("kind", choices=list(KINDS), help="the TRL script to run")
-    _options(watch)
-    watch.add_argument("trl_args", nargs=argparse.REMAINDER, help="the arguments `trl <kind>` takes")
-    watch.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    # our options may also come after the kind, among TRL's arguments
-    own, trl_args = _options(argparse.ArgumentParser(add_help=False)).parse_known_args(args.trl_args)
-    watch = watch_from_command_line(args.kind, trl_args, stop_on=own.stop_on or args.stop_on,
-                                    window=own.window or args.window or 10, report=own.report or args.report)
+    own, trl_args = own_options(_options, args)
+    watch = watch_from_command_line(args.kind, trl_args, stop_on=own.stop_on, window=own.window or 10,
+                                    report=own.report)
     sys.stdout.flush()
     return 1 if watch.findings else 0
