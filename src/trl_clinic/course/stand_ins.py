@@ -17,27 +17,28 @@ RECREATED, INJECTED = "recreated", "injected"
 
 
 def recreate_pre_446_loss(trainer: Trainer) -> Trainer:
-    """RE-CREATED: the gradient-accumulation loss of transformers before 4.46.
+    """RE-CREATED: the gradient-accumulation loss of transformers before 4.46, on a model that accepts loss kwargs.
 
     Stands for ``Trainer.training_step`` of transformers 4.45: ``compute_loss(model, inputs)`` returned
     the model's loss, a mean over the micro-batch's own label tokens, and accelerate's
     ``Accelerator.backward`` divided it by ``gradient_accumulation_steps`` (``num_items_in_batch`` and
     ``model_accepts_loss_kwargs`` arrived in 4.46.0). Today's ``Trainer.training_step`` still takes
-    that path when ``model_accepts_loss_kwargs`` is False: no ``num_items_in_batch`` reaches the model,
-    and each micro-batch mean is divided by the accumulation steps.
-    Set after the trainer is built (the trainer sets the attribute in ``__init__``).
+    that path when ``model_accepts_loss_kwargs`` is False: no ``num_items_in_batch`` reaches the loss,
+    and each micro-batch mean is divided by the accumulation steps (for a model class that declares
+    ``accepts_loss_kwargs = False`` it does so for real: lesson 02's core). Lesson 02's deep dive checks
+    this re-creation against the real 4.45.2 in its era. Set after the trainer is built (the trainer sets
+    the attribute in ``__init__``).
     """
     trainer.model_accepts_loss_kwargs = False
     return trainer
 
 
 class MeanPerMicroBatchSFTTrainer(SFTTrainer):
-    """RE-CREATED user code: a custom ``compute_loss`` that ignores ``num_items_in_batch``.
+    """INJECTED: a user's ``compute_loss`` override that drops ``num_items_in_batch``, set on purpose.
 
-    Stands for a user's ``compute_loss`` override (lesson 02's custom-loss trap): the loss is the mean
-    over this micro-batch's label tokens. (Transformers issue #37766 reports the neighbouring case, a
-    model whose forward takes no loss kwargs; it is not what this class re-creates.) Because the override accepts ``num_items_in_batch``, today's Trainer
-    believes the loss is already normalised for accumulation and does not divide by the steps.
+    Stands for user code (lesson 02's deep dive; the core's exercise 3 writes the same class): the loss is the
+    mean over this micro-batch's label tokens. Because the override accepts ``num_items_in_batch``, today's
+    Trainer believes the loss is already normalised for accumulation and does not divide by the steps.
     """
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

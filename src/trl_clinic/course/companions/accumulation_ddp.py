@@ -1,9 +1,11 @@
-"""Companion of notebooks/02b_gradient_accumulation_ddp.py: the multi-process run, the one-process
-reference, the comparison table and the figure, so that the notebook keeps the settings, the launch
-and the numbers.
+"""Companion of lesson 02b (sources/02b_gradient_accumulation_ddp.py): the multi-process run, the one-process
+reference, the per-process objective computed by hand, the comparison table and the figure, so that the notebook
+keeps the settings, the launch and the numbers.
 
-Each setting is a dict of ``SFTConfig`` changes written in the notebook (``average_tokens_across_devices``
-is there, visibly); the setting named ``old`` is also re-created with ``recreate_pre_446_loss``.
+The notebook's launch spec says what runs: ``settings`` (name -> ``SFTConfig`` changes, with
+``average_tokens_across_devices`` in them, visibly), ``rows`` ("mixed": the lesson's rows, a one-word answer and a
+biography in turn; "biographies": one-person biographies only, every row as many label tokens) and
+``batch_size`` (per process). The exercises change ``rows`` and ``batch_size``.
 """
 
 from __future__ import annotations
@@ -15,51 +17,62 @@ from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
 from trl_clinic.course import data, plotting
-from trl_clinic.probes.gradients import cosine, first_step_gradient, label_counts, relative_error
+from trl_clinic.course.companions.accumulation import label_tokens, weighted_token_gradient, window
 from trl_clinic.course.models import make_causal_lm
 from trl_clinic.course.parameters import Run
-from trl_clinic.course.stand_ins import recreate_pre_446_loss
 from trl_clinic.course.tokenizer import build_tokenizer
+from trl_clinic.probes.gradients import cosine, first_step_gradient, label_counts, relative_error
+from trl_clinic.probes.recording import quiet
 
-RECREATED = "old"  # the setting re-created on today's Trainer (stand_ins.recreate_pre_446_loss)
+ROWS = ("mixed", "biographies")
 
 
-def one_step_trainer(run: Run, name: str, batch_size: int, accumulation: int, train_set: Dataset | None = None,
-                     **config) -> SFTTrainer:
-    """The real SFTTrainer for one step on ``train_set`` (the lesson's data by default) read in order
-    (``sequential``): process p of W gets batches p, p + W, ... (accelerate 1.15, ``data_loader.py``,
-    ``BatchSamplerShard`` with ``split_batches=False``), so one process with batch W x accumulation gets
-    the same rows. ``max_grad_norm=0``: the gradient as accumulation left it, not clipped. Used by
-    sections 1-2 and the worked solutions."""
+def rows(run: Run, kind: str = "mixed") -> Dataset:
+    """The launch's training rows: "mixed" alternates a one-word answer and a biography of one to six people
+    (``data.instruction_pairs`` guarantees it on every seed); "biographies" keeps one-person biographies only."""
+    if kind not in ROWS:
+        raise ValueError(f"unknown rows {kind!r}: choose one of {', '.join(ROWS)}")
+    n = run.sizes.n_samples
+    if kind == "mixed":
+        return data.instruction_pairs(n, seed=run.subseed("train"))
+    return data.instruction_pairs(2 * n, seed=run.subseed("train"), max_people=1).select(range(1, 2 * n, 2))
+
+
+def one_step_trainer(run: Run, name: str, batch_size: int, accumulation: int, train_set: Dataset, **config) -> SFTTrainer:
+    """The real SFTTrainer for one step on ``train_set`` read in order (``sequential``): process p of W gets
+    batches p, p + W, ... (accelerate 1.15, ``data_loader.py``, ``BatchSamplerShard`` with ``split_batches=False``),
+    so one process with batch W x b x k and no accumulation gets the same rows. ``max_grad_norm=0``: the gradient
+    as accumulation left it, not clipped."""
     tokenizer = build_tokenizer()
     args = SFTConfig(**{**run.trainer_kwargs(name, logging=False, progress=False), "bf16": False},
                      per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation,
                      max_grad_norm=0, max_steps=1, train_sampling_strategy="sequential", **config)
-    if train_set is None:
-        train_set = data.instruction_pairs(run.sizes.n_samples, seed=run.subseed("train"))
-    return SFTTrainer(model=make_causal_lm(tokenizer, size=run.sizes.model_size, seed=run.seed), args=args,
-                      train_dataset=train_set, processing_class=tokenizer)
+    return quiet(SFTTrainer(model=make_causal_lm(tokenizer, size=run.sizes.model_size, seed=run.seed), args=args,
+                            train_dataset=train_set, processing_class=tokenizer))
 
 
 def distributed_gradients(run: Run, spec: dict) -> dict:
-    """Section 1 (runs in every process): the first step's gradient after DDP synchronised it, for each
-    accumulation count and each setting in ``spec["settings"]``; the label tokens of each process's
-    micro-batches (gathered, in rank order); and what ran: backend, processes, accelerate's distributed
-    type and the model's wrapper."""
+    """Runs in every process: the first step's gradient after DDP synchronised it, for each accumulation count
+    and each setting of ``spec["settings"]``; the label tokens of each process's micro-batches (gathered, in rank
+    order); what ran (backend, processes, accelerate's distributed type, the model's wrapper); and what the
+    check-up's ``accumulation`` probe said about the first setting's trainer, in every process before it trained."""
     from accelerate.utils import gather_object
 
-    gradients, counts, ran_as = {}, {}, {}
+    from trl_clinic import checkup
+
+    train_set, batch_size = rows(run, spec.get("rows", "mixed")), spec.get("batch_size", 1)
+    gradients, counts, ran_as, probe = {}, {}, {}, []
     for accumulation in run.sizes.accumulation:
         for setting, config in spec["settings"].items():
-            name = f"ddp-{setting}-{accumulation}".replace(", ", "-")
-            trainer = one_step_trainer(run, name, 1, accumulation, **config)
-            if setting == RECREATED:
-                recreate_pre_446_loss(trainer)
+            trainer = one_step_trainer(run, f"ddp-{setting}-{accumulation}".replace(" ", "-"), batch_size, accumulation,
+                                       train_set, **config)
+            if not probe:
+                probe = [(f.status, f.decided) for f in checkup(trainer, only=["accumulation"]).findings]
             gradients[(setting, accumulation)] = first_step_gradient(trainer)
             ran_as[setting] = f"{trainer.accelerator.distributed_type.value}, {type(trainer.model_wrapped).__name__}"
         counts[accumulation] = gather_object([label_counts(trainer, accumulation)])  # one list per process
     world = {"backend": torch.distributed.get_backend(), "processes": torch.distributed.get_world_size()}
-    return {"gradients": gradients, "counts": counts, "ran_as": ran_as, "world": world}
+    return {"gradients": gradients, "counts": counts, "ran_as": ran_as, "world": world, "probe": probe}
 
 
 class Reference(NamedTuple):
@@ -67,18 +80,37 @@ class Reference(NamedTuple):
     label_tokens: int
 
 
-def reference_gradients(run: Run) -> dict[int, Reference]:
-    """Section 1: per accumulation count, one process with the whole batch (processes x accumulation
-    rows, no accumulation): its first-step gradient and the label tokens its loss saw."""
-    references = {}
+def reference_gradients(run: Run, spec: dict) -> dict[int, Reference]:
+    """Per accumulation count, one process with the whole batch (processes x batch x accumulation rows, no
+    accumulation): its first-step gradient and the label tokens its loss saw."""
+    train_set, batch_size, references = rows(run, spec.get("rows", "mixed")), spec.get("batch_size", 1), {}
     for accumulation in run.sizes.accumulation:
-        trainer = one_step_trainer(run, f"reference-{accumulation}", run.sizes.processes * accumulation, 1)
+        trainer = one_step_trainer(run, f"reference-{accumulation}", run.sizes.processes * batch_size * accumulation, 1,
+                                   train_set)
         references[accumulation] = Reference(first_step_gradient(trainer), sum(label_counts(trainer, 1)))
     return references
 
 
+def per_process_weights(run: Run, spec: dict, accumulation: int) -> tuple[list[dict], list[int], list[float]]:
+    """The rows of one distributed step as single-row batches, the process each went to, and the weight each
+    token of that row gets when every process divides by its own label count and DDP averages: 1/(W x N_p)."""
+    processes, batch_size = run.sizes.processes, spec.get("batch_size", 1)
+    single = window(one_step_trainer(run, "by-hand", 1, 1, rows(run, spec.get("rows", "mixed"))),
+                    processes * batch_size * accumulation)
+    owner = [(i // batch_size) % processes for i in range(len(single))]  # batches dealt to the processes in turn
+    tokens = [sum(label_tokens(b) for b, p in zip(single, owner) if p == rank) for rank in range(processes)]
+    return single, owner, [1 / (processes * tokens[p]) for p in owner]
+
+
+def per_process_gradient(run: Run, spec: dict, accumulation: int) -> torch.Tensor:
+    """By hand, in one process: the gradient of (1/W) sum_p (summed token loss of process p / its label count)."""
+    single, _, weights = per_process_weights(run, spec, accumulation)
+    model = make_causal_lm(build_tokenizer(), size=run.sizes.model_size, seed=run.seed)
+    return weighted_token_gradient(model, single, weights)
+
+
 def compare(gradients: dict, references: dict[int, Reference], settings) -> dict[str, list[dict]]:
-    """Section 2: each setting's relative error and cosine against the reference, per accumulation count."""
+    """Each setting's relative error and cosine against the reference, per accumulation count."""
     return {setting: [{"accumulation": acc, "relative_error": relative_error(gradients[(setting, acc)], ref.gradient),
                        "cosine": cosine(gradients[(setting, acc)], ref.gradient)}
                       for acc, ref in references.items()]
@@ -86,29 +118,28 @@ def compare(gradients: dict, references: dict[int, Reference], settings) -> dict
 
 
 def same_label_tokens(counts: dict[int, list[list[int]]], references: dict[int, Reference]) -> bool:
-    """Section 2: did the reference's loss see as many label tokens as all processes' micro-batches?"""
+    """Did the reference's loss see as many label tokens as all processes' micro-batches?"""
     return all(ref.label_tokens == sum(map(sum, counts[acc])) for acc, ref in references.items())
 
 
-def plot_errors(run: Run, comparison: dict[str, list[dict]], backend: str, fsdp_applied: bool) -> None:
-    """Section 2's figure: relative error (log scale) and cosine against the big batch, per setting."""
-    fsdp = [s for s in comparison if "fsdp" in s]
-    kinds = {RECREATED: "bad", "per-process": "other"}
-    legend = {RECREATED: f"{RECREATED} (recreated)",
-              **{s: f"{s}=True ({'FSDP' if fsdp_applied else 'ran as DDP'})" for s in fsdp}}
-    styles = {"per-process": {"linestyle": ":"}, **{s: {"linestyle": "--", "marker": "x"} for s in fsdp}}
-    fig, (ax_err, ax_cos) = plotting.figure(
-        2, title=f"{run.sizes.processes} processes: only counts summed across processes match the big batch")
+def plot_errors(run: Run, comparison: dict[str, list[dict]], tokens: list[int], backend: str) -> None:
+    """The lesson's figure: the weight of one token on each process, and the relative error against the big batch."""
+    per_process, across = comparison["per-process"], comparison["across processes"]
+    fig, (ax_weight, ax_error) = plotting.figure(
+        2, title=f"{run.sizes.processes} processes over {backend}: counting tokens per process is "
+                 f"{min(r['relative_error'] for r in per_process):.0%} to {max(r['relative_error'] for r in per_process):.0%}"
+                 f" off,\ncounting them across processes matches to {max(r['relative_error'] for r in across):.0e}")
+    ranks = [f"process {p}\n({n} tokens)" for p, n in enumerate(tokens)]
+    W = len(tokens)
+    ax_weight.bar([r + "\nper process" for r in ranks], [1 / (W * n) for n in tokens], color=plotting.BAD)
+    ax_weight.axhline(1 / sum(tokens), color=plotting.FIXED, label=f"across processes: 1/{sum(tokens)}")
+    plotting.label(ax_weight, "", "weight of one token", f"accumulation {max(run.sizes.accumulation)}", log_y=True)
     accumulation = run.sizes.accumulation
-    for setting, rows in comparison.items():
-        style = (kinds.get(setting, "fixed"), legend.get(setting, setting))
-        plotting.line(ax_err, accumulation, [max(r["relative_error"], 1e-9) for r in rows], *style,
-                      **styles.get(setting, {}))
-        plotting.line(ax_cos, accumulation, [r["cosine"] for r in rows], *style, **styles.get(setting, {}))
-    x_label = "accumulation steps per process (batch 1)"
-    plotting.label(ax_err, x_label, "relative error vs big batch", f"gradient error ({backend})", log_y=True)
-    plotting.label(ax_cos, x_label, "cosine with big-batch gradient", "direction")
-    for ax in (ax_err, ax_cos):
-        ax.set_xticks(accumulation, [str(acc) for acc in accumulation])  # accumulation counts are integers
-        ax.minorticks_off()
+    plotting.line(ax_error, accumulation, [r["relative_error"] for r in per_process], "bad", "average_tokens_across_devices=False")
+    plotting.line(ax_error, accumulation, [max(r["relative_error"], 1e-9) for r in across], "fixed",
+                  "average_tokens_across_devices=True")
+    plotting.label(ax_error, "accumulation steps per process (batch 1)", "gradient error vs one process",
+                   "first-step gradient", log_y=True)
+    ax_error.set_xticks(accumulation, [str(acc) for acc in accumulation])  # accumulation counts are integers
+    ax_error.minorticks_off()
     plotting.save(fig, run.output_dir, "ddp_accumulation")
