@@ -142,8 +142,8 @@ bad, fixed = how_it_ends(str(grpo_crash.SCRIPT), str(script)), how_it_ends(str(g
 print(f"bf16=True: {bad}\n\nbf16=False: {fixed}")
 
 # %% [markdown]
-# The check-up cannot crash a run for you; its `grpo_config` and `equal_rewards` probes check the groups
-# on a built trainer: `from trl_clinic import checkup; checkup(trainer, only=["grpo_config", "equal_rewards"])`.
+# TRL checks the group rule when the config is built (`trl-clinic checkup grpo ...` reports its refusal);
+# on a built trainer, `checkup(trainer, only=["equal_rewards"])` flags groups whose rewards are all equal.
 #
 # ## 7. Bad against fixed
 
