@@ -17,7 +17,7 @@ OFFLINE_TARGETS := workbook test test-slow seeds executed
 $(OFFLINE_TARGETS): export HF_HUB_OFFLINE := 1
 $(OFFLINE_TARGETS): export HF_DATASETS_OFFLINE := 1
 
-.PHONY: workbook test test-slow seeds browser lab notebooks executed clean eras eras-for-tests eras-for-workbook
+.PHONY: workbook test test-slow seeds browser lab smoke notebooks executed clean eras eras-for-tests eras-for-workbook
 
 # The exact versions the lessons measure are requirements-lock.txt, a pinned requirements file of the whole
 # environment (uv pip compile's output), not uv.lock: uv and the pip fallback both read it, it installs into the
@@ -87,6 +87,15 @@ LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: $(STAMP)
 	mkdir -p .eras && nohup $(BIN)/python -m trl_clinic.course.eras $(ERAS) > .eras/build.log 2>&1 &
 	$(BIN)/jupyter lab notebooks $(LAB_FLAGS) $(LAB_ARGS)
+
+# A learner's check the day before a workshop (docs/workshop.md): the venv, `trl-clinic doctor`, then the fastest core
+# (by its measured cpu seconds in lessons.yaml) on the cpu profile, into outputs/smoke (which `make clean` removes).
+FASTEST_CORE = from trl_clinic.course.lessons import lessons; \
+  print(min((l for l in lessons().values() if l.is_core and l.seconds["cpu"]), key=lambda l: l.seconds["cpu"]).key)
+smoke: $(STAMP)
+	mkdir -p outputs && $(BIN)/trl-clinic doctor
+	lesson=$$($(BIN)/python -c '$(FASTEST_CORE)') && \
+	  $(BIN)/trl-clinic run $$lesson --cores --profile cpu --out outputs/smoke --no-progress && echo "smoke test passed"
 
 # Each notebook's source is sources/<same path>.py (percent format: cores at the top, deeper/ and solutions/
 # below); this rebuilds notebooks/<same path>.ipynb from it, keeping cell ids (--update) and clearing outputs (a
