@@ -74,7 +74,8 @@ def test_make_test_requires_the_eras_its_tests_run():
     makefile = (ROOT / "Makefile").read_text()
     required = re.search(r"^TEST_ERAS := (.+)$", makefile, re.M).group(1).split()
     assert {"02-transformers-4.45", "04-transformers-4.51", "04-transformers-4.40"} <= set(required)
-    assert re.search(r"^test: .*eras-for-tests", makefile, re.M)
+    recipe = re.search(r"^test: .*\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    assert re.search(r"trl_clinic\.course\.eras --background .*\$\(TEST_ERAS\)", recipe), "make test builds TEST_ERAS"
     assert ".eras/" in (ROOT / ".gitignore").read_text()
 
 

@@ -59,7 +59,7 @@ def test_output_dir_must_be_writable(tmp_path):
 
 
 def test_unknown_lesson_lists_the_known_ones(tmp_path):
-    with pytest.raises(ValueError, match="unknown lesson '09'; known: 01, 02, 02b"):
+    with pytest.raises(ValueError, match="unknown lesson '09'; known: 01, 01-deeper, 02, 02-deeper, 02b"):
         start_run("09", "cpu", 0, tmp_path / "out")
 
 
@@ -104,7 +104,7 @@ def test_gpu_profile_means_cuda_bf16_and_the_gpu_sizes(monkeypatch, tmp_path):
     assert run.device.type == "cuda" and run.precision == "bf16" and run.attention == "flash_attention_3"
     kwargs = run.trainer_kwargs("x", logging=False)
     assert kwargs["bf16"] is True and "use_cpu" not in kwargs and kwargs["logging_strategy"] == "no"
-    assert run.sizes.model_size == "small" and run.cpu_flags() == {}
+    assert run.sizes == find_lesson("05").sizes("gpu") and run.cpu_flags() == {}
 
 
 def test_gpu_without_bf16_falls_back_to_fp32(monkeypatch, tmp_path):
