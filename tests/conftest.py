@@ -5,6 +5,9 @@ import pytest
 
 # The lessons must never reach the hub; make the unit tests as strict as CI.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# make test runs two workers on two cores: one torch thread each (and in their children), as the cpu profile's
+# lessons use, instead of two threads each fighting over the same cores
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
