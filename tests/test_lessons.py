@@ -56,14 +56,17 @@ def test_sizes_fit_what_the_checks_assume(profile):
     assert s01d.measure_samples % s01d.batch_sizes[-1] == 0 and s01d.samples % s01d.batch_sizes[-1] == 0
     assert s01d.warmup_learning_rate <= 3e-3 and s01d.train_steps > 5  # a final loss over the last five steps
     assert s01d.speed_steps > s01d.speed_warm_steps >= 1 and s01d.model_size == s01.model_size
-    s02 = TABLE["02"].sizes(profile)
-    assert min(s02.accumulation_sweep) >= 2 and s02.accumulation_sweep == sorted(set(s02.accumulation_sweep))
-    assert s02.curve_accumulation in s02.accumulation_sweep and s02.curve_steps >= 4
-    assert s02.n_train >= s02.curve_steps * s02.curve_accumulation  # one pass, no sample repeated
-    assert s02.curve_accumulation == 32 and s02.packing_length >= 64  # the report's batch 1 x 32 against 32
+    s02, s02d = TABLE["02"].sizes(profile), TABLE["02-deeper"].sizes(profile)
+    for sweep in (s02.accumulation_sweep, s02d.accumulation_sweep):
+        assert min(sweep) >= 2 and sweep == sorted(set(sweep))
+    assert s02.accumulation == 32 and s02.accumulation in s02.accumulation_sweep  # the report's batch 1 x 32 against 32
+    assert s02.n_train >= max(s02.accumulation_sweep)  # the largest count's window, rows read in order
+    assert s02d.curve_accumulation in s02d.accumulation_sweep and s02d.curve_steps >= 4
+    assert s02d.n_train >= s02d.curve_steps * s02d.curve_accumulation  # one pass, no sample repeated
+    assert s02d.curve_accumulation == 32 and s02d.packing_length >= 64  # the report's batch 1 x 32 against 32
     s02b = TABLE["02b"].sizes(profile)
     assert s02b.processes == 2 and s02b.accumulation[0] == 1 and len(s02b.accumulation) >= 3
-    assert s02b.n_samples >= s02b.processes * max(s02b.accumulation)
+    assert s02b.n_samples >= s02b.processes * 2 * max(s02b.accumulation)  # exercise 2: batch 2 per process
     s03 = TABLE["03"].sizes(profile)
     assert s03.train_steps >= 50 and s03.train_steps % 25 == 0 and s03.eval_pairs >= 64  # logs at 25 and 50: 1e34, then 0
     s03d = TABLE["03-deeper"].sizes(profile)
