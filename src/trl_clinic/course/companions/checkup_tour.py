@@ -1,9 +1,9 @@
-"""Companion of notebooks/06_checkup_your_trainer.py: the bookkeeping around the check-up that a learner
-need not read (the byte-for-byte fingerprint, the local files a recipe points at, the command's run, the
-findings as numbers).
+"""Companion of lesson 06 (the check-up on your own trainer): the bookkeeping around the check-up that a
+learner need not read (the local files a user's trainer loads, the fingerprint that proves the check-up
+changed nothing, the command's run, the findings as numbers, the figure).
 
-The traps themselves (``padding_free=True`` on OPT, ``optim="adamw_torch"`` on fp16 weights, a LoRA
-config without ``task_type="SEQ_CLS"``, ...) and every ``checkup(...)`` call stay in the notebook.
+The traps themselves (``padding_free=True`` on OPT, fp16 weights with ``optim="adamw_torch"``, a LoRA
+config without ``task_type="SEQ_CLS"``, ...) and every ``checkup(...)`` call stay in the notebooks.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import random
 import re
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,31 +26,71 @@ from trl_clinic.checkup.engine import Report
 from trl_clinic.course.data import instruction_pairs
 
 
-def fingerprint(trainer) -> str:
-    """A hash of what the check-up promises not to change (section 8): every weight's bytes, the optimizer
-    state, the torch, Python and NumPy random generators, the modules' train/eval modes and the trainer's
-    attribute names. Two equal fingerprints mean byte-for-byte equal state."""
-    digest = hashlib.sha256()
-    for name, tensor in trainer.model.state_dict().items():
-        digest.update(name.encode() + tensor.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes())
-    if trainer.optimizer is not None:
-        digest.update(repr(trainer.optimizer.state_dict()).encode())
-    digest.update(torch.get_rng_state().numpy().tobytes() + repr(random.getstate()).encode())
-    digest.update(repr(np.random.get_state()).encode())
-    digest.update(repr([m.training for m in trainer.model.modules()] + sorted(vars(trainer))).encode())
-    return digest.hexdigest()
+def local_files(folder: Path, model, tokenizer, rows: int, seed: int) -> tuple[Path, Path]:
+    """A model folder (``save_pretrained``) and a ``train.jsonl`` of prompt/completion rows: what a user's
+    script loads from disk, offline."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    instruction_pairs(rows, seed=seed).to_json(folder / "data" / "train.jsonl")
+    return folder / "model", folder / "data" / "train.jsonl"
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    return tensor.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()
+
+
+def _update(digest, value) -> None:
+    """Hash a state_dict-like value: tensors by their bytes, containers item by item, the rest by repr."""
+    if isinstance(value, torch.Tensor):
+        digest.update(str((value.dtype, tuple(value.shape))).encode() + _tensor_bytes(value))
+    elif isinstance(value, dict):
+        for key in sorted(value, key=repr):
+            digest.update(repr(key).encode())
+            _update(digest, value[key])
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _update(digest, item)
+    else:
+        digest.update(repr(value).encode())
+
+
+def fingerprint(trainer) -> dict[str, str]:
+    """A hash per part of what the check-up promises not to change: the weights and buffers (their bytes), the
+    ``requires_grad`` flags and gradients, the modules' train/eval modes, the model's config, the optimizer's
+    state and groups and the scheduler's state (their tensors' bytes), the torch, Python and NumPy random
+    generators, the tokenizer's padding side, and the trainer's and its arguments' attributes (each value's
+    repr: an attribute replaced by another object changes it). Equal dicts mean equal state, part by part."""
+    model, parts = trainer.model, {}
+    pieces = {
+        "weights and buffers": model.state_dict(),
+        "flags and gradients": {name: (p.requires_grad, p.grad) for name, p in model.named_parameters()},
+        "train/eval modes": [m.training for m in model.modules()],
+        "model config": model.config.to_json_string(),
+        "optimizer": None if trainer.optimizer is None else trainer.optimizer.state_dict(),
+        "scheduler": None if trainer.lr_scheduler is None else trainer.lr_scheduler.state_dict(),
+        "random generators": [torch.get_rng_state(), repr(random.getstate()), repr(np.random.get_state())],
+        "tokenizer padding side": getattr(trainer.processing_class, "padding_side", None),
+        "trainer attributes": {key: repr(value) for key, value in vars(trainer).items()},
+        "arguments": {key: repr(value) for key, value in vars(trainer.args).items()},
+    }
+    for part, value in pieces.items():
+        digest = hashlib.sha256()
+        _update(digest, value)
+        parts[part] = digest.hexdigest()
+    return parts
 
 
 def finding(report: Report, probe: str) -> dict:
     """The last finding of ``probe`` as plain numbers (section checks read these)."""
     found = report.by_probe(probe)[-1]
-    return {"status": found.status, "value": found.value, "measured": found.measured, "fix": found.fix,
-            "reason": found.reason}
+    return {"status": found.status, "decided": found.decided, "value": found.value, "measured": found.measured,
+            "fix": found.fix, "reason": found.reason, "lesson": found.lesson}
 
 
 def worst(rows: list[tuple[str, str]]) -> dict[str, str]:
     """probe -> status from (probe, status) rows, the worst one where a probe left several findings."""
-    order = ("skipped", "ok", "warn", "fail")
+    order = ("skipped", "ok", "warn", "error", "fail")
     result: dict[str, str] = {}
     for probe, status in rows:
         result[probe] = max(result.get(probe, "skipped"), status, key=order.index)
@@ -61,14 +102,10 @@ def statuses(report: Report) -> dict[str, str]:
 
 
 def write_recipe(folder: Path, model, tokenizer, rows: int, seed: int, **settings) -> Path:
-    """A local model folder, a local ``train.jsonl`` and a ``trl sft`` recipe pointing at both (section 9).
-    ``settings`` are the recipe's own keys (TRL's ``SFTConfig`` and ``ModelConfig`` fields)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder / "model")
-    tokenizer.save_pretrained(folder / "model")
-    (folder / "data").mkdir(exist_ok=True)
-    instruction_pairs(rows, seed=seed).to_json(folder / "data" / "train.jsonl")
-    recipe = {"model_name_or_path": str(folder / "model"), "dataset_name": str(folder / "data"),
+    """``local_files`` and a ``trl sft`` recipe pointing at both. ``settings`` are the recipe's own keys (TRL's
+    ``SFTConfig`` and ``ModelConfig`` fields)."""
+    model_dir, data_file = local_files(folder, model, tokenizer, rows, seed)
+    recipe = {"model_name_or_path": str(model_dir), "dataset_name": str(data_file.parent),
               "output_dir": str(folder / "out"), "report_to": "none", "seed": seed, **settings}
     path = folder / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
@@ -87,43 +124,85 @@ def trl_clinic(*args: str, timeout: int = 600) -> Command:
     """``trl-clinic ARGS`` as a user types it: the installed console script beside this Python, in a child process."""
     done = subprocess.run([str(Path(sys.executable).with_name("trl-clinic")), *args], capture_output=True, text=True,
                           timeout=timeout)
-    return Command(["trl-clinic", *args], done.returncode, done.stdout, done.stderr)
+    return Command(["trl-clinic", *args], done.returncode, ANSI.sub("", done.stdout), done.stderr)
 
 
-TABLE_ROW = re.compile(r"^\W\s*([a-z0-9_]+)\s*\W\s*(ok|warn|fail|skipped)\s*\W", re.M)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # rich's colour codes, where the child's console forces colour
+TABLE_ROW = re.compile(r"^\W\s*([a-z0-9_]+)\s*\W\s*(ok|warn|fail|skipped|error)\s*\W", re.M)
+
+
+def json_findings(command: Command) -> list[dict]:
+    """The findings of a ``--json`` command's report (the JSON object is the last thing it prints)."""
+    return json.loads(command.stdout[command.stdout.index("{"):])["findings"]
 
 
 def command_numbers(command: Command) -> dict:
     """The exit code and probe -> status of a command's report, read from its ``--json`` output or, without
     ``--json``, from the rows of its table (the worst status where a probe has several rows)."""
     if "--json" in command.argv:
-        findings = json.loads(command.stdout[command.stdout.index("{"):])["findings"]
-        rows = [(f["probe"], f["status"]) for f in findings]
+        rows = [(f["probe"], f["status"]) for f in json_findings(command)]
     else:
-        rows = TABLE_ROW.findall(re.sub(r"\x1b\[[0-9;]*m", "", command.stdout))  # without rich's colour codes
+        rows = TABLE_ROW.findall(command.stdout)
     return {"returncode": command.returncode, "statuses": worst(rows)}
 
 
-def plot_traps_and_fixes(accumulation: dict[str, dict], packing: dict[str, dict], output_dir: Path,
-                         threshold: float = 1e-3) -> Path:
-    """Sections 2 and 3 side by side: the probes' own numbers for the traps (bad) and the fixes, with the
-    threshold a finding fails above. ``accumulation``: findings "symptom", "old path", "fixed";
-    ``packing``: findings "opt", "llama"."""
+UNITS = {"packing": "largest logit change vs alone", "fp16_adamw": "non-finite tensors after one step",
+         "accumulation": "relative gradient error", "reward_head": "trainable head tensors",
+         "padding_cache": "right-padded forwards with a cache", "equal_rewards": "share of groups all equal"}
+
+
+def verdict_text(probe: str, found: dict) -> str:
+    """A finding in a figure's cell: its status, how it was decided, and its number with its unit (or why it
+    was skipped)."""
+    if found["status"] == "skipped":
+        return "skipped:\n" + textwrap.fill(found["reason"].split(" (")[0], 34)
+    number = "" if found["value"] is None else f"\n{found['value']:.3g} {UNITS.get(probe, '')}"
+    return f"{found['status']} ({found['decided']}){number}"
+
+
+def plot_verdicts(rows: dict[str, tuple[dict, dict]], title: str, output_dir: Path) -> Path:
+    """One row per trap (``rows``: "NN probe: what" -> (finding with the trap, finding with the fix line)),
+    coloured by status (fail red, ok green, warn orange, skipped grey) and labelled with the probe's number."""
     from trl_clinic.course import plotting
 
-    fig, (grad, pack) = plotting.figure(2, "The check-up's numbers: each trap fails, each fix passes")
-    rows = [("custom loss\n(trap)", accumulation["symptom"], "bad"),
-            ("old path\n(trap)", accumulation["old path"], "bad"),
-            ("÷ num_items\n(fix)", accumulation["fixed"], "fixed")]
-    floor = 1e-12  # a log axis cannot show 0: such a bar is drawn at the floor and labelled with its value
-    plotting.bars(grad, [r[0] for r in rows], [max(r[1]["value"], floor) for r in rows], [r[2] for r in rows],
-                  texts=[f"{r[1]['value']:.3g}" for r in rows])
-    values = [packing[family]["value"] for family in ("opt", "llama")]
-    plotting.bars(pack, ["OPT\n(trap)", "Llama"], [max(v, floor) for v in values], ["bad", "fixed"],
-                  texts=[f"{v:.3g}" for v in values])
-    for ax in (grad, pack):
-        ax.axhline(threshold, color="grey", linestyle=":", label=f"fails above {threshold:g}")
-    plotting.label(grad, "", "relative gradient error vs one big batch", "accumulation probe (lesson 02)", log_y=True)
-    plotting.label(pack, "", "loss change, packed vs alone", "packing probe, padding_free=True (lesson 01)",
-                   log_y=True)
+    colours = {"fail": plotting.BAD, "ok": plotting.FIXED, "warn": "#ff7f0e", "skipped": plotting.REFERENCE,
+               "error": "#9467bd"}
+    fig, [ax] = plotting.figure(1, title, width=8.0, height=0.75 * len(rows) + 1.2)
+    ax.grid(False)
+    for y, (label, pair) in enumerate(rows.items()):
+        for x, found in enumerate(pair):
+            ax.add_patch(_cell(x, y, colours[found["status"]]))
+            ax.text(x + 0.5, y + 0.5, verdict_text(label.split()[1], found), ha="center", va="center", fontsize=8, color="white")
+    ax.set(xlim=(0, 2), ylim=(len(rows), 0), xticks=[0.5, 1.5], yticks=[y + 0.5 for y in range(len(rows))])
+    ax.set_xticklabels(["with the trap", "with the fix line"])
+    ax.set_yticklabels(list(rows))
+    ax.xaxis.tick_top()
     return plotting.save(fig, output_dir, "checkup_traps_vs_fixes")
+
+
+def _cell(x: float, y: float, colour: str):
+    """One cell of the verdict grid, with a thin gap to its neighbours."""
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((x + 0.02, y + 0.04), 0.96, 0.92, color=colour)
+
+
+def plot_deeper(families: dict[str, dict], accumulation: dict[str, dict], output_dir: Path) -> Path:
+    """The deep dive's two measured traps side by side, on a log axis with each probe's line: the packing probe's
+    logit change by model family (``families``: family -> finding), and the accumulation probe's gradient error
+    for a forward with and without ``**kwargs`` (``accumulation``: class name -> finding)."""
+    from trl_clinic.course import plotting
+
+    bad_families = [f for f, found in families.items() if found["status"] == "fail"]
+    fig, (pack, grad) = plotting.figure(2, f"Padding-free fails on {', '.join(bad_families) or 'no family'}; a forward "
+                                        "without **kwargs fails accumulation")
+    plotting.bars(pack, list(families), [f["value"] for f in families.values()],
+                  ["bad" if f["status"] == "fail" else "fixed" for f in families.values()])
+    plotting.label(pack, "model family, padding_free=True", "later sequences' logit change vs alone",
+                   "packing probe (lesson 01)", log_y=True)
+    plotting.bars(grad, list(accumulation), [f["value"] for f in accumulation.values()],
+                  ["bad" if f["status"] == "fail" else "fixed" for f in accumulation.values()])
+    grad.axhline(1e-3, color=plotting.REFERENCE, linestyle=":", label="fails above 1e-3")
+    plotting.label(grad, "the model's forward", "relative gradient error vs one big batch",
+                   "accumulation probe (lesson 02)", log_y=True)
+    return plotting.save(fig, output_dir, "checkup_deeper_families_and_forward")
