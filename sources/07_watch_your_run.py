@@ -33,7 +33,7 @@ import torch
 from transformers import TrainerCallback
 
 from trl_clinic import checkup
-from trl_clinic.course.companions.reward_nan import first_nonfinite_step, reward_trainer
+from trl_clinic.course.companions.reward_nan import reward_trainer
 from trl_clinic.course.companions.watch import log_rows, plot_watched, reward_pairs, same_weights
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.results import failed_checks, measured, save_metrics
@@ -56,8 +56,9 @@ user_settings = dict(optim="adamw_torch", per_device_train_batch_size=sizes.batc
 plain = reward_trainer(run, pairs, torch.float16, "plain", **user_settings)
 plain_seconds = plain.train().metrics["train_runtime"]
 plain_rows = log_rows(plain)
-print(f"first log, step {plain_rows[0]['step']}: loss {plain_rows[0]['loss']:.4f} (ln 2 = {math.log(2):.4f}), grad_norm "
-      f"{plain_rows[0]['grad_norm']}; then loss {sorted({r['loss'] for r in plain_rows[1:]})} up to step {plain_rows[-1]['step']}")
+first, later = plain_rows[0], sorted({row["loss"] for row in plain_rows[1:]})
+print(f"first log, step {first['step']}: loss {first['loss']:.4f} (ln 2 = {math.log(2):.4f}), grad_norm "
+      f"{first['grad_norm']}; then loss {later} up to step {plain_rows[-1]['step']}")
 
 # %% [markdown]
 # At the first log the loss is lower than ln 2, what a reward model scores when it cannot tell the answers
@@ -77,11 +78,10 @@ watched_rows = log_rows(watched)
 print("the first two log rows, as TensorBoard, W&B or trackio get them:", *watched_rows[:2], sep="\n")
 
 # %% [markdown]
-# The watch spoke at step 1, before the first log: which tensor went non-finite, its dtype, the optimizer, the
-# likely cause, the fix and the lesson that explains it; at the first log of 0 it named the cause of that too.
-# Its numbers are in the trainer's own log under `clinic/`.
-
-# %% [markdown]
+# The watch spoke at the step the run broke, before the first log: which tensor went non-finite, its dtype, the
+# optimizer, the likely cause, the fix and the lesson that explains it; at the first log of 0 it named the cause
+# of that too. Its numbers are in the trainer's own log under `clinic/`.
+#
 # `clinic/raw_loss` is the mean loss the model returned since the last log: NaN where the log says a finite
 # number. The trainer's `logging_nan_inf_filter` (on by default) replaces each NaN step loss by a running
 # average before it is logged.
@@ -96,7 +96,7 @@ print(f"stopped after step {stopped.state.global_step} of {sizes.train_steps}: "
       f"{sizes.train_steps - stopped.state.global_step} steps and {plain_seconds - stopped_seconds:.1f} s saved")
 
 # %% [markdown]
-# ## 3. What the watch read at step 1
+# ## 3. What the watch read at that step
 #
 # After each optimizer step the watch sums every trainable tensor in float32: a NaN or an inf survives a sum,
 # so a non-finite sum names the broken tensor. The stopped run's tensors, as the watch read them:
@@ -114,8 +114,8 @@ raw = [row["raw_loss"] for row in watch.steps]
 print(f"loss the model returned, steps 1-3: {raw[:3]}")
 
 # %% [markdown]
-# One tensor of five is non-finite: the `score` head, the one trainable tensor left in fp16 (the LoRA matrices
-# are float32). Step 1's loss was finite: the update broke the head, and every loss after it is NaN. Why one
+# One tensor is non-finite: the `score` head, the one trainable tensor left in fp16 (the LoRA matrices are
+# float32). The loss of that step was finite: its update broke the head, and every loss after it is NaN. Why one
 # non-fused AdamW step does that in fp16 is [lesson 03](03_lora_reward_nan.ipynb).
 #
 # ## 4. The fix
@@ -142,7 +142,8 @@ fixed_plain = reward_trainer(run, pairs, torch.float32, "fixed-plain", **user_se
 fixed_plain_seconds = fixed_plain.train().metrics["train_runtime"]
 identical = {"fp16": same_weights(plain.model, watched.model), "float32": same_weights(fixed_plain.model, fixed.model)}
 print(f"watched and unwatched weights bit-identical: {identical}")
-for name, unwatched, with_watch in (("fp16", plain_seconds, watched_seconds), ("float32", fixed_plain_seconds, fixed_seconds)):
+for name, unwatched, with_watch in (("fp16", plain_seconds, watched_seconds),
+                                    ("float32", fixed_plain_seconds, fixed_seconds)):
     print(f"{name} run: {unwatched:.2f} s unwatched, {with_watch:.2f} s watched ({with_watch / unwatched - 1:+.0%})")
 
 # %% [markdown]
@@ -235,8 +236,8 @@ def log_checks(n: dict) -> dict:
     """What the trainer's log showed, and what the watch put beside it."""
     logged = n["plain_logged"]
     return {
-        "the first logged loss is finite, with a NaN grad norm": math.isfinite(logged[0]["loss"])
-            and math.isnan(logged[0]["grad_norm"]),
+        "the first logged loss is finite and below ln 2, with a NaN grad norm": logged[0]["loss"] < math.log(2)
+            and math.isfinite(logged[0]["loss"]) and math.isnan(logged[0]["grad_norm"]),
         "every later logged loss is exactly 0": len(logged) > 1 and all(r["loss"] == 0.0 for r in logged[1:]),
         "the NaN filter's arithmetic on the raw losses gives every logged loss (within 1e-3)":
             len(n["replayed_logs"]) == len(logged) and all(abs(p - r["loss"]) <= 1e-3 * max(abs(p), 1e-12)
@@ -297,10 +298,11 @@ numbers = {
     "plain_logged": plain_rows, "watched_logged": watched_rows, "raw_loss": raw, "train_steps": sizes.train_steps,
     "replayed_logs": replay_nan_filter(raw, 1, plain.args.logging_steps),
     "findings": {key: f.step for key, f in found.items()}, "nonfinite_seen": found["nonfinite"].seen,
-    "zero_loss_lesson": found["zero_loss"].lesson, "weight_sums": weight_sums, "stopped_step": stopped.state.global_step,
-    "pasted_step": pasted_check.step, "pasted_names": pasted_check.names, "identical": identical,
-    "checkup_fp16_adamw": {f.probe: f.status for f in probe.findings}["fp16_adamw"],
-    "fixed_findings": [f.key for f in fixed_watch.findings], "fixed_raw_loss": [r["raw_loss"] for r in fixed_watch.steps],
+    "zero_loss_lesson": found["zero_loss"].lesson, "weight_sums": weight_sums,
+    "stopped_step": stopped.state.global_step, "pasted_step": pasted_check.step, "pasted_names": pasted_check.names,
+    "identical": identical, "checkup_fp16_adamw": {f.probe: f.status for f in probe.findings}["fp16_adamw"],
+    "fixed_findings": [f.key for f in fixed_watch.findings],
+    "fixed_raw_loss": [row["raw_loss"] for row in fixed_watch.steps],
     "seconds": {"plain": plain_seconds, "watched": watched_seconds, "stopped": stopped_seconds,
                 "fixed": fixed_seconds, "fixed_plain": fixed_plain_seconds},
 }

@@ -44,7 +44,8 @@ fused_watch = ClinicWatch(show=False)
 fused.add_callback(fused_watch)
 fused.train()
 fused_raw = [row["raw_loss"] for row in fused_watch.steps]
-print(f"findings: {[f.key for f in fused_watch.findings]}; every raw loss finite: {all(map(math.isfinite, fused_raw))}; "
+print(f"findings: {[f.key for f in fused_watch.findings]}; "
+      f"every raw loss finite: {all(map(math.isfinite, fused_raw))}; "
       f"the score head is still {fused.model.get_base_model().score.modules_to_save.default.weight.dtype}, and so is "
       "AdamW's state: the fused kernel hides the bug on this run, float32 weights remove it (lesson 03's deep dive)")
 assert fused_watch.findings == [] and all(map(math.isfinite, fused_raw))
