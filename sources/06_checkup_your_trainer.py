@@ -197,12 +197,14 @@ traps = {
     "01 packing: OPT, padding-free": (packing, tour.finding(fixed_report, "packing")),
     "03 fp16_adamw: fp16 weights": (tour.finding(report, "fp16_adamw"), tour.finding(fixed_report, "fp16_adamw")),
     "02 accumulation: a loss that takes the mean": verdicts("accumulation", *(
-        examples.custom_trainer(tokenizer, out / loss.__name__, loss, **common, **window)
+        examples.custom_trainer(tokenizer, out / loss.__name__, loss, **common, **window,
+                                model=make_causal_lm(tokenizer, seed=run.seed))
         for loss in (examples.MeanLossTrainer, examples.SumLossTrainer))),
     "03 reward_head: LoRA, no task_type": verdicts("reward_head", *(
         examples.reward_trainer(tokenizer, out / f"reward-{task}", **common, peft_config=lora[task]) for task in lora)),
     "04 padding_cache: Qwen2, use_cache": verdicts("padding_cache", *(
-        examples.custom_trainer(tokenizer, out / f"qwen2-{cache}", family="qwen2", **common, use_cache=cache)
+        examples.custom_trainer(tokenizer, out / f"qwen2-{cache}", **common, use_cache=cache,
+                                model=make_causal_lm(tokenizer, "qwen2", seed=run.seed))
         for cache in (True, False))),
     "05 equal_rewards: a reward never earned": verdicts("equal_rewards", *(
         examples.grpo_trainer(tokenizer, out / f"grpo-{reward.__name__}", reward=reward, **common,

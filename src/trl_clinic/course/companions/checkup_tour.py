@@ -58,8 +58,8 @@ def _update(digest, value) -> None:
 def fingerprint(trainer) -> dict[str, str]:
     """A hash per part of what the check-up promises not to change: the weights and buffers (their bytes), the
     ``requires_grad`` flags and gradients, the modules' train/eval modes, the model's config, the optimizer's
-    state and groups and the scheduler's state (their tensors' bytes), the torch, Python and NumPy random
-    generators, the tokenizer's padding side, and the trainer's and its arguments' attributes (each value's
+    state and groups and the scheduler's state (their tensors' bytes), the torch (CPU and CUDA), Python and NumPy
+    random generators, the tokenizer's padding side, and the trainer's and its arguments' attributes (each value's
     repr: an attribute replaced by another object changes it). Equal dicts mean equal state, part by part."""
     model, parts = trainer.model, {}
     pieces = {
@@ -69,7 +69,8 @@ def fingerprint(trainer) -> dict[str, str]:
         "model config": model.config.to_json_string(),
         "optimizer": None if trainer.optimizer is None else trainer.optimizer.state_dict(),
         "scheduler": None if trainer.lr_scheduler is None else trainer.lr_scheduler.state_dict(),
-        "random generators": [torch.get_rng_state(), repr(random.getstate()), repr(np.random.get_state())],
+        "random generators": [torch.get_rng_state(), repr(random.getstate()), repr(np.random.get_state()),
+                              torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []],
         "tokenizer padding side": getattr(trainer.processing_class, "padding_side", None),
         "trainer attributes": {key: repr(value) for key, value in vars(trainer).items()},
         "arguments": {key: repr(value) for key, value in vars(trainer.args).items()},
