@@ -19,7 +19,7 @@
 #
 # **You should know**: how to build a TRL `SFTTrainer`; lessons [01](01_padding_free_high_loss.ipynb)-[05](05_grpo_sigfpe.ipynb) help.
 #
-# **Time**: 16 s to run on the cpu profile; about 25 minutes to work through.
+# **Time**: 18 s to run on the cpu profile; about 25 minutes to work through.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
