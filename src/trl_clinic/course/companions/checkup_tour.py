@@ -147,7 +147,7 @@ def command_numbers(command: Command) -> dict:
     return {"returncode": command.returncode, "statuses": worst(rows)}
 
 
-UNITS = {"packing": "largest logit change vs alone", "fp16_adamw": "non-finite tensors after one step",
+UNITS = {"packing": "largest logit change vs alone", "fp16_adamw": "fp16 tensors inf/NaN after a step",
          "accumulation": "relative gradient error", "reward_head": "trainable head tensors",
          "padding_cache": "right-padded forwards with a cache", "equal_rewards": "share of groups all equal"}
 
@@ -173,7 +173,8 @@ def plot_verdicts(rows: dict[str, tuple[dict, dict]], title: str, output_dir: Pa
     for y, (label, pair) in enumerate(rows.items()):
         for x, found in enumerate(pair):
             ax.add_patch(_cell(x, y, colours[found["status"]]))
-            ax.text(x + 0.5, y + 0.5, verdict_text(label.split()[1], found), ha="center", va="center", fontsize=8, color="white")
+            probe = label.split()[1].rstrip(":")
+            ax.text(x + 0.5, y + 0.5, verdict_text(probe, found), ha="center", va="center", fontsize=8, color="white")
     ax.set(xlim=(0, 2), ylim=(len(rows), 0), xticks=[0.5, 1.5], yticks=[y + 0.5 for y in range(len(rows))])
     ax.set_xticklabels(["with the trap", "with the fix line"])
     ax.set_yticklabels(list(rows))
