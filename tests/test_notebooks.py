@@ -1,7 +1,8 @@
 """Every lesson notebook: committed clean, parametrisable, and passing its own checks on the cpu profile.
 
-The notebooks are executed once, through the real runner (`trl-clinic run`), into one workbook
-folder; the report test reads the same folder.
+The cores are executed once, through the real runner (`trl-clinic run --cores`), into one workbook folder;
+the report test reads the same folder. The deep dives run in tests/test_deep_dives.py, a file of their own, so
+that pytest-xdist (`--dist loadfile`) gives each half to its own worker (make test's two cores).
 """
 
 import json
@@ -19,11 +20,12 @@ import pytest
 from trl_clinic.cli import main
 from trl_clinic.course.report import build_report
 from trl_clinic.course.results import load_metrics
-from trl_clinic.course.workbook import SUMMARY_JSON, find_lessons, notebook_parameters
+from trl_clinic.course.workbook import SUMMARY_JSON, find_lessons, is_deep_dive, notebook_parameters
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 SOURCES_DIR = NOTEBOOKS_DIR.parent / "sources"
 NOTEBOOKS = find_lessons(NOTEBOOKS_DIR)  # cores and deep dives: what the runner runs
+CORES = {name: path for name, path in NOTEBOOKS.items() if not is_deep_dive(path)}
 EVERY_NOTEBOOK = {str(p.relative_to(NOTEBOOKS_DIR)): p for p in sorted(NOTEBOOKS_DIR.rglob("*.ipynb"))
                   if ".ipynb_checkpoints" not in p.parts}  # and the worked solutions
 REQUIRED = {"profile", "seed", "output_dir"}
@@ -91,22 +93,17 @@ def test_has_one_parameters_cell_with_the_required_names(path):
     assert notebook_parameters(path)["profile"]["default"] == '"auto"'
 
 
-@pytest.fixture(scope="session")
-def workbook(tmp_path_factory):
+def run_workbook(out: Path, *options: str) -> tuple[Path, int, dict]:
     """One lesson at a time: under `make test` pytest-xdist's other worker has the other core, and two lessons
     here beside it overloaded the two cores (1260 CPU-seconds in 655 s of wall, about 1000 of them work).
     `--jobs` itself is tested on small notebooks (tests/test_workbook.py)."""
-    out = tmp_path_factory.mktemp("workbook")
-    code = main(["run", "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks", str(NOTEBOOKS_DIR),
-                 "--jobs", "1"])
+    code = main(["run", *options, "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks",
+                 str(NOTEBOOKS_DIR), "--jobs", "1"])
     summary = json.loads((out / SUMMARY_JSON).read_text())
     return out, code, {row["lesson"]: row for row in summary["lessons"]}
 
 
-@pytest.mark.notebook
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_cpu_profile_passes_its_checks(workbook, name):
-    out, _, results = workbook
+def assert_passed(out: Path, results: dict, name: str) -> None:
     result = results[name]
     assert result["status"] == "passed", result["error"] or result["failed"]
     metrics = load_metrics(out / name)
@@ -114,6 +111,24 @@ def test_cpu_profile_passes_its_checks(workbook, name):
     assert metrics["symptom_reproduced"] and metrics["fix_verified"]
     assert list((out / name).glob("*.png")), "the notebook saved no figure"
     assert (out / name / f"{name}.ipynb").exists()
+
+
+@pytest.fixture(scope="session")
+def workbook(tmp_path_factory):
+    """The cores, as a workshop runs them (`trl-clinic run --cores`)."""
+    return run_workbook(tmp_path_factory.mktemp("workbook"), "--cores")
+
+
+def test_the_cores_and_the_deep_dives_are_every_lesson():
+    from test_deep_dives import DEEP_DIVES
+
+    assert set(CORES) | set(DEEP_DIVES) == set(NOTEBOOKS) and not set(CORES) & set(DEEP_DIVES)
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("name", CORES)
+def test_cpu_profile_passes_its_checks(workbook, name):
+    assert_passed(workbook[0], workbook[2], name)
 
 
 @pytest.mark.notebook
@@ -161,9 +176,9 @@ def test_report_loads_in_a_headless_browser_with_every_lesson_and_figure(workboo
          f"--user-data-dir={tempfile.mkdtemp()}", "--virtual-time-budget=10000", "--dump-dom", report.as_uri()],
         capture_output=True, text=True, timeout=120).stdout
     body = re.search(r"<body([^>]*)>", dom).group(1)
-    figures = sum(len(list((out / name).glob("*.png"))) for name in NOTEBOOKS)
+    figures = sum(len(list((out / name).glob("*.png"))) for name in CORES)
     assert f'data-images="{figures}"' in body and 'data-images-loaded="true"' in body
-    for name in NOTEBOOKS:
+    for name in CORES:
         assert f'id="{name}"' in dom and f"{name}/{name}.html" in dom
         assert (out / name / f"{name}.html").exists()
 
