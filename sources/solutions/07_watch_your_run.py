@@ -44,11 +44,13 @@ fused_watch = ClinicWatch(show=False)
 fused.add_callback(fused_watch)
 fused.train()
 fused_raw = [row["raw_loss"] for row in fused_watch.steps]
+head = fused.model.get_base_model().score.modules_to_save.default.weight
+head_state = fused.optimizer.optimizer.state[head]["exp_avg_sq"].dtype
 print(f"findings: {[f.key for f in fused_watch.findings]}; "
       f"every raw loss finite: {all(map(math.isfinite, fused_raw))}; "
-      f"the score head is still {fused.model.get_base_model().score.modules_to_save.default.weight.dtype}, and so is "
-      "AdamW's state: the fused kernel hides the bug on this run, float32 weights remove it (lesson 03's deep dive)")
-assert fused_watch.findings == [] and all(map(math.isfinite, fused_raw))
+      f"the score head is still {head.dtype} and its AdamW state {head_state}: the fused kernel hid the bug on this "
+      "run, float32 weights remove it")
+assert fused_watch.findings == [] and all(map(math.isfinite, fused_raw)) and head_state == torch.float16
 
 # %% [markdown]
 # ## Exercise 2
