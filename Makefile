@@ -56,7 +56,7 @@ workbook: $(STAMP) eras-for-workbook
 # on pytest 9.2: its node-id suffix is not read). The workbook runs its lessons one at a time beside the other worker.
 test: $(STAMP) browser
 	$(BIN)/python -m trl_clinic.course.eras --background --log .eras/test-build.log $(TEST_ERAS)
-	$(BIN)/python -m pytest -v -m "not slow" -n auto --dist loadfile --durations=20
+	$(BIN)/python -m pytest -v -m "not slow" -n auto --dist loadfile --no-loadscope-reorder --durations=20
 
 # Every lesson run as a learner runs it in JupyterLab, on a fresh copy of the repository
 # (tests/test_learner_path.py), and lessons 02 and 02b at seeds 1 and 2 (marker `slow`): as long as all

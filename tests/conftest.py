@@ -25,3 +25,13 @@ def notebooks():
 
     return find_lessons(Path(__file__).resolve().parents[1] / "notebooks")
 
+
+# The two workbooks (tests/test_deep_dives.py, tests/test_notebooks.py) are most of make test's minutes: they go
+# first, one to each worker (make test passes --no-loadscope-reorder, so xdist hands out files in this order),
+# and the other files fill in around them.
+FIRST = {"test_deep_dives.py": 0, "test_notebooks.py": 1}
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: FIRST.get(item.path.name, len(FIRST)))
+
