@@ -28,6 +28,7 @@ from transformers import Trainer
 
 from trl_clinic.checkup.engine import Finding, Skip, probe
 from trl_clinic.checkup.known_bugs import explain
+from trl_clinic.checkup.labels import targets
 from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.batches import batch_layout
 
@@ -135,7 +136,7 @@ def token_sum_gradient(view: TrainerView, batches: list[dict]) -> torch.Tensor:
     with dropout_off(model):
         _, num_items = _window_samples(trainer, batches, view.device)
         shifted = [batch["labels"][..., 1:] for batch in batches]
-        total = num_items if num_items is not None else sum(int((s != -100).sum()) for s in shifted)
+        total = num_items if num_items is not None else sum(int(targets(batch).sum()) for batch in batches)
         for batch, labels in zip(batches, shifted):
             logits = model(**view.forward_inputs(batch)).logits[..., :-1, :]
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten().to(logits.device), ignore_index=-100,
@@ -144,9 +145,8 @@ def token_sum_gradient(view: TrainerView, batches: list[dict]) -> torch.Tensor:
     return _gradient(model)
 
 
-def _why(view: TrainerView) -> str:
+def _why(view: TrainerView, entry: dict | None) -> str:
     trainer = view.trainer
-    entry = explain(view, "accumulation")
     if entry:
         return entry["fix"]
     if getattr(trainer, "model_accepts_loss_kwargs", True) is False and getattr(trainer, "compute_loss_func", None) is None:
@@ -198,5 +198,5 @@ def accumulation(view: TrainerView) -> list[Finding]:
         return findings + [Finding("accumulation", "ok", measured, value=error, decided="measured",
                                    reason="every label token of the window weighs the same")]
     entry = explain(view, "accumulation")
-    return findings + [Finding("accumulation", "fail", measured, value=error, decided="measured", fix=_why(view),
+    return findings + [Finding("accumulation", "fail", measured, value=error, decided="measured", fix=_why(view, entry),
                                known_bug=entry["id"] if entry else "")]

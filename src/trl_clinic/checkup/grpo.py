@@ -36,8 +36,7 @@ def group_rewards(view: TrainerView) -> list[list[float]]:
     trainer, args, tokenizer = view.trainer, view.args, view.tokenizer
     if any(isinstance(f, nn.Module) for f in trainer.reward_funcs):
         raise Skip("a reward model is among the reward functions: only reward functions are called here")
-    size = getattr(args, "generation_batch_size", None) or args.per_device_train_batch_size
-    rows = view.samples(min(MAX_PROMPTS, max(1, size // args.num_generations)))
+    rows = view.grpo_prompts(MAX_PROMPTS)
     prompts = [_prompt_text(view, row["prompt"]) for row in rows]
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:

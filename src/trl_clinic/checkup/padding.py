@@ -28,10 +28,7 @@ MAX_PROMPTS = 2
 
 def _grpo_rows(view: TrainerView) -> list[dict]:
     """Prompts as GRPO's sampler hands them to the trainer: each repeated num_generations times."""
-    generations = view.args.num_generations
-    size = getattr(view.args, "generation_batch_size", None) or view.args.per_device_train_batch_size
-    prompts = view.samples(max(1, min(MAX_PROMPTS, size // generations)))
-    return [row for row in prompts for _ in range(generations)]
+    return [row for row in view.grpo_prompts(MAX_PROMPTS) for _ in range(view.args.num_generations)]
 
 
 def _steps(view: TrainerView) -> list[tuple[str, callable]]:

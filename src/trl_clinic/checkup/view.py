@@ -263,6 +263,12 @@ class TrainerView:
             raise Skip(f"the training set has {len(rows)} rows; this probe needs {start + n}")
         return [rows[i] for i in range(start, start + n)]
 
+    def grpo_prompts(self, most: int) -> list[dict]:
+        """The first prompts of one GRPO generation batch (at least one, at most ``most``): its completions,
+        ``generation_batch_size`` (per-device batch by default), come ``num_generations`` to a prompt."""
+        size = getattr(self.args, "generation_batch_size", None) or self.args.per_device_train_batch_size
+        return self.samples(max(1, min(most, size // self.args.num_generations)))
+
     def batch(self, n: int | None = None, start: int = 0) -> dict:
         """One batch from the trainer's own collator: ``n`` rows (the per-device batch size by default)."""
         n = n or self.args.per_device_train_batch_size
@@ -303,7 +309,7 @@ class TrainerView:
             loss = trainer.compute_loss(model, batch)
         if loss.requires_grad:  # without a grad_fn (every trainable tensor cut off) backward itself would raise
             loss.backward()
-        gradients = {n: None if p.grad is None else p.grad.detach().clone()
+        gradients = {n: None if p.grad is None else p.grad.detach()  # the only reference once p.grad is cleared
                      for n, p in model.named_parameters() if p.requires_grad}
         for p in model.parameters():
             p.grad = None

@@ -8,7 +8,8 @@ found in the batch's rows, in order: a row that holds two or more samples end to
 the batch also restarts ``position_ids`` inside one sample (a dataset packed beforehand), that sample is
 split there as well.
 
-Small and torch-light on purpose: the check-up and the watch (``trl_clinic.watch``) both read batches with it.
+Small and torch-light on purpose: the check-up reads batches with it, and the watch finds packed rows' starts
+with its ``restarts``.
 """
 
 from __future__ import annotations
@@ -31,10 +32,6 @@ class Layout:
     def packed(self) -> bool:
         return self.kind == "packed"
 
-    @property
-    def sequences(self) -> int:
-        return sum(len(row) for row in self.spans)
-
 
 def _find(row: list[int], tokens: list[int], start: int) -> int:
     """The first column >= ``start`` where ``tokens`` appear in ``row``, or -1."""
@@ -50,12 +47,16 @@ def _find(row: list[int], tokens: list[int], start: int) -> int:
     return -1
 
 
+def restarts(positions: torch.Tensor) -> list[int]:
+    """Columns of one row where a later sequence starts: its positions restart at 0 after column 0."""
+    return (positions[1:] == 0).nonzero().flatten().add(1).tolist()
+
+
 def _restarts(position_ids: torch.Tensor | None, row: int, start: int, end: int) -> list[int]:
     """Columns strictly inside (start, end) where the batch's positions restart at 0."""
     if position_ids is None:
         return []
-    positions = position_ids[0 if position_ids.shape[0] == 1 else row, start:end].tolist()
-    return [start + i for i, p in enumerate(positions) if p == 0 and i > 0]
+    return [start + column for column in restarts(position_ids[0 if position_ids.shape[0] == 1 else row, start:end])]
 
 
 def layout(samples: Sequence[Sequence[int]], input_ids: torch.Tensor,

@@ -22,16 +22,12 @@ from collections.abc import Callable
 
 import torch
 
+from trl_clinic.probes.batches import restarts
 from trl_clinic.probes.padding import right_padded
 from trl_clinic.watch.findings import Finding
 
 PACKED_FORWARDS = 2
 VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
-
-
-def restarts(positions: torch.Tensor) -> list[int]:
-    """Columns of one row where a later sequence starts: its positions restart at 0 after column 0."""
-    return (positions[1:] == 0).nonzero().flatten().add(1).tolist()
 
 
 def backbone(model: torch.nn.Module) -> torch.nn.Module:
