@@ -22,15 +22,11 @@ from pathlib import Path
 import torch
 from matplotlib.colors import to_rgb
 from datasets import Dataset, concatenate_datasets
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     PreTrainedModel,
     PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
     TrainerCallback,
 )
 from trl import SFTConfig, SFTTrainer
@@ -40,25 +36,19 @@ from trl_clinic.course.handshake import neutral_config
 from trl_clinic.course.models import make_causal_lm, model_config
 from trl_clinic.course.parameters import Run
 from trl_clinic.course.runtime import peak_memory_mib, reset_peak_memory
+# the copy task's vocabulary, response template and tokenizer are the era script's, so both sides agree
+from trl_clinic.course.then.then_01_padding_free import TEMPLATE, VOCAB
+from trl_clinic.course.then.then_01_padding_free import tiny_tokenizer as copy_tokenizer
 from trl_clinic.probes.packing import packed_vs_separate
 from trl_clinic.probes.recording import quiet
 
 ERA_OLD, ERA_LATE = "01-trl-0.14", "01-transformers-4.55"
-# The copy task's vocabulary and response template, as the era script (then_01_padding_free.py) uses them.
-VOCAB, TEMPLATE = 64, [3, 4]
 # Copying needs two layers (one head finds the earlier position, the next reads it): one layer of the profile's
 # size stayed at a loss of about 1.7 after 200 steps at seeds 0-5, two reached 0.9 to 1.3.
 COPIER_LAYERS = 2
 
 
 # ---- the copy task: a model that must read its own prompt -----------------------------------------------
-
-def copy_tokenizer() -> PreTrainedTokenizerFast:
-    """Token ``t<i>`` is id ``i``: pad 0, eos 1, the template 3 4; the examples are token ids already."""
-    tokenizer = Tokenizer(WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t2"))
-    tokenizer.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="t0", eos_token="t1", unk_token="t2")
-
 
 def copy_examples(count: int, seed: int) -> Dataset:
     """``k`` random tokens, the template, the same ``k`` tokens again, eos; the loss is on the copy and eos

@@ -23,6 +23,7 @@ from trl_clinic.course.eras import EraRun
 from trl_clinic.course.models import MODEL_SIZES, make_causal_lm, trained_model
 from trl_clinic.course.parameters import Run
 from trl_clinic.course.runtime import no_activation_checkpointing
+from trl_clinic.course.then.then_04_padding_side import guard_families  # read in today's transformers as the era script reads its own
 from trl_clinic.probes.padding import completion_logprob
 from trl_clinic.probes.recording import StepRecorder, quiet
 
@@ -441,13 +442,3 @@ def figure_deeper(run: Run, scoring: dict, generation: dict, audits: dict) -> No
     plotting.label(ax_audit, "DPO evaluation today", "forwards", "right padding, but no cache")
     ax_audit.tick_params(axis="x", labelsize=7)
     plotting.save(fig, run.output_dir, "padding_side_deeper")
-
-
-def guard_families() -> list[str]:
-    """The model families whose modeling file in today's transformers still holds the right-padding guard's
-    message (the era script reads its own transformers the same way)."""
-    import transformers
-
-    guard = "You are attempting to perform batched generation with padding_side='right'"
-    models = Path(transformers.__file__).parent / "models"
-    return sorted(path.parent.name for path in models.glob("*/modeling_*.py") if guard in path.read_text())

@@ -27,7 +27,7 @@ from trl_clinic.course import data, plotting
 from trl_clinic.course.models import dequantized_smollm2, make_reward_model, rewards, trained_model
 from trl_clinic.course.parameters import Run
 from trl_clinic.course.tokenizer import build_tokenizer
-from trl_clinic.probes.recording import StepRecorder, quiet, replay_nan_filter
+from trl_clinic.probes.recording import StepRecorder, replay_nan_filter
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ def adam_state(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict:
 def accumulation_run(trainer: RewardTrainer) -> dict:
     """One run of the accumulation sweep: the raw loss of every step, the logged losses, and the NaN filter's
     arithmetic replayed on the raw losses (``replay_nan_filter``)."""
-    recorder = StepRecorder().watch(quiet(trainer))
+    recorder = StepRecorder().watch(trainer)  # watch() quiets the trainer itself
     trainer.train()
     raw = recorder.series("raw_loss")[1]
     return {"first_nonfinite_step": first_nonfinite_step(raw), "raw_loss": raw,
