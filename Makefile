@@ -17,7 +17,7 @@ OFFLINE_TARGETS := workbook test test-slow seeds executed
 $(OFFLINE_TARGETS): export HF_HUB_OFFLINE := 1
 $(OFFLINE_TARGETS): export HF_DATASETS_OFFLINE := 1
 
-.PHONY: workbook test test-slow seeds browser lab smoke notebooks executed clean eras eras-for-tests eras-for-workbook
+.PHONY: workbook test test-slow seeds browser lab smoke notebooks executed clean eras eras-for-workbook
 
 # The exact versions the lessons measure are requirements-lock.txt, a pinned requirements file of the whole
 # environment (uv pip compile's output), not uv.lock: uv and the pip fallback both read it, it installs into the
@@ -129,9 +129,6 @@ TEST_ERAS := 01-trl-0.14 01-transformers-4.55 02-transformers-4.45 04-transforme
 
 eras: $(STAMP)
 	$(BIN)/python -m trl_clinic.course.eras $(ERAS)
-
-eras-for-tests: $(STAMP)
-	$(BIN)/python -m trl_clinic.course.eras $(TEST_ERAS)
 
 test: export TRL_CLINIC_REQUIRE_ERAS := $(TEST_ERAS)
 

@@ -43,7 +43,7 @@ def need_era(name: str) -> Path:
     if python is None:
         why = eras.era_state(name)[1]
         if required is not None:
-            pytest.fail(f"{why}: `make test` should have built it (target eras-for-tests)")
+            pytest.fail(f"{why}: `make test` should have built it (in the background, TEST_ERAS)")
         pytest.skip(why)
     return python
 

@@ -23,9 +23,8 @@ the same 25-step runs and accumulation sweep [1, 8, 32], on CUDA. Each threshold
 - names, dtypes, strings and statuses: the same at any size.
 """
 
-import math  # noqa: F401
+import math
 
-from mutation_helpers import set_all  # noqa: F401
 
 MUTATIONS = {
     # transformers <= 4.53.3, or torch < 2.8: the default is the non-fused "adamw_torch"

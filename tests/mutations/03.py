@@ -28,9 +28,8 @@ argued for those sizes:
   equalities on NaN arithmetic or on names, not on magnitudes: the same at any size.
 """
 
-import math  # noqa: F401
+import math
 
-from mutation_helpers import set_all  # noqa: F401
 
 FUSED_STEP = {"0.01 float16": -0.0010004043579101562, "0.001 float16": -0.0010004043579101562,
               "1e-07 float16": -0.0009226799011230469, "0 float16": 0.0}  # fused=True on fp16, measured (deep dive)

@@ -1,9 +1,6 @@
 """Lesson 05's deep dive: how a run without the bug, or without the fix, changes the numbers, one mutation per
 check (the part of the check's name it matches -> a change of the numbers such a run could produce)."""
 
-import math  # noqa: F401
-
-from mutation_helpers import set_all  # noqa: F401
 
 NO_GENERATION_BATCH = "TypeError: GRPOConfig.__init__() got an unexpected keyword argument 'generation_batch_size'"
 

@@ -1,10 +1,6 @@
 """Lesson 05 (core): how a run without the bug, or without the fix, changes the numbers, one mutation per check
 (the part of the check's name it matches -> a change of the numbers such a run could produce)."""
 
-import math  # noqa: F401
-
-from mutation_helpers import set_all  # noqa: F401
-
 
 def _rule_without_accumulation(n):
     """TRL 0.15.2-0.16.0's rule (grpo_trainer.py, GRPOTrainer.__init__): per-device x processes must divide by

@@ -12,9 +12,6 @@ The gpu profile (issue 31) runs the same tiny trainers, recipes and sizes on a G
   size and on any device.
 """
 
-import math  # noqa: F401
-
-from mutation_helpers import set_all  # noqa: F401
 
 CLEAN = {"returncode": 0, "statuses": {"packing": "skipped", "accumulation": "ok", "fp16_adamw": "ok"}}
 TRAP = {"returncode": 1, "statuses": {"packing": "fail", "accumulation": "ok", "fp16_adamw": "ok"}}

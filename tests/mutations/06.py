@@ -17,9 +17,6 @@ profile's bf16 autocast, as TRL's default bf16=True gives a GPU user. Each thres
   of state, the same at any size and on any device (the fingerprint hashes the CUDA tensors' bytes after a copy).
 """
 
-import math  # noqa: F401
-
-from mutation_helpers import set_all  # noqa: F401
 
 TRAPS = "02 accumulation: a loss that takes the mean", "03 reward_head: LoRA, no task_type"
 CACHE, GROUPS = "04 padding_cache: Qwen2, use_cache", "05 equal_rewards: a reward never earned"
