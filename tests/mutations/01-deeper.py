@@ -31,6 +31,8 @@ profile. Each threshold, argued for those sizes:
   the rest are names, flags and CPU measurements: the same at any size.
 """
 
+from mutation_helpers import cycled
+
 MUTATIONS = {
     # a transformers whose mask builder kept the boundaries beside a given mask (none does today)
     "sent with a mask of ones": lambda n: n["probes"]["+ an attention mask of ones"].update(isolated=True),
@@ -102,7 +104,7 @@ def gpu_shape(numbers: dict, sizes: dict) -> dict:
             runs[mode] = rows + [dict(rows[-1]) for _ in range(extra)]
     for run in numbers["training"].values():
         for key in ("loss", "grad_norm"):
-            run[key] = (run[key] * (steps // len(run[key]) + 1))[:steps]
+            run[key] = cycled(run[key], steps)
     losses = numbers["then"]["losses"]
     losses["batch_sizes"] = list(sizes["batch_sizes"])
     for key in ("padded", "padding_free", "ratio"):

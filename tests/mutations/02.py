@@ -22,7 +22,7 @@ autocast a big batch and its micro-batches round differently). Each threshold, a
   float32 with its own 1e-3 tolerance at any size.
 """
 
-from mutation_helpers import set_all  # noqa: F401
+from mutation_helpers import cycled, set_all
 
 MUTATIONS = {
     # a model class that takes loss kwargs (a Llama, the deep dive): the Trainer counts the window's tokens
@@ -63,6 +63,6 @@ def gpu_shape(numbers: dict, sizes: dict) -> dict:
     numbers["sweep"] = [{**measured[min(measured, key=lambda m: abs(m - k))], "accumulation": k}
                         for k in sizes["accumulation_sweep"]]
     window = numbers["window_label_tokens"]
-    numbers["window_label_tokens"] = (window * (sizes["accumulation"] // len(window) + 1))[:sizes["accumulation"]]
+    numbers["window_label_tokens"] = cycled(window, sizes["accumulation"])
     numbers["accumulation"] = sizes["accumulation"]
     return numbers

@@ -25,6 +25,7 @@ the same 25-step runs and accumulation sweep [1, 8, 32], on CUDA. Each threshold
 
 import math
 
+from mutation_helpers import cycled
 
 MUTATIONS = {
     # transformers <= 4.53.3, or torch < 2.8: the default is the non-fused "adamw_torch"
@@ -87,9 +88,6 @@ MUTATIONS = {
 def gpu_shape(numbers: dict, sizes: dict) -> dict:
     """The cpu numbers at the gpu profile's lengths: the accumulation sweep keyed by the gpu counts, a raw loss
     per step of each run, the fused and head runs as long as their gpu step counts."""
-    def resized(values: list, length: int) -> list:
-        return (values * (length // len(values) + 1))[:length]
-
     sweep = numbers["fp16_by_accumulation"]
     rows = [sweep[key] for key in sorted(sweep, key=int)]
     numbers["fp16_by_accumulation"] = {}
@@ -97,7 +95,7 @@ def gpu_shape(numbers: dict, sizes: dict) -> dict:
         row = dict(rows[min(i, len(rows) - 1)])
         row["raw_loss"] = [row["raw_loss"][0]] + [math.nan] * (sizes["train_steps"] - 1)
         numbers["fp16_by_accumulation"][str(accumulation)] = row
-    numbers["fused_adamw_raw_loss"] = resized(numbers["fused_adamw_raw_loss"], sizes["fused_steps"])
+    numbers["fused_adamw_raw_loss"] = cycled(numbers["fused_adamw_raw_loss"], sizes["fused_steps"])
     for head in numbers["heads"].values():
-        head["raw_loss"] = resized(head["raw_loss"], sizes["head_steps"])
+        head["raw_loss"] = cycled(head["raw_loss"], sizes["head_steps"])
     return numbers

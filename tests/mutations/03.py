@@ -30,6 +30,7 @@ argued for those sizes:
 
 import math
 
+from mutation_helpers import cycled
 
 FUSED_STEP = {"0.01 float16": -0.0010004043579101562, "0.001 float16": -0.0010004043579101562,
               "1e-07 float16": -0.0009226799011230469, "0 float16": 0.0}  # fused=True on fp16, measured (deep dive)
@@ -72,7 +73,7 @@ def gpu_shape(numbers: dict, sizes: dict) -> dict:
     steps, logs = sizes["train_steps"], sizes["train_steps"] // 25
     raw, fixed = numbers["report_raw_loss"], numbers["fixed_raw_loss"]
     numbers["report_raw_loss"] = [raw[0]] + [math.nan] * (steps - 1)
-    numbers["fixed_raw_loss"] = (fixed * (steps // len(fixed) + 1))[:steps]
+    numbers["fixed_raw_loss"] = cycled(fixed, steps)
     numbers["report_logged_loss"] = [numbers["report_logged_loss"][0]] + [0.0] * (logs - 1)
     numbers["report_logged_grad_norm"] = [math.nan] * logs
     numbers["replayed_logs"] = numbers["report_logged_loss"][:]

@@ -32,6 +32,8 @@ runs DPO for 50 steps on 64 evaluation pairs, scores and generates 64 prompts, a
   gave 31 padded forwards on the CPU.
 """
 
+from mutation_helpers import cycled
+
 MUTATIONS = {
     # transformers 4.42-4.48 (no check): the right-padded forward with the cache gets past it
     "4.40.2, a right-padded forward with the cache raises": lambda n: n["then"]["4.40"]["direct_forward"][
@@ -105,18 +107,17 @@ def gpu_shape(numbers: dict, sizes: dict) -> dict:
     batch 1 and 2 (the cpu run's already), 128 SFT eval rows (128 and 64 forwards), 50 DPO steps (50 train forwards
     per model at batch 4). Scoring maxima, eras and the warning do not depend on the sizes."""
     n_prompts = sizes["n_prompts"]
-    repeat = -(-n_prompts // len(numbers["lengths"]))
-    numbers["lengths"] = (numbers["lengths"] * repeat)[:n_prompts]
+    numbers["lengths"] = cycled(numbers["lengths"], n_prompts)
     for side in ("left", "right"):
         row = numbers["generation"][side]
         for key in ("outputs", "first_token_logit_shift", "changed"):
-            row[key] = (row[key] * repeat)[:n_prompts]
+            row[key] = cycled(row[key], n_prompts)
         numbers["changed_outputs"][side] = sum(row["changed"])
-    numbers["generation"]["single"]["outputs"] = (numbers["generation"]["single"]["outputs"] * repeat)[:n_prompts]
+    numbers["generation"]["single"]["outputs"] = cycled(numbers["generation"]["single"]["outputs"], n_prompts)
     for mode in ("left", "right"):
         for family in ("qwen2", "gpt2 (random init)"):
             entry = numbers["no_position_ids"][f"{family}, {mode}"]
-            entry["first_positions"] = (entry["first_positions"] * repeat)[:n_prompts]
+            entry["first_positions"] = cycled(entry["first_positions"], n_prompts)
     for audit in numbers["audits"].values():
         for modes in audit.values():
             modes["train"].update(forwards=sizes["dpo_steps"], right_padded=sizes["dpo_steps"])

@@ -24,7 +24,9 @@ the fix changes only the dtype). Each threshold, argued for those sizes (not run
 - "bit-identical", "no finding", "exactly 0", the names and statuses: equalities, the same at any size.
 """
 
-import math  # noqa: F401
+import math
+
+from mutation_helpers import cycled
 
 FIXED_FIRST_LOG = {"loss": 0.6988, "grad_norm": 0.3387}  # the float32 run's first log row, seed 0
 
@@ -75,7 +77,7 @@ def gpu_shape(numbers: dict, sizes: dict) -> dict:
     steps = sizes["train_steps"]
     raw, fixed = numbers["raw_loss"], numbers["fixed_raw_loss"]
     numbers["raw_loss"] = [raw[0]] + [math.nan] * (steps - 1)
-    numbers["fixed_raw_loss"] = (fixed * (steps // len(fixed) + 1))[:steps]
+    numbers["fixed_raw_loss"] = cycled(fixed, steps)
     logs = steps // 10
     for key in ("plain_logged", "watched_logged"):
         rows = numbers[key]
