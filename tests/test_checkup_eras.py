@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from test_eras import need_era
 from trl_clinic.course import eras
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,24 +40,8 @@ VERSIONS = ("import importlib.metadata as m, json, sys\n"
             "    except m.PackageNotFoundError:\n"
             "        found[name] = None\n"
             "print(json.dumps(found))\n")
-CHILD_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONNOUSERSITE": "1",
-             "PYTHONPATH": "", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+CHILD_ENV = {**eras.CHILD_ENV, "OMP_NUM_THREADS": "1"}  # an era's child, as the lessons start one, on one thread
 SECONDS: dict[str, float] = {}  # per era: copy + install + check-up, printed at the end of the session
-
-
-def need_era(name: str) -> Path:
-    """The era's folder; a skip (plain pytest) or a failure (`make test`) when it is not built."""
-    required = os.environ.get("TRL_CLINIC_REQUIRE_ERAS")
-    if required is not None and name not in required.split():
-        pytest.skip(f"era {name} is not one of make test's eras")
-    if eras.era_python(name) is None:
-        eras.wait_for_builds(eras.repo_root(), timeout=1200)  # make test builds them in the background
-    if eras.era_python(name) is None:
-        why = eras.era_state(name)[1]
-        if required is not None:
-            pytest.fail(f"{why}: `make test` should have built it")
-        pytest.skip(why)
-    return eras.era_dir(name)
 
 
 def versions(python: Path, names=STACK) -> dict[str, str | None]:
@@ -81,7 +66,8 @@ def wheel(tmp_path_factory) -> Path:
 
 def install(era: str, wheel: Path, folder: Path, installer: str) -> dict:
     """A hard-linked copy of the era with the wheel installed into it; the stack's versions before and after."""
-    original = need_era(era)
+    need_era(era)
+    original = eras.era_dir(era)
     stamp = (original / eras.STAMP).read_text()
     copy = folder / era
     subprocess.run(["cp", "-al", str(original), str(copy)], check=True)
