@@ -91,12 +91,13 @@ def run_child(args: list[str], timeout: float = 600, cwd: str | Path | None = No
         for core in set(folder.glob("core*")) - cores_before if shell else ():
             core.unlink(missing_ok=True)
     seconds = time.perf_counter() - start
+    # bash ends its line on a death with the command's text, here the wrapper's "$@": not the user's words
+    stderr = done.stderr.replace(' "$@"', "") if shell else done.stderr
     if shell and done.returncode > 128:  # bash's words for the signal are its last line
-        last = done.stderr.strip().splitlines()[-1]  # after a progress bar's line, if one was drawn last
-        said = last[last.find("bash:"):].split('"$@"')[0].strip()
+        last = stderr.strip().splitlines()[-1]  # after a progress bar's line, if one was drawn last
         return Outcome("signal", done.returncode, seconds, signal=signal.Signals(done.returncode - 128).name,
-                       message=said, stderr=done.stderr[-4000:])
-    return _outcome(done.returncode, seconds, done.stderr)
+                       message=last[last.find("bash:"):].strip(), stderr=stderr[-4000:])
+    return _outcome(done.returncode, seconds, stderr)
 
 
 def _outcome(returncode: int, seconds: float, stderr: str) -> Outcome:
@@ -149,6 +150,25 @@ def placement(run: "Run", processes: int) -> str:
     return f"{processes} CPU processes over {backend(processes, cpu=True)}, fp32 ({why})"
 
 
+def _write_spec(run: "Run", target: str, spec: dict | None, name: str) -> tuple[Path, Path]:
+    """The job a child reads (``run.output_dir/child_NAME.json``) and where its result will be, cleared first."""
+    spec_path = run.output_dir / f"child_{name}.json"
+    result_path = spec_path.with_suffix(RESULT_SUFFIX)
+    result_path.unlink(missing_ok=True)
+    spec_path.write_text(json.dumps({"target": target, "run": run.to_spec(), "spec": spec or {},
+                                     "result": str(result_path)}))
+    return spec_path, result_path
+
+
+def _collect(outcome: Outcome, result_path: Path) -> ChildRun:
+    """The child's outcome, with its result when it finished and wrote one."""
+    if outcome.crashed or not result_path.exists():
+        return ChildRun(outcome)
+    import torch
+
+    return ChildRun(outcome, torch.load(result_path, weights_only=False))
+
+
 def call(run: "Run", target: str, spec: dict | None = None, *, name: str, timeout: float = 600,
          processes: int = 1, faulthandler: bool = True) -> ChildRun:
     """Run ``target`` ("package.module:function" or "path/to/file.py:function") as ``function(run, spec)``
@@ -159,21 +179,12 @@ def call(run: "Run", target: str, spec: dict | None = None, *, name: str, timeou
     """
     from trl_clinic.course.launch import distributed_args
 
-    spec_path = run.output_dir / f"child_{name}.json"
-    result_path = spec_path.with_suffix(RESULT_SUFFIX)
-    result_path.unlink(missing_ok=True)
     run = placed(run, processes)
-    spec_path.write_text(json.dumps({"target": target, "run": run.to_spec(), "spec": spec or {},
-                                     "result": str(result_path)}))
+    spec_path, result_path = _write_spec(run, target, spec, name)
     args = ["-m", __name__, str(spec_path)]
     if processes > 1:
         args = distributed_args(args, processes=processes, cpu=run.device.type == "cpu")
-    outcome = run_child(args, timeout=timeout, faulthandler=faulthandler, env=child_env(run))
-    if outcome.crashed or not result_path.exists():
-        return ChildRun(outcome)
-    import torch
-
-    return ChildRun(outcome, torch.load(result_path, weights_only=False))
+    return _collect(run_child(args, timeout=timeout, faulthandler=faulthandler, env=child_env(run)), result_path)
 
 
 class ForkServer:
@@ -214,22 +225,14 @@ def forked(run: "Run", target: str, spec: dict | None = None, *, name: str, time
     server = _SERVERS.get(preload)
     if server is None or server.process.poll() is not None:
         server = _SERVERS[preload] = ForkServer(preload)
-    spec_path = run.output_dir / f"child_{name}.json"
-    result_path, log_path = spec_path.with_suffix(RESULT_SUFFIX), spec_path.with_suffix(".log")
-    result_path.unlink(missing_ok=True)
-    spec_path.write_text(json.dumps({"target": target, "run": run.to_spec(), "spec": spec or {},
-                                     "result": str(result_path)}))
+    spec_path, result_path = _write_spec(run, target, spec, name)
+    log_path = spec_path.with_suffix(".log")
     start = time.perf_counter()
     returncode = server.run(spec_path, log_path, child_env(run), timeout)
     seconds, log = time.perf_counter() - start, log_path.read_text()
     if returncode is None:
         return ChildRun(Outcome("timeout", None, seconds, message=f"still running after {timeout} s", stderr=log[-4000:]))
-    outcome = _outcome(returncode, seconds, log)
-    if outcome.crashed or not result_path.exists():
-        return ChildRun(outcome)
-    import torch
-
-    return ChildRun(outcome, torch.load(result_path, weights_only=False))
+    return _collect(_outcome(returncode, seconds, log), result_path)
 
 
 def _serve(preload: list[str]) -> None:

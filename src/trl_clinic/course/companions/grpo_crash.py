@@ -18,15 +18,13 @@ from pathlib import Path
 
 import torch
 from matplotlib.patches import Rectangle
-from transformers import AutoTokenizer
-from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
+from trl import GRPOConfig, SFTConfig, SFTTrainer
 
 from trl_clinic.course import child, data, plotting
 from trl_clinic.course.companions import train_grpo
 from trl_clinic.course.crash import Bisection, in_process
 from trl_clinic.course.models import PRETRAINED_SIZES, dequantized_smollm2, load_smollm2, make_causal_lm
 from trl_clinic.course.parameters import Run
-from trl_clinic.course.stand_ins import InjectedH20Fault
 from trl_clinic.course.tokenizer import build_tokenizer
 from trl_clinic.probes.recording import StepRecorder
 
@@ -98,9 +96,8 @@ def from_shell(run: Run, spec: Path) -> child.Outcome:
 
 
 def terminal_tail(text: str, lines: int = 3) -> str:
-    """The last lines as a terminal shows them: a progress bar redraws its line with a carriage return.
-    bash ends its line on a death with the command's text, here the wrapper's ``"$@"``: left out."""
-    shown = [line.rsplit("\r", 1)[-1].replace(' "$@"', "") for line in text.splitlines()]
+    """The last lines as a terminal shows them: a progress bar redraws its line with a carriage return."""
+    shown = [line.rsplit("\r", 1)[-1] for line in text.splitlines()]
     return "\n".join([line for line in shown if line.strip()][-lines:])
 
 
@@ -257,15 +254,8 @@ def train_grpo_in_child(run: Run, spec: dict) -> list[dict]:
     loads its reference model from it), ``reward`` (a function of ``trl_clinic.course.data``) and
     ``h20_stand_in`` (attach the INJECTED stand-in for the H20 crash).
     """
-    trainer = GRPOTrainer(
-        model=spec["policy"],
-        reward_funcs=getattr(data, spec["reward"]),
-        args=GRPOConfig(**{**run.trainer_kwargs(spec["name"], progress=False), **spec["config"]}),
-        train_dataset=data.reward_prompts(4096, seed=run.subseed("prompts")),
-        processing_class=AutoTokenizer.from_pretrained(spec["policy"]),
-    )
-    if spec["h20_stand_in"]:
-        trainer.add_callback(InjectedH20Fault())
+    trainer = train_grpo.build({**run.trainer_kwargs(spec["name"], progress=False), **spec["config"]}, spec["policy"],
+                               spec["reward"], 4096, run.subseed("prompts"), spec["h20_stand_in"])
     recorder = StepRecorder().watch(trainer)
     trainer.train()
     return recorder.history

@@ -16,30 +16,36 @@ import sys
 from pathlib import Path
 
 
-def main(spec_path: str) -> None:
-    spec = json.loads(Path(spec_path).read_text())
-    import torch
-
-    torch.set_num_threads(spec["threads"])
+def build(config: dict, policy: str, reward: str, prompts: int, seed: int, h20_stand_in: bool):
+    """The GRPOTrainer the script trains (the deep dive's forked trials build theirs here too): the policy's
+    folder for model and tokenizer, a reward function of ``trl_clinic.course.data``, prompts drawn from ``seed``."""
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from trl_clinic.course import data
 
     trainer = GRPOTrainer(
-        model=spec["policy"],
-        reward_funcs=getattr(data, spec["reward"]),
-        args=GRPOConfig(**spec["config"]),
-        train_dataset=data.reward_prompts(1024, seed=spec["seed"]),
-        processing_class=AutoTokenizer.from_pretrained(spec["policy"]),
+        model=policy,
+        reward_funcs=getattr(data, reward),
+        args=GRPOConfig(**config),
+        train_dataset=data.reward_prompts(prompts, seed=seed),
+        processing_class=AutoTokenizer.from_pretrained(policy),
     )
-    if spec["h20_stand_in"]:
+    if h20_stand_in:
         from trl_clinic.course.stand_ins import InjectedH20Fault
 
         trainer.add_callback(InjectedH20Fault())
+    return trainer
+
+
+def main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    trainer = build(spec["config"], spec["policy"], spec["reward"], 1024, spec["seed"], spec["h20_stand_in"])
     trainer.train()
     Path(spec["log"]).write_text(json.dumps(trainer.state.log_history))
-
 
 if __name__ == "__main__":
     main(sys.argv[1])
