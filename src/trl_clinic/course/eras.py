@@ -47,9 +47,14 @@ THEN_DIR = Path(__file__).resolve().parent / "then"
 VERSIONED = ("torch", "transformers", "trl", "peft", "accelerate", "datasets")
 # What every era child sees: never the hub, never a GPU (the era scripts measure CPU behaviour; a GPU
 # would change the numbers and the old wheels may not know it), and no user site-packages.
+# PYTHONDONTWRITEBYTECODE is emptied (an empty value is "unset" to Python): an era's venv is compiled
+# lazily, each module by the first process that imports it, and read by the rest. Compiling the whole
+# venv at install took about 50 s of CPU per era (torch's every file), against about 15 s for what the
+# era scripts import; machines that set PYTHONDONTWRITEBYTECODE=1 would otherwise compile on every run.
 CHILD_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "",
              "PYTHONNOUSERSITE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": "",
-             "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+             "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+             "PYTHONDONTWRITEBYTECODE": ""}
 
 
 def repo_root() -> Path:
@@ -365,8 +370,9 @@ def build_era(name: str, root: Path | None = None, *, installer: list[str] | Non
                 pin = _torch_pin(requirements)
                 links = local_torch_links(pin) if pin else None
             extra = ["--find-links", str(links)] if links else []
-            # bytecode compiled once here: the era scripts import old transformers and TRL in every run
-            _run([*uv, "pip", "install", "--quiet", "--compile-bytecode", "--python", str(_python_in(venv)), "-r",
+            # no --compile-bytecode: the import check below compiles what it imports (CHILD_ENV), and the
+            # era scripts' first runs the rest they need
+            _run([*uv, "pip", "install", "--quiet", "--python", str(_python_in(venv)), "-r",
                   str(requirements), *extra], "uv pip install")
             versions = _probe_versions(_python_in(venv))
             stamp = {"requirements_sha256": requirements_digest(requirements), "versions": versions,
