@@ -1,7 +1,9 @@
-"""Eras: the requirements files, the build's stamp, the runner's skip path, and the 02 and 04 era
-scripts run for real on the old libraries.
+"""Eras: the requirements files, the build's stamp, the runner's skip path, and the 02 and 04 era scripts run for
+real on the old libraries: 02's on its own small spec, 04's in every scenario it knows (the lessons run some).
 
-The real runs need `make eras`. Under `make test` (which builds the eras they need and sets
+The era runs of lessons 01 and 05 are checked in the workbook tests, on the results the lessons wrote
+(`era_result`; tests/test_notebooks.py, tests/test_deep_dives.py): running the same scripts with the same specs
+again here cost about 35 CPU-seconds of make test. The real runs need `make eras`. Under `make test` (which builds the eras they need and sets
 TRL_CLINIC_REQUIRE_ERAS) a missing era fails; a plain `pytest` without eras skips them with
 "run `make eras`".
 """
@@ -46,6 +48,15 @@ def need_era(name: str) -> Path:
             pytest.fail(f"{why}: `make test` should have built it (in the background, TEST_ERAS)")
         pytest.skip(why)
     return python
+
+
+def era_result(folder: Path, script: str, era: str) -> dict:
+    """What ``script`` wrote when a lesson ran it in ``era`` (``run_in_era`` into ``folder`` of the lesson's
+    output): the workbook tests check the era runs the lessons made instead of running the scripts again."""
+    need_era(era)
+    path = folder / f"{script}.{era}.result.json"
+    assert path.is_file(), f"the lesson wrote no {path.name} in {folder}: see its executed notebook there"
+    return json.loads(path.read_text())
 
 
 # --- the era files ----------------------------------------------------------------------------------
@@ -364,61 +375,6 @@ def test_04_an_unexpected_error_is_never_counted_as_past_the_check():
     assert missing["verdict"] == ("other" if then.FLASH_ATTN_INSTALLED else "missing_flash_kernel")
 
 
-@pytest.fixture(scope="module")
-def era_01_runs(tmp_path_factory):
-    """then_01_padding_free in each of lesson 01's eras, as the lesson runs it: the copy-task model trained with
-    today's SFTTrainer while the eras load, its weights handed over (companion.start_era, train_copier); shared
-    by the tests below."""
-    need_era("01-trl-0.14")
-    need_era("01-transformers-4.55")
-    from trl_clinic.course.companions import padding_free as companion
-    from trl_clinic.course.parameters import start_run
-
-    run = start_run("01", "cpu", 0, tmp_path_factory.mktemp("then_01"))
-    examples = companion.copy_examples(run.sizes.samples, run.subseed("examples"))
-    futures = [companion.start_era(run, era, examples) for era in (companion.ERA_OLD, companion.ERA_LATE)]
-    companion.train_copier(run)
-    old, later = (future.result() for future in futures)
-    assert old.finished and later.finished, f"{old.message}\n{old.stderr}\n{later.message}\n{later.stderr}"
-    return old, later
-
-
-@pytest.mark.era
-def test_01_padding_free_on_trl_0_14_and_transformers_4_55(era_01_runs):
-    old, later = era_01_runs
-    # trl 0.14: position_ids and no mask; trl 0.21 as SFTTrainer builds it on sdpa: a mask of ones, no position_ids
-    assert old.result["collator"]["has_position_ids"] and not old.result["collator"]["has_attention_mask"]
-    assert later.result["collator"]["attention_mask_all_ones"] and not later.result["collator"]["has_position_ids"]
-    for implementation in ("eager", "sdpa"):
-        assert not any(old.result["isolated"][implementation].values())  # 4.48: contaminated every way
-        isolated = later.result["isolated"][implementation]
-        assert isolated["train, use_cache=False, no mask"] and isolated["eval, use_cache=False, no mask"]
-        assert not isolated["train, config use_cache=True, no mask"]  # the cache turns the block mask off
-        assert not isolated["train, the collator's batch as its trainer sends it"]
-    lengths = old.result["mask_lengths"]
-    owner = [i for i, n in enumerate(lengths) for _ in range(n)]
-
-    def across(pattern):
-        return sum(a for q, row in enumerate(pattern) for k, a in enumerate(row) if owner[q] != owner[k])
-
-    assert across(old.result["attention_pattern"]["eval, use_cache=False, no mask"]) == 21  # one causal mask: 3*2+3*3+2*3
-    assert across(later.result["attention_pattern"]["eval, use_cache=False, no mask"]) == 0  # block-diagonal
-    assert across(later.result["attention_pattern"]["train, config use_cache=True, no mask"]) == 21
-
-
-@pytest.mark.era
-def test_01_padding_free_loss_grows_with_the_batch_through_the_real_sft_trainer(era_01_runs):
-    old, later = era_01_runs
-    losses = old.result["loss_by_batch_size"]
-    assert losses["batch_sizes"] == [1, 4, 16] and losses["attn_implementation"] == ["sdpa"]  # the flag never came
-    for padded, free, ratio in zip(losses["padded"], losses["padding_free"], losses["ratio"]):
-        assert padded > 0 and ratio == pytest.approx(free / padded)
-    assert abs(losses["ratio"][0] - 1) < 1e-3  # one sequence per batch: nothing to leak
-    assert losses["ratio"][1] < losses["ratio"][2] and losses["ratio"][2] > 2  # more packed neighbours, more contamination
-    assert later.result["loss_by_batch_size"]["ratio"][-1] > 2  # trl 0.21 on sdpa: the mask of ones
-    assert any("flash_attention_2" in w for w in later.result["loss_by_batch_size"]["warnings"])  # and it warned
-
-
 def reported_in(source: Path) -> dict:
     """The report's GRPOConfig arguments exactly as a lesson 05 notebook quotes them (its ``reported = dict(...)``)."""
     tree = ast.parse(source.read_text())
@@ -429,22 +385,6 @@ def reported_in(source: Path) -> dict:
 
 def lesson_05_reported() -> dict:
     return reported_in(ROOT / "sources" / "05_grpo_sigfpe.py")
-
-
-@pytest.mark.era
-def test_05_the_report_s_grpo_config_is_accepted_and_trains_on_trl_0_14(tmp_path):
-    need_era("01-trl-0.14")
-    run = eras.run_in_era("01-trl-0.14", "then_05_grpo_config", {"reported": lesson_05_reported(), "max_steps": 1},
-                          tmp_path)
-    assert run.finished, f"{run.message}\n{run.stderr}"
-    assert run.result["era_versions"]["trl"] == "0.14.0"
-    assert run.result["config_accepted_as_written"] is True and run.result["error"] is None
-    assert run.result["config_as_read"]["num_generations"] == 16
-    assert run.result["optimizer_steps"] == 1
-    # 0.14.0 counts prompts: per-device batch 1 scores one prompt's 16 completions a micro-batch
-    assert run.result["batch_help"].startswith("Number of prompts sampled per device")
-    assert set(run.result["completions_per_call"]) == {16}
-    assert run.result["default_bf16"] is False  # the documentation's example, not naming bf16, ran in fp32
 
 
 def test_05_the_deep_dive_quotes_the_same_config_as_the_core():
