@@ -400,7 +400,7 @@ BACKGROUND_MAIN = textwrap.dedent('''\
     eras.PROBE_IMPORTS = ("json",)
     build = eras.build_era
     def slow_build(name, root=None, *, force=False, **_):
-        time.sleep(10)
+        time.sleep(4)
         return build(name, root, installer=[str(root or eras.repo_root()) + "/fake-uv"], torch_links=None, force=force)
     eras.build_era = slow_build
     sys.exit(eras.main(["--background", "--log", log, "99-test"]))
@@ -415,7 +415,7 @@ def test_make_test_builds_the_eras_in_the_background_and_tests_wait_for_them(fak
     done = subprocess.run([sys.executable, "-c", BACKGROUND_MAIN, str(fake_root), str(log)], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "in the background" in done.stdout, done.stderr
-    assert eras.era_python("99-test", fake_root) is None  # returned at once: the build sleeps 10 s before it starts
+    assert eras.era_python("99-test", fake_root) is None  # returned at once: the build sleeps 4 s before it starts
     assert eras.wait_for_builds(fake_root, timeout=120) is True
     assert eras.era_python("99-test", fake_root) is not None, log.read_text()
     assert "era 99-test: built" in log.read_text()
