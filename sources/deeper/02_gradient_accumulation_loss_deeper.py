@@ -203,8 +203,8 @@ print(f"packed rows, first step at 1 x {N} vs {N}: old arithmetic {packed['old']
 #
 # ## 6. Trained to the end: the report's two settings
 #
-# Batch N × 1 against batch 1 × N (once today's, once the old arithmetic), over one pass of the training data
-# (`max_steps × N` rows, none repeated), same weights, same order, same schedule (`warmup_steps=0.1`, a ratio:
+# Batch N × 1 against batch 1 × N (once today's, once the old arithmetic), over `max_steps × N` rows of the
+# training data, none repeated, same weights, same order, same schedule (`warmup_steps=0.1`, a ratio:
 # linear warm-up over the first tenth of the steps, then linear decay). Each held-out subset (short answers,
 # long answers, all) is evaluated as one batch, so its loss is the true token mean.
 
