@@ -11,6 +11,8 @@
 #
 # The exercises of [02b_gradient_accumulation_ddp.ipynb](../02b_gradient_accumulation_ddp.ipynb), at the lesson's
 # own sizes: the launch of section 1 with another `spec`, compared with one process holding the whole batch.
+# The lesson's own spec (batch 1, mixed rows) is not launched again: its per-process error comes from section 2's
+# objective computed by hand in this process, which the lesson measured equal to the launch's gradient.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"
@@ -21,6 +23,7 @@ output_dir = None  # None: outputs/02b_gradient_accumulation_ddp at the reposito
 from trl_clinic.course import child
 from trl_clinic.course.companions import accumulation_ddp as companion
 from trl_clinic.course.parameters import start_run
+from trl_clinic.probes.gradients import relative_error
 
 run = start_run("02b", profile, seed, output_dir)
 sizes = run.sizes
@@ -40,7 +43,10 @@ def launch(spec: dict, name: str) -> tuple[dict[str, list[float]], list[int]]:
     return errors, [sum(per_rank) for per_rank in launched.result["counts"][k]]
 
 
-lesson, lesson_tokens = launch({"settings": SETTINGS, "rows": "mixed", "batch_size": 1}, "solutions-lesson")
+spec = {"settings": SETTINGS, "rows": "mixed", "batch_size": 1}
+lesson = {"per-process": [relative_error(companion.per_process_gradient(run, spec, accumulation), reference.gradient)
+                          for accumulation, reference in companion.reference_gradients(run, spec).items()]}
+lesson_tokens = companion.per_process_weights(run, spec, k)[1]
 
 # %% [markdown]
 # ## Exercise 1

@@ -92,14 +92,14 @@ def reference_gradients(run: Run, spec: dict) -> dict[int, Reference]:
 
 
 def per_process_weights(run: Run, spec: dict, accumulation: int) -> tuple[list[dict], list[int], list[float]]:
-    """The rows of one distributed step as single-row batches, the process each went to, and the weight each
-    token of that row gets when every process divides by its own label count and DDP averages: 1/(W x N_p)."""
+    """The rows of one distributed step as single-row batches, each process's label tokens N_p, and the weight
+    each token of a row gets when every process divides by its own label count and DDP averages: 1/(W x N_p)."""
     processes, batch_size = run.sizes.processes, spec.get("batch_size", 1)
     single = window(one_step_trainer(run, "by-hand", 1, 1, rows(run, spec.get("rows", "mixed"))),
                     processes * batch_size * accumulation)
     owner = [(i // batch_size) % processes for i in range(len(single))]  # batches dealt to the processes in turn
     tokens = [sum(label_tokens(b) for b, p in zip(single, owner) if p == rank) for rank in range(processes)]
-    return single, owner, [1 / (processes * tokens[p]) for p in owner]
+    return single, tokens, [1 / (processes * tokens[p]) for p in owner]
 
 
 def per_process_gradient(run: Run, spec: dict, accumulation: int) -> torch.Tensor:
