@@ -281,8 +281,9 @@ class ClinicWatch(TrainerCallback):
         self._report(Finding(
             "no_labels", self._current_step(),
             f"{empty} of {len(counts)} micro-batches in this step have no label token (label tokens: {counts})",
-            "every label masked: a max_length that cuts the completion away, a completion mask or "
-            "assistant_only_loss template that marks nothing (TRL #6668)",
+            "every label masked: a max_length that cuts the completion away (TRL #6668; TRL 1.16.0's SFTTrainer "
+            "drops such rows when it truncates its dataset), a completion mask or assistant_only_loss template "
+            "that marks nothing, or a collator of your own",
             "raise max_length above the prompts' length, or drop rows without completion tokens", "02",
             numbers={"empty_micro_batches": empty, "micro_batches": len(counts)}))
 
@@ -446,8 +447,9 @@ class ClinicWatch(TrainerCallback):
                                   "give the reward partial credit, or raise max_completion_length if completions are "
                                   "cut", "05")
         elif self.found("no_labels"):
-            cause, fix, lesson = ("micro-batches without label tokens (TRL #6668)", "raise max_length above the "
-                                  "prompts' length, or drop rows without completion tokens", "02")
+            cause, fix, lesson = ("micro-batches without label tokens (the no_labels finding)",
+                                  "raise max_length above the prompts' length, or drop rows without completion tokens",
+                                  "02")
         else:
             cause, fix, lesson = ("a loss that does not depend on the batch: every label masked, or a loss whose "
                                   "terms cancel", "look at one batch's labels (trainer.get_train_dataloader())", "02")
