@@ -6,7 +6,7 @@ A file of its own so that pytest-xdist (`--dist loadfile`) runs the deep dives o
 
 import pytest
 
-from test_eras import ROOT, era_result, reported_in
+from test_eras import ROOT, attention_across, era_result, reported_in
 from test_notebooks import NOTEBOOKS, assert_passed, run_workbook
 from trl_clinic.course.workbook import is_deep_dive
 
@@ -41,13 +41,8 @@ def test_01_the_deep_dive_s_padding_free_run_on_transformers_4_55(deep_dives):
         assert isolated["train, use_cache=False, no mask"] and isolated["eval, use_cache=False, no mask"]
         assert not isolated["train, config use_cache=True, no mask"]  # the cache turns the block mask off
         assert not isolated["train, the collator's batch as its trainer sends it"]
-    owner = [i for i, n in enumerate(later["mask_lengths"]) for _ in range(n)]
-
-    def across(pattern):
-        return sum(a for q, row in enumerate(pattern) for k, a in enumerate(row) if owner[q] != owner[k])
-
-    assert across(later["attention_pattern"]["eval, use_cache=False, no mask"]) == 0  # block-diagonal
-    assert across(later["attention_pattern"]["train, config use_cache=True, no mask"]) == 21
+    assert attention_across(later, "eval, use_cache=False, no mask") == 0  # block-diagonal
+    assert attention_across(later, "train, config use_cache=True, no mask") == 21
     assert later["loss_by_batch_size"]["ratio"][-1] > 2  # trl 0.21 on sdpa: the mask of ones
     assert any("flash_attention_2" in w for w in later["loss_by_batch_size"]["warnings"])  # and it warned
 

@@ -3,9 +3,9 @@ real on the old libraries: 02's on its own small spec, 04's in every scenario it
 
 The era runs of lessons 01 and 05 are checked in the workbook tests, on the results the lessons wrote
 (`era_result`; tests/test_notebooks.py, tests/test_deep_dives.py): running the same scripts with the same specs
-again here cost about 35 CPU-seconds of make test. The real runs need `make eras`. Under `make test` (which builds the eras they need and sets
-TRL_CLINIC_REQUIRE_ERAS) a missing era fails; a plain `pytest` without eras skips them with
-"run `make eras`".
+again here cost about 35 CPU-seconds of make test. The real runs need `make eras`. Under `make test` (which
+builds the eras they need and sets TRL_CLINIC_REQUIRE_ERAS) a missing era fails; a plain `pytest` without eras
+skips them with "run `make eras`".
 """
 
 from __future__ import annotations
@@ -57,6 +57,14 @@ def era_result(folder: Path, script: str, era: str) -> dict:
     path = folder / f"{script}.{era}.result.json"
     assert path.is_file(), f"the lesson wrote no {path.name} in {folder}: see its executed notebook there"
     return json.loads(path.read_text())
+
+
+def attention_across(result: dict, case: str) -> int:
+    """then_01_padding_free's attention pattern for ``case``: how many allowed (query, key) entries of the packed row
+    join two different sequences (0 when the mask is block-diagonal)."""
+    owner = [i for i, n in enumerate(result["mask_lengths"]) for _ in range(n)]
+    pattern = result["attention_pattern"][case]
+    return sum(a for q, row in enumerate(pattern) for k, a in enumerate(row) if owner[q] != owner[k])
 
 
 # --- the era files ----------------------------------------------------------------------------------

@@ -165,17 +165,14 @@ def test_the_runner_exits_zero_when_every_lesson_passed(workbook):
 def test_01_the_core_s_padding_free_run_on_trl_0_14(workbook):
     """The real trl 0.14 / transformers 4.48.3 run the core made: position_ids and no mask, one causal mask over the
     packed row, and a loss that grows with the batch through the real SFTTrainer, the kernel flag never reaching it."""
-    from test_eras import era_result
+    from test_eras import attention_across, era_result
 
     old = era_result(workbook[0] / "01_padding_free_high_loss" / "then", "then_01_padding_free", "01-trl-0.14")
     assert old["collator"]["has_position_ids"] and not old["collator"]["has_attention_mask"]
     for implementation in ("eager", "sdpa"):
         assert not any(old["isolated"][implementation].values())  # 4.48: contaminated every way
-    lengths = old["mask_lengths"]
-    owner = [i for i, n in enumerate(lengths) for _ in range(n)]
-    pattern = old["attention_pattern"]["eval, use_cache=False, no mask"]
-    across = sum(a for q, row in enumerate(pattern) for k, a in enumerate(row) if owner[q] != owner[k])
-    assert across == 21  # one causal mask over lengths 3, 2, 3: 3*2+3*3+2*3 entries across sequences
+    # one causal mask over lengths 3, 2, 3: 3*2+3*3+2*3 entries across sequences
+    assert attention_across(old, "eval, use_cache=False, no mask") == 21
     losses = old["loss_by_batch_size"]
     assert losses["batch_sizes"] == [1, 4, 16] and losses["attn_implementation"] == ["sdpa"]  # the flag never came
     for padded, free, ratio in zip(losses["padded"], losses["padding_free"], losses["ratio"]):
