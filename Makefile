@@ -55,6 +55,7 @@ workbook: $(STAMP) eras-for-workbook
 # session run they share (the workbook, era 01's scripts) runs once (xdist 3.8's loadgroup ignores its groups
 # on pytest 9.2: its node-id suffix is not read). The workbook runs its lessons one at a time beside the other worker.
 test: $(STAMP) browser
+	$(BIN)/ruff check src tests sources benchmarks && $(BIN)/ruff format --check src tests sources benchmarks
 	$(BIN)/python -m trl_clinic.course.eras --background --log .eras/test-build.log $(TEST_ERAS)
 	$(BIN)/python -m pytest -v -m "not slow" -n auto --dist loadfile --no-loadscope-reorder --durations=20
 

@@ -30,8 +30,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
-from trl_clinic.course import data, examples  # noqa: E402
-from trl_clinic.course.models import load_smollm2, make_causal_lm, make_reward_model  # noqa: E402
+from trl_clinic.course import examples  # noqa: E402
+from trl_clinic.course.models import load_smollm2, make_reward_model  # noqa: E402
 from trl_clinic.course.tokenizer import build_tokenizer  # noqa: E402
 from trl_clinic.watch import ClinicWatch  # noqa: E402
 
@@ -64,6 +64,7 @@ class WatchClock:
                 return function(*args, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - start
+
         return timed
 
     def __exit__(self, *exc) -> None:
@@ -82,7 +83,7 @@ class StepClock(TrainerCallback):
         self.starts.append(time.perf_counter())
 
     def steps(self) -> list[float]:
-        return [b - a for a, b in zip(self.starts[WARMUP:], self.starts[WARMUP + 1:])]
+        return [b - a for a, b in zip(self.starts[WARMUP:], self.starts[WARMUP + 1 :])]
 
 
 def cases(tokenizer, out: Path) -> dict:
@@ -91,23 +92,60 @@ def cases(tokenizer, out: Path) -> dict:
 
     common = {"logging_steps": 1}
     return {
-        "sft-accumulation": ("lesson 02: SFT, tiny Llama, batch 1 x accumulation 32", lambda: examples.sft_trainer(
-            tokenizer, out, rows=256, per_device_train_batch_size=1, gradient_accumulation_steps=32, max_steps=7,
-            learning_rate=3e-3, **common)),
-        "sft-padding-free": ("lesson 01: SFT padding-free, tiny Llama, 16 sequences a row",
-                             lambda: examples.sft_trainer(tokenizer, out, rows=512, padding_free=True, max_length=None,
-                                                          per_device_train_batch_size=16, max_steps=22, **common)),
-        "sft-batch-16": ("lesson 04: SFT, tiny Qwen2, batch 16", lambda: examples.sft_trainer(
-            tokenizer, out, family="qwen2", rows=512, per_device_train_batch_size=16, max_steps=22, **common)),
-        "reward-lora": ("lesson 03: reward model, tiny Llama, LoRA r=8 (SEQ_CLS), batch 1 x 32",
-                        lambda: examples.reward_trainer(
-                            tokenizer, out, model=make_reward_model(tokenizer), rows=256,
-                            peft_config=LoraConfig(task_type="SEQ_CLS", r=8), per_device_train_batch_size=1,
-                            gradient_accumulation_steps=32, max_steps=7, **common)),
-        "dpo": ("lesson 04: DPO, tiny Qwen2, batch 2", lambda: examples.dpo_trainer(
-            tokenizer, out, family="qwen2", rows=128, max_steps=22, **common)),
-        "grpo": ("lesson 05: GRPO, tiny Llama, 4 prompts x 4 generations of 16 tokens", lambda: examples.grpo_trainer(
-            tokenizer, out, rows=128, max_completion_length=16, max_steps=12, **common)),
+        "sft-accumulation": (
+            "lesson 02: SFT, tiny Llama, batch 1 x accumulation 32",
+            lambda: examples.sft_trainer(
+                tokenizer,
+                out,
+                rows=256,
+                per_device_train_batch_size=1,
+                gradient_accumulation_steps=32,
+                max_steps=7,
+                learning_rate=3e-3,
+                **common,
+            ),
+        ),
+        "sft-padding-free": (
+            "lesson 01: SFT padding-free, tiny Llama, 16 sequences a row",
+            lambda: examples.sft_trainer(
+                tokenizer,
+                out,
+                rows=512,
+                padding_free=True,
+                max_length=None,
+                per_device_train_batch_size=16,
+                max_steps=22,
+                **common,
+            ),
+        ),
+        "sft-batch-16": (
+            "lesson 04: SFT, tiny Qwen2, batch 16",
+            lambda: examples.sft_trainer(
+                tokenizer, out, family="qwen2", rows=512, per_device_train_batch_size=16, max_steps=22, **common
+            ),
+        ),
+        "reward-lora": (
+            "lesson 03: reward model, tiny Llama, LoRA r=8 (SEQ_CLS), batch 1 x 32",
+            lambda: examples.reward_trainer(
+                tokenizer,
+                out,
+                model=make_reward_model(tokenizer),
+                rows=256,
+                peft_config=LoraConfig(task_type="SEQ_CLS", r=8),
+                per_device_train_batch_size=1,
+                gradient_accumulation_steps=32,
+                max_steps=7,
+                **common,
+            ),
+        ),
+        "dpo": (
+            "lesson 04: DPO, tiny Qwen2, batch 2",
+            lambda: examples.dpo_trainer(tokenizer, out, family="qwen2", rows=128, max_steps=22, **common),
+        ),
+        "grpo": (
+            "lesson 05: GRPO, tiny Llama, 4 prompts x 4 generations of 16 tokens",
+            lambda: examples.grpo_trainer(tokenizer, out, rows=128, max_completion_length=16, max_steps=12, **common),
+        ),
     }
 
 
@@ -115,8 +153,10 @@ def smollm2_case(out: Path) -> dict:
     def build():
         model, tokenizer = load_smollm2()
         tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-        return examples.sft_trainer(tokenizer, out, model=model, rows=64, per_device_train_batch_size=2,
-                                    max_steps=7, logging_steps=1)
+        return examples.sft_trainer(
+            tokenizer, out, model=model, rows=64, per_device_train_batch_size=2, max_steps=7, logging_steps=1
+        )
+
     return {"smollm2-sft": ("SFT, SmolLM2-135M-Instruct (fp32), batch 2", build)}
 
 
@@ -140,10 +180,16 @@ def measure(build, repeats: int) -> dict:
         pairs.append(pair)
     overheads = [100 * (sum(w) / sum(p) - 1) for p, w in pairs]
     plain = statistics.median(statistics.fmean(p) for p, _ in pairs)
-    return {"plain_s": plain, "watched_s": statistics.median(statistics.fmean(w) for _, w in pairs),
-            "overhead_pct": statistics.median(overheads), "overhead_range_pct": [min(overheads), max(overheads)],
-            "inside_s": statistics.median(inside), "inside_pct": 100 * statistics.median(inside) / plain,
-            "steps_timed": len(pairs[0][0]), "pairs": pairs}
+    return {
+        "plain_s": plain,
+        "watched_s": statistics.median(statistics.fmean(w) for _, w in pairs),
+        "overhead_pct": statistics.median(overheads),
+        "overhead_range_pct": [min(overheads), max(overheads)],
+        "inside_s": statistics.median(inside),
+        "inside_pct": 100 * statistics.median(inside) / plain,
+        "steps_timed": len(pairs[0][0]),
+        "pairs": pairs,
+    }
 
 
 def main() -> None:
@@ -161,20 +207,31 @@ def main() -> None:
             continue
         results[name] = {"what": what, **measure(build, args.repeats)}
         r = results[name]
-        print(f"{name}: {r['plain_s']:.4f} s plain, {r['watched_s']:.4f} s watched, {r['overhead_pct']:+.1f} %; "
-              f"{r['inside_s']:.5f} s a step inside the watch ({r['inside_pct']:.2f} %)", flush=True)
-    meta = {"device": f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
-            "torch_threads": torch.get_num_threads(), "repeats": args.repeats, "warmup_steps_dropped": WARMUP,
-            **{lib: version(lib) for lib in ("torch", "transformers", "trl", "peft")}}
+        print(
+            f"{name}: {r['plain_s']:.4f} s plain, {r['watched_s']:.4f} s watched, {r['overhead_pct']:+.1f} %; "
+            f"{r['inside_s']:.5f} s a step inside the watch ({r['inside_pct']:.2f} %)",
+            flush=True,
+        )
+    meta = {
+        "device": f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
+        "torch_threads": torch.get_num_threads(),
+        "repeats": args.repeats,
+        "warmup_steps_dropped": WARMUP,
+        **{lib: version(lib) for lib in ("torch", "transformers", "trl", "peft")},
+    }
     if args.out:
         args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    print(f"\n{meta}\n\n| case | steps timed x pairs | s/step plain | s/step watched | overhead (median pair) | "
-          "range over pairs | s/step inside the watch |\n|---|---|---|---|---|---|---|")
+    print(
+        f"\n{meta}\n\n| case | steps timed x pairs | s/step plain | s/step watched | overhead (median pair) | "
+        "range over pairs | s/step inside the watch |\n|---|---|---|---|---|---|---|"
+    )
     for r in results.values():
         low, high = r["overhead_range_pct"]
-        print(f"| {r['what']} | {r['steps_timed']} x {args.repeats} | {r['plain_s']:.4f} | {r['watched_s']:.4f} | "
-              f"{r['overhead_pct']:+.1f} % | {low:+.1f} to {high:+.1f} % | {r['inside_s']:.5f} "
-              f"({r['inside_pct']:.2f} %) |")
+        print(
+            f"| {r['what']} | {r['steps_timed']} x {args.repeats} | {r['plain_s']:.4f} | {r['watched_s']:.4f} | "
+            f"{r['overhead_pct']:+.1f} % | {low:+.1f} to {high:+.1f} % | {r['inside_s']:.5f} "
+            f"({r['inside_pct']:.2f} %) |"
+        )
 
 
 if __name__ == "__main__":

@@ -29,18 +29,19 @@ def notebooks():
 # make test passes --no-loadscope-reorder, so xdist hands out whole files in this order: the heaviest first
 # (seconds of one fresh-clone make test), so that the last files handed out are short and both workers end
 # together. The two workbooks are most of the minutes and go one to each worker; the rest follow by weight.
-HEAVIEST = ("test_deep_dives.py",  # 436 s
-            "test_notebooks.py",  # 244 s
-            "test_solutions.py",  # 153 s
-            "test_gpu_paths.py",  # 81 s
-            "test_learner_path.py",  # 70 s
-            "test_checkup_eras.py",  # 56 s
-            "test_eras.py",  # 44 s
-            "test_workbook.py",  # 26 s
-            "test_crash.py")  # 15 s; every other file takes under 8 s
+HEAVIEST = (
+    "test_deep_dives.py",  # 436 s
+    "test_notebooks.py",  # 244 s
+    "test_solutions.py",  # 153 s
+    "test_gpu_paths.py",  # 81 s
+    "test_learner_path.py",  # 70 s
+    "test_checkup_eras.py",  # 56 s
+    "test_eras.py",  # 44 s
+    "test_workbook.py",  # 26 s
+    "test_crash.py",
+)  # 15 s; every other file takes under 8 s
 
 
 def pytest_collection_modifyitems(config, items):
     order = {name: rank for rank, name in enumerate(HEAVIEST)}
     items.sort(key=lambda item: order.get(item.path.name, len(order)))
-

@@ -87,7 +87,8 @@ def test_every_lesson_has_its_mutations_and_fixture():
 def test_the_real_runs_numbers_pass_every_check_and_each_says_its_kind(key):
     checks = verdict(key, baseline(key))
     assert all(isinstance(check, Check) for check in checks.values()), (
-        f"lesson {key}: wrap each check in measured(), recreated() or injected()")
+        f"lesson {key}: wrap each check in measured(), recreated() or injected()"
+    )
     assert all(check.passed for check in checks.values()), [name for name, c in checks.items() if not c.passed]
 
 
@@ -114,7 +115,7 @@ def test_exactly_the_named_checks_fail_on_a_run_without_the_bug_or_the_fix(key, 
 def test_a_skipped_era_leaves_its_checks_out_rather_than_passing_them(key):
     numbers = baseline(key)
     eras = numbers["then"]
-    for record in (eras.values() if "status" not in eras else [eras]):
+    for record in eras.values() if "status" not in eras else [eras]:
         record["status"] = "skipped"
     skipped = verdict(key, numbers)
     assert all(check.passed for check in skipped.values())

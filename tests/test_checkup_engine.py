@@ -49,24 +49,38 @@ def test_a_probe_that_does_not_apply_is_skipped_and_one_that_crashes_is_an_error
 
 
 def test_the_exit_code_says_fail_then_error_then_clean():
-    clean = Report([Finding("packing", "ok", "0.0", decided="measured"),
-                    Finding("accumulation", "warn", "0.1", fix="do x", decided="config"),
-                    Finding("labels_present", "skipped", reason="n/a")], "t")
+    clean = Report(
+        [
+            Finding("packing", "ok", "0.0", decided="measured"),
+            Finding("accumulation", "warn", "0.1", fix="do x", decided="config"),
+            Finding("labels_present", "skipped", reason="n/a"),
+        ],
+        "t",
+    )
     assert clean.exit_code == EXIT_CODES["clean"] == 0
     clean.findings.append(Finding("eos_label", "error", reason="KeyError: 'x'"))
     assert clean.exit_code == EXIT_CODES["error"] == 3 and not clean.failed
-    clean.findings.append(Finding("fp16_adamw", "fail", "3 tensors", fix="load in float32", lesson="03",
-                                  decided="measured"))
+    clean.findings.append(
+        Finding("fp16_adamw", "fail", "3 tensors", fix="load in float32", lesson="03", decided="measured")
+    )
     assert clean.exit_code == EXIT_CODES["fail"] == 1 and clean.failed
 
 
 def test_the_report_prints_how_each_finding_was_decided_as_a_table_and_as_json():
-    report = Report([Finding("packing", "fail", "0.6", fix="pad instead", decided="measured", known_bug="01-x"),
-                     Finding("known_bugs", "warn", "05-y", fix="upgrade", decided="table"),
-                     Finding("eos_label", "error", reason="KeyError: 'x'")], "t")
+    report = Report(
+        [
+            Finding("packing", "fail", "0.6", fix="pad instead", decided="measured", known_bug="01-x"),
+            Finding("known_bugs", "warn", "05-y", fix="upgrade", decided="table"),
+            Finding("eos_label", "error", reason="KeyError: 'x'"),
+        ],
+        "t",
+    )
     data = json.loads(report.to_json())
     assert data["failed"] and data["errors"] == 1 and data["exit_code"] == 1
-    assert [(f["status"], f["decided"]) for f in data["findings"]] == [("fail", "measured"), ("warn", "table"),
-                                                                       ("error", "")]
+    assert [(f["status"], f["decided"]) for f in data["findings"]] == [
+        ("fail", "measured"),
+        ("warn", "table"),
+        ("error", ""),
+    ]
     text = str(report)
     assert "decided" in text and "measured" in text and "table" in text and "01-x" in text and "KeyError" in text

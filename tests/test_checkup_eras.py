@@ -25,28 +25,35 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_eras import need_era
+
 from trl_clinic.course import eras
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "tests" / "checkup_eras" / "run.py"
 STACK = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers", "numpy")
-VERSIONS = ("import importlib.metadata as m, json, sys\n"
-            "found = {}\n"
-            "for name in sys.argv[1:]:\n"
-            "    try:\n"
-            "        found[name] = m.version(name)\n"
-            "    except m.PackageNotFoundError:\n"
-            "        found[name] = None\n"
-            "print(json.dumps(found))\n")
+VERSIONS = (
+    "import importlib.metadata as m, json, sys\n"
+    "found = {}\n"
+    "for name in sys.argv[1:]:\n"
+    "    try:\n"
+    "        found[name] = m.version(name)\n"
+    "    except m.PackageNotFoundError:\n"
+    "        found[name] = None\n"
+    "print(json.dumps(found))\n"
+)
 CHILD_ENV = {**eras.CHILD_ENV, "OMP_NUM_THREADS": "1"}  # an era's child, as the lessons start one, on one thread
 SECONDS: dict[str, float] = {}  # per era: copy + install + check-up, printed at the end of the session
 
 
 def versions(python: Path, names=STACK) -> dict[str, str | None]:
-    done = subprocess.run([str(python), "-c", VERSIONS, *names], capture_output=True, text=True, check=True,
-                          env={**os.environ, **CHILD_ENV})
+    done = subprocess.run(
+        [str(python), "-c", VERSIONS, *names],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **CHILD_ENV},
+    )
     return json.loads(done.stdout)
 
 
@@ -58,8 +65,21 @@ def wheel(tmp_path_factory) -> Path:
         shutil.copy(ROOT / name, source / name)
     shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
-                    str(out), str(source)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            str(source),
+        ],
+        check=True,
+    )
     (built,) = out.glob("trl_clinic-*.whl")
     return built
 
@@ -74,8 +94,15 @@ def install(era: str, wheel: Path, folder: Path, installer: str) -> dict:
     python = copy / "bin" / "python"
     before = versions(python)
     if installer == "uv":
-        command = [str(Path(sys.executable).with_name("uv")), "pip", "install", "--quiet", "--python", str(python),
-                   str(wheel)]
+        command = [
+            str(Path(sys.executable).with_name("uv")),
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            str(python),
+            str(wheel),
+        ]
     else:  # pip of this venv, installing into the copy (pip >= 22.3's --python)
         command = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", str(wheel)]
     subprocess.run(command, check=True, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
@@ -91,9 +118,14 @@ def checkup_in(era: str, wheel: Path, tmp_path: Path, installer: str = "uv") -> 
     assert {k: env["after"][k] for k in STACK} == env["before"], f"installing the wheel changed {era}'s stack"
     assert env["after"]["trl-clinic"] is not None
     result = tmp_path / "result.json"
-    done = subprocess.run([str(env["python"]), str(RUN), era, str(result)], capture_output=True, text=True,
-                          cwd=tmp_path, env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), **CHILD_ENV},
-                          timeout=600)
+    done = subprocess.run(
+        [str(env["python"]), str(RUN), era, str(result)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), **CHILD_ENV},
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     outcome = json.loads(result.read_text())
     SECONDS[era] = round(time.perf_counter() - start, 1)
@@ -124,7 +156,11 @@ def test_02_transformers_4_45_accumulation_fails_by_measurement_and_its_healthy_
     outcome = checkup_in("02-transformers-4.45", wheel, tmp_path)
     assert outcome["versions"]["transformers"] == "4.45.2"
     bug = findings(outcome, "accumulation, unequal micro-batches")["accumulation"]
-    assert (bug["status"], bug["decided"], bug["known_bug"]) == ("fail", "measured", "02-transformers-4.45-accumulation")
+    assert (bug["status"], bug["decided"], bug["known_bug"]) == (
+        "fail",
+        "measured",
+        "02-transformers-4.45-accumulation",
+    )
     assert bug["value"] > 0.3  # LESSONS.md section 6: 0.85 on its examples; the mean of micro-batch means
     equal = findings(outcome, "accumulation, equal micro-batches")["accumulation"]
     assert (equal["status"], equal["decided"]) == ("ok", "measured") and equal["value"] < 1e-5

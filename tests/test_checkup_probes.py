@@ -30,11 +30,18 @@ def packed_collator(tokenizer):
 
 # --- packing (lesson 01; AUDIT C2 known_bugs-by-name, C4 16-bit tolerance) ---------------------------------------
 
+
 def test_packing_trips_on_opt_padding_free_by_measurement_and_passes_llama(tokenizer, tmp_path):
-    opt = status(examples.sft_trainer(tokenizer, tmp_path, family="opt", padding_free=True, max_length=None,
-                                      per_device_train_batch_size=4), "packing")
-    llama = status(examples.sft_trainer(tokenizer, tmp_path, padding_free=True, max_length=None,
-                                        per_device_train_batch_size=4), "packing")
+    opt = status(
+        examples.sft_trainer(
+            tokenizer, tmp_path, family="opt", padding_free=True, max_length=None, per_device_train_batch_size=4
+        ),
+        "packing",
+    )
+    llama = status(
+        examples.sft_trainer(tokenizer, tmp_path, padding_free=True, max_length=None, per_device_train_batch_size=4),
+        "packing",
+    )
     assert (opt.status, opt.decided, opt.known_bug) == ("fail", "measured", "01-family-mask-ignores-position-ids")
     assert opt.value > 0.1 and "opt" in opt.fix
     assert (llama.status, llama.decided) == ("ok", "measured") and llama.value < 1e-5
@@ -46,10 +53,22 @@ def test_packing_trips_on_opt_padding_free_by_measurement_and_passes_llama(token
 def test_packing_in_16_bits_still_fails_the_opt_trap_and_passes_llama(tokenizer, tmp_path, dtype):
     """AUDIT C4: the old 16-bit tolerance (2e-2 on the loss) was above the OPT contamination lesson 06 measures
     (9.6e-3). The decision is by logits now, against the first sequences' own rounding in this dtype."""
+
     def probe(family):
         model = make_causal_lm(tokenizer, family, dtype=dtype)
-        return status(examples.sft_trainer(tokenizer, tmp_path, family=family, model=model, padding_free=True,
-                                           max_length=None, per_device_train_batch_size=4), "packing")
+        return status(
+            examples.sft_trainer(
+                tokenizer,
+                tmp_path,
+                family=family,
+                model=model,
+                padding_free=True,
+                max_length=None,
+                per_device_train_batch_size=4,
+            ),
+            "packing",
+        )
+
     opt, llama = probe("opt"), probe("llama")
     assert opt.status == "fail" and opt.value > 10 * float(opt.measured.split("tolerance ")[1].split(")")[0])
     assert llama.status == "ok"
@@ -65,43 +84,76 @@ def test_packing_recognises_a_packed_row_by_its_rows_whatever_keys_it_carries(to
         batch.pop("position_ids")
         batch["attention_mask"] = torch.ones_like(batch["input_ids"])
         return batch
-    found = status(examples.custom_trainer(tokenizer, tmp_path, data_collator=all_ones_no_positions,
-                                           per_device_train_batch_size=4), "packing")
+
+    found = status(
+        examples.custom_trainer(
+            tokenizer, tmp_path, data_collator=all_ones_no_positions, per_device_train_batch_size=4
+        ),
+        "packing",
+    )
     assert (found.status, found.decided) == ("fail", "measured") and "1 row(s)" in found.measured
-    assert status(examples.custom_trainer(tokenizer, tmp_path, data_collator=inner, per_device_train_batch_size=4),
-                  "packing").status == "ok"
+    assert (
+        status(
+            examples.custom_trainer(tokenizer, tmp_path, data_collator=inner, per_device_train_batch_size=4), "packing"
+        ).status
+        == "ok"
+    )
 
 
 # --- accumulation (lesson 02; AUDIT C3) ------------------------------------------------------------------------
 
+
 def test_accumulation_trips_on_a_loss_that_ignores_num_items_and_on_the_old_path(tokenizer, tmp_path):
-    mean = status(examples.custom_trainer(tokenizer, tmp_path, examples.MeanLossTrainer,
-                                          gradient_accumulation_steps=4), "accumulation")
-    summed = status(examples.custom_trainer(tokenizer, tmp_path, examples.SumLossTrainer,
-                                            gradient_accumulation_steps=4), "accumulation")
+    mean = status(
+        examples.custom_trainer(tokenizer, tmp_path, examples.MeanLossTrainer, gradient_accumulation_steps=4),
+        "accumulation",
+    )
+    summed = status(
+        examples.custom_trainer(tokenizer, tmp_path, examples.SumLossTrainer, gradient_accumulation_steps=4),
+        "accumulation",
+    )
     old = examples.sft_trainer(tokenizer, tmp_path, gradient_accumulation_steps=4)
     old.model_accepts_loss_kwargs = False
     assert (mean.status, mean.decided) == ("fail", "measured") and "MeanLossTrainer.compute_loss" in mean.fix
     assert (summed.status, summed.decided) == ("ok", "measured") and summed.value < 1e-5
     found = status(old, "accumulation")
     assert found.status == "fail" and "model_accepts_loss_kwargs" in found.fix
-    assert status(examples.sft_trainer(tokenizer, tmp_path, gradient_accumulation_steps=4),
-                  "accumulation").status == "ok"
+    assert (
+        status(examples.sft_trainer(tokenizer, tmp_path, gradient_accumulation_steps=4), "accumulation").status == "ok"
+    )
 
 
 def test_accumulation_on_packed_rows_compares_like_with_like_and_names_the_real_cause(tokenizer, tmp_path):
     """AUDIT C3: OPT padding-free is contaminated, which is packing's finding, not accumulation's; a packed
     custom loss that ignores num_items_in_batch still fails accumulation, blamed on its compute_loss."""
-    opt = checkup(examples.sft_trainer(tokenizer, tmp_path, family="opt", padding_free=True, max_length=None,
-                                       per_device_train_batch_size=4, gradient_accumulation_steps=2),
-                  only=["packing", "accumulation"], show=False)
+    opt = checkup(
+        examples.sft_trainer(
+            tokenizer,
+            tmp_path,
+            family="opt",
+            padding_free=True,
+            max_length=None,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=2,
+        ),
+        only=["packing", "accumulation"],
+        show=False,
+    )
     assert [(f.probe, f.status) for f in opt.findings] == [("packing", "fail"), ("accumulation", "ok")]
     assert "packed" in opt.by_probe("accumulation")[0].measured
     collator = packed_collator(tokenizer)
-    mean = status(examples.custom_trainer(tokenizer, tmp_path, examples.MeanLossTrainer, data_collator=collator,
-                                          gradient_accumulation_steps=4), "accumulation")
-    summed = status(examples.custom_trainer(tokenizer, tmp_path, examples.SumLossTrainer, data_collator=collator,
-                                            gradient_accumulation_steps=4), "accumulation")
+    mean = status(
+        examples.custom_trainer(
+            tokenizer, tmp_path, examples.MeanLossTrainer, data_collator=collator, gradient_accumulation_steps=4
+        ),
+        "accumulation",
+    )
+    summed = status(
+        examples.custom_trainer(
+            tokenizer, tmp_path, examples.SumLossTrainer, data_collator=collator, gradient_accumulation_steps=4
+        ),
+        "accumulation",
+    )
     assert mean.status == "fail" and "packed" in mean.measured and "MeanLossTrainer.compute_loss" in mean.fix
     assert summed.status == "ok" and summed.value < 1e-5
 
@@ -112,14 +164,16 @@ def test_accumulation_is_skipped_without_a_window(tokenizer, tmp_path):
 
 # --- precision (lesson 03; AUDIT C2 fp16_adamw, C6) -------------------------------------------------------------
 
+
 def half(tokenizer):
     return make_causal_lm(tokenizer, dtype=torch.float16)
 
 
 def test_fp16_adamw_is_measured_with_the_trainers_own_optimizer(tokenizer, tmp_path):
     bad = status(examples.custom_trainer(tokenizer, tmp_path, model=half(tokenizer), optim="adamw_torch"), "fp16_adamw")
-    fused = status(examples.custom_trainer(tokenizer, tmp_path, model=half(tokenizer), optim="adamw_torch_fused"),
-                   "fp16_adamw")
+    fused = status(
+        examples.custom_trainer(tokenizer, tmp_path, model=half(tokenizer), optim="adamw_torch_fused"), "fp16_adamw"
+    )
     assert (bad.status, bad.decided) == ("fail", "measured") and bad.value > 0 and "optim=adamw_torch" in bad.measured
     assert (fused.status, fused.decided) == ("ok", "measured")
     fp32 = status(examples.custom_trainer(tokenizer, tmp_path, optim="adamw_torch"), "fp16_adamw")
@@ -129,12 +183,16 @@ def test_fp16_adamw_is_measured_with_the_trainers_own_optimizer(tokenizer, tmp_p
 def test_fp16_adamw_reads_the_optimizer_passed_in_optimizers_not_args_optim(tokenizer, tmp_path):
     model = half(tokenizer)
     fused = torch.optim.AdamW(model.parameters(), fused=True)
-    passed = status(examples.custom_trainer(tokenizer, tmp_path, model=model, optim="adamw_torch",
-                                            optimizers=(fused, None)), "fp16_adamw")
+    passed = status(
+        examples.custom_trainer(tokenizer, tmp_path, model=model, optim="adamw_torch", optimizers=(fused, None)),
+        "fp16_adamw",
+    )
     model = half(tokenizer)
     plain = torch.optim.AdamW(model.parameters())
-    trap = status(examples.custom_trainer(tokenizer, tmp_path, model=model, optim="adamw_torch_fused",
-                                          optimizers=(plain, None)), "fp16_adamw")
+    trap = status(
+        examples.custom_trainer(tokenizer, tmp_path, model=model, optim="adamw_torch_fused", optimizers=(plain, None)),
+        "fp16_adamw",
+    )
     assert passed.status == "ok" and "trainer.optimizer" in passed.measured
     assert trap.status == "fail" and "trainer.optimizer" in trap.measured
 
@@ -148,30 +206,40 @@ def test_fp16_rmsprop_is_measured_not_assumed_to_compute_in_fp32(tokenizer, tmp_
 
 def test_an_optimizer_that_cannot_step_here_is_an_error_with_its_reason(tokenizer, tmp_path):
     """A GPU-only optimizer (bitsandbytes, paged) on this CPU: fp16 stability is not measured, and it says so."""
+
     class GpuOnly(torch.optim.AdamW):
         def step(self, closure=None):
             raise RuntimeError("this optimizer needs a GPU")
 
     model = half(tokenizer)
-    found = status(examples.custom_trainer(tokenizer, tmp_path, model=model, optimizers=(GpuOnly(model.parameters()),
-                                                                                          None)), "fp16_adamw")
+    found = status(
+        examples.custom_trainer(tokenizer, tmp_path, model=model, optimizers=(GpuOnly(model.parameters()), None)),
+        "fp16_adamw",
+    )
     assert found.status == "error" and "GpuOnly could not step" in found.reason and "not measured" in found.reason
 
 
 def test_init_dtype_warns_when_the_built_model_lacks_the_dtype_asked_for(tokenizer, tmp_path):
     """AUDIT C6's entry, decided from the built model: model_init_kwargs applies only when TRL loads the model."""
-    ignored = status(examples.sft_trainer(tokenizer, tmp_path, model_init_kwargs={"torch_dtype": "bfloat16"}),
-                     "init_dtype")
+    ignored = status(
+        examples.sft_trainer(tokenizer, tmp_path, model_init_kwargs={"torch_dtype": "bfloat16"}), "init_dtype"
+    )
     kept = status(examples.sft_trainer(tokenizer, tmp_path, model_init_kwargs={"dtype": "float32"}), "init_dtype")
     assert (ignored.status, ignored.decided) == ("warn", "config") and "torch.float32" in ignored.measured
     assert (kept.status, kept.decided) == ("ok", "config")
 
 
 def test_reward_head_trips_on_lora_without_seq_cls(tokenizer, tmp_path):
-    frozen = status(examples.reward_trainer(tokenizer, tmp_path, peft_config=LoraConfig(
-        target_modules=["q_proj", "v_proj"])), "reward_head")
-    trained = status(examples.reward_trainer(tokenizer, tmp_path, peft_config=LoraConfig(
-        task_type="SEQ_CLS", target_modules=["q_proj", "v_proj"])), "reward_head")
+    frozen = status(
+        examples.reward_trainer(tokenizer, tmp_path, peft_config=LoraConfig(target_modules=["q_proj", "v_proj"])),
+        "reward_head",
+    )
+    trained = status(
+        examples.reward_trainer(
+            tokenizer, tmp_path, peft_config=LoraConfig(task_type="SEQ_CLS", target_modules=["q_proj", "v_proj"])
+        ),
+        "reward_head",
+    )
     assert (frozen.status, frozen.decided) == ("fail", "config") and "SEQ_CLS" in frozen.fix
     assert trained.status == "ok"
     assert status(examples.reward_trainer(tokenizer, tmp_path), "reward_head").status == "ok"
@@ -179,8 +247,10 @@ def test_reward_head_trips_on_lora_without_seq_cls(tokenizer, tmp_path):
 
 # --- padding and the cache (lesson 04; AUDIT C2 padding_cache, C5) ---------------------------------------------
 
-def test_padding_cache_counts_real_forwards_and_warns_from_the_table_only_on_another_kernel(tokenizer, tmp_path,
-                                                                                          monkeypatch):
+
+def test_padding_cache_counts_real_forwards_and_warns_from_the_table_only_on_another_kernel(
+    tokenizer, tmp_path, monkeypatch
+):
     """Counted for real: a Trainer given use_cache=True builds a cache on right-padded rows, TRL's DPO does not.
     Where the table says the family and version would raise with FlashAttention-2 (stated here: transformers
     4.51.3; the real raise is met in the era, tests/test_checkup_eras.py) and the model runs sdpa, it warns."""
@@ -189,12 +259,16 @@ def test_padding_cache_counts_real_forwards_and_warns_from_the_table_only_on_ano
     today = status(custom, "padding_cache")
     assert (dpo.status, dpo.decided, dpo.value) == ("ok", "measured", 0)
     assert (today.status, today.decided) == ("ok", "measured") and today.value > 0
-    stated = Facts(model_type="qwen2", attn_implementation="sdpa", trainer="trainer", versions={"transformers": "4.51.3"})
+    stated = Facts(
+        model_type="qwen2", attn_implementation="sdpa", trainer="trainer", versions={"transformers": "4.51.3"}
+    )
     monkeypatch.setattr(Facts, "from_view", classmethod(lambda cls, view: stated))
     window = status(custom, "padding_cache")
     assert (window.status, window.decided, window.known_bug) == ("warn", "table", "04-qwen2-fa2-right-padding-4.49")
-    assert status(examples.custom_trainer(tokenizer, tmp_path, family="qwen2", use_cache=False),
-                  "padding_cache").status == "ok"
+    assert (
+        status(examples.custom_trainer(tokenizer, tmp_path, family="qwen2", use_cache=False), "padding_cache").status
+        == "ok"
+    )
 
 
 def test_padding_cache_audits_grpos_scoring_forwards(tokenizer, tmp_path):
@@ -202,9 +276,13 @@ def test_padding_cache_audits_grpos_scoring_forwards(tokenizer, tmp_path):
     completions. Completions end early here (every token but EOS and two others suppressed), so some rows are
     right-padded; TRL 1.16 passes use_cache=False there, so none builds a cache (the era test counts TRL 0.17's)."""
     keep = {tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(tokenizer.tokenize("a b"))}
-    trainer = examples.grpo_trainer(tokenizer, tmp_path, reward=examples.length_reward, max_completion_length=12,
-                                    generation_kwargs={"suppress_tokens": [i for i in range(len(tokenizer))
-                                                                           if i not in keep]})
+    trainer = examples.grpo_trainer(
+        tokenizer,
+        tmp_path,
+        reward=examples.length_reward,
+        max_completion_length=12,
+        generation_kwargs={"suppress_tokens": [i for i in range(len(tokenizer)) if i not in keep]},
+    )
     found = status(trainer, "padding_cache")
     assert (found.status, found.decided, found.value) == ("ok", "measured", 0)
     padded = int(found.measured.split("(")[1].split(" right-padded")[0])
@@ -214,12 +292,27 @@ def test_padding_cache_audits_grpos_scoring_forwards(tokenizer, tmp_path):
 def test_the_right_padding_guard_windows_are_the_families_read_in_each_release():
     """AUDIT C5: transformers 4.51.3 has the guard in mistral, mixtral, phi3, qwen2_moe, qwen2_vl, qwen2_5_vl,
     qwen3, qwen3_moe and starcoder2 too; qwen2_moe, phimoe and jetmoe keep it after 4.53.0."""
+
     def ids(model_type, version):
-        facts = Facts(model_type=model_type, attn_implementation="flash_attention_2", trainer="trainer",
-                      versions={"transformers": version, "trl": "1.16.0"})
+        facts = Facts(
+            model_type=model_type,
+            attn_implementation="flash_attention_2",
+            trainer="trainer",
+            versions={"transformers": version, "trl": "1.16.0"},
+        )
         return [e["id"] for e in matching(facts, "padding_cache")]
-    for family in ("mistral", "mixtral", "phi3", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "qwen3", "qwen3_moe",
-                   "starcoder2"):
+
+    for family in (
+        "mistral",
+        "mixtral",
+        "phi3",
+        "qwen2_moe",
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "qwen3",
+        "qwen3_moe",
+        "starcoder2",
+    ):
         assert ids(family, "4.51.3") == ["04-fa2-right-padding-other-families-4.49"], family
     assert ids("qwen2", "4.51.3") == ["04-qwen2-fa2-right-padding-4.49"]
     assert ids("qwen2", "4.45.2") == [] and ids("llama", "4.51.3") == []
@@ -228,6 +321,7 @@ def test_the_right_padding_guard_windows_are_the_families_read_in_each_release()
 
 
 # --- GRPO (lesson 05; AUDIT C2 grpo_config, C10) ---------------------------------------------------------------
+
 
 def test_grpo_equal_rewards_trips_on_a_reward_a_random_policy_never_earns(tokenizer, tmp_path):
     strict = examples.grpo_trainer(tokenizer, tmp_path, reward=all_in_category_reward)
@@ -244,6 +338,7 @@ def test_grpo_config_is_not_a_probe_of_a_built_trainer():
 
 
 # --- labels ----------------------------------------------------------------------------------------------------
+
 
 def test_labels_present_trips_on_batches_whose_labels_are_all_masked(tokenizer, tmp_path):
     masked = examples.custom_trainer(tokenizer, tmp_path)
@@ -274,6 +369,7 @@ def test_gradients_reach_trips_when_checkpointed_lora_inputs_need_no_gradient(to
 
 # --- the known-bugs table (AUDIT C1, C2 known_bugs, C6, C7, C8) -------------------------------------------------
 
+
 def test_known_bugs_never_fails_a_family_by_name(tokenizer, tmp_path, monkeypatch):
     """AUDIT C2: OPT padding-free is packing's measured fail; the table-only probe has nothing to say about it,
     and a table-only entry (stated here: an H20 with the reported cuBLAS) warns, never fails."""
@@ -288,9 +384,13 @@ def test_known_bugs_never_fails_a_family_by_name(tokenizer, tmp_path, monkeypatc
 
 def test_gpu_names_match_whole_never_as_substrings():
     """AUDIT C1: "H20" is in "NVIDIA H200"."""
+
     def ids(gpu):
-        return [e["id"] for e in matching(Facts(gpu_name=gpu, args={"bf16": True},
-                                                versions={"nvidia-cublas-cu12": "12.1.3.1"}))]
+        return [
+            e["id"]
+            for e in matching(Facts(gpu_name=gpu, args={"bf16": True}, versions={"nvidia-cublas-cu12": "12.1.3.1"}))
+        ]
+
     assert ids("NVIDIA H20") == ["05-h20-cublas-bf16"]
     assert ids("NVIDIA H200") == [] and ids("NVIDIA H100 80GB HBM3") == []
 
@@ -303,24 +403,31 @@ def test_the_cublas_entries_say_which_versions_were_reported_and_that_the_rest_a
 
 def test_the_torch_dtype_entry_starts_with_trl_0_27():
     """AUDIT C6: TRL's dtype='float32' default starts in 0.27.0 (0.26.2 defaults to 'auto')."""
+
     def ids(trl):
         return [e["id"] for e in matching(Facts(init_kwargs=["torch_dtype"], versions={"trl": trl}), "init_dtype")]
+
     assert ids("0.27.0") == ["03-torch-dtype-init-kwarg-ignored"] and ids("0.26.2") == []
 
 
 def test_the_01_entries_match_the_collator_object_not_an_argument():
     """AUDIT C7: SFTConfig has no padding_free in TRL 0.12.2-0.15.2; the collators that send position_ids and no
     mask (TRL's completion-only collator, transformers' DataCollatorWithFlattening) are matched by class."""
+
     def ids(collator, versions, **collator_args):
-        facts = Facts(attn_implementation="sdpa", collator=[collator, "object"], collator_args=collator_args,
-                      versions=versions)
+        facts = Facts(
+            attn_implementation="sdpa", collator=[collator, "object"], collator_args=collator_args, versions=versions
+        )
         return [e["id"] for e in matching(facts, "packing")]
+
     old = {"transformers": "4.48.3", "trl": "0.14.0"}
     assert ids("DataCollatorForCompletionOnlyLM", old, padding_free=True) == ["01-position-ids-ignored-before-4.53.1"]
     assert ids("DataCollatorWithFlattening", {"transformers": "4.51.3", "trl": "0.17.0"}) == [
-        "01-position-ids-ignored-before-4.53.1"]
+        "01-position-ids-ignored-before-4.53.1"
+    ]
     assert ids("DataCollatorForLanguageModeling", {"transformers": "4.55.4", "trl": "0.21.0"}, padding_free=True) == [
-        "01-trl-0.19-all-ones-mask"]
+        "01-trl-0.19-all-ones-mask"
+    ]
     assert ids("DataCollatorForLanguageModeling", {"transformers": "4.55.4", "trl": "0.23.1"}, padding_free=True) == []
     assert ids("DataCollatorWithFlattening", {"transformers": "4.53.1", "trl": "0.18.2"}) == []
 
@@ -332,6 +439,7 @@ def test_every_known_bug_says_which_released_files_it_was_read_in():
 
 
 # --- a healthy trainer -----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("make", [examples.sft_trainer, examples.dpo_trainer, examples.reward_trainer])
 def test_a_healthy_trainer_has_no_fail_and_no_error(tokenizer, tmp_path, make):

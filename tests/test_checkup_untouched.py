@@ -21,9 +21,12 @@ from trl_clinic.course import examples
 def snapshot(trainer):
     """Everything the check-up must not change, copied."""
     model = trainer.model
-    plain = {name: copy.deepcopy(value) for name, value in vars(trainer).items()
-             if isinstance(value, (dict, list, int, float, str, bool, type(None)))
-             or type(value).__name__ in ("TrainerState", "TrainerControl")}
+    plain = {
+        name: copy.deepcopy(value)
+        for name, value in vars(trainer).items()
+        if isinstance(value, (dict, list, int, float, str, bool, type(None)))
+        or type(value).__name__ in ("TrainerState", "TrainerControl")
+    }
     tokenizer = trainer.processing_class
     return {
         "weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
@@ -36,8 +39,12 @@ def snapshot(trainer):
         "config": model.config.to_dict(),
         "generation_config": getattr(model, "generation_config", None) and model.generation_config.to_dict(),
         "padding_side": getattr(tokenizer, "padding_side", None),
-        "accelerator": (trainer.accelerator.gradient_accumulation_steps, trainer.accelerator.step,
-                        list(trainer.accelerator._models), list(trainer.accelerator._dataloaders)),
+        "accelerator": (
+            trainer.accelerator.gradient_accumulation_steps,
+            trainer.accelerator.step,
+            list(trainer.accelerator._models),
+            list(trainer.accelerator._dataloaders),
+        ),
         "bound": dict(vars(trainer)),
         "plain": plain,
         "args": trainer.args.to_dict(),
@@ -57,8 +64,21 @@ def same(a, b) -> bool:
     return a == b or a is b
 
 
-COMPARED = ("weights", "buffers", "optimizer", "rng", "modes", "flags", "plain", "args", "config",
-            "generation_config", "padding_side", "accelerator", "grad_mode")
+COMPARED = (
+    "weights",
+    "buffers",
+    "optimizer",
+    "rng",
+    "modes",
+    "flags",
+    "plain",
+    "args",
+    "config",
+    "generation_config",
+    "padding_side",
+    "accelerator",
+    "grad_mode",
+)
 
 
 def stepped(trainer):
@@ -83,19 +103,28 @@ def assert_unchanged(before, after):
 
 # each trainer, and the probes that must have run on it (ok/warn/fail, not skipped nor crashed)
 CASES = {
-    "sft": (lambda tok, out: examples.sft_trainer(tok, out, gradient_accumulation_steps=2),
-            {"accumulation", "fp16_adamw", "padding_cache", "labels_present", "eos_label", "gradients_reach",
-             "known_bugs"}),
-    "sft-padding-free-opt": (lambda tok, out: examples.sft_trainer(tok, out, family="opt", padding_free=True,
-                                                                    max_length=None, gradient_accumulation_steps=2),
-                             {"packing", "accumulation", "padding_cache", "gradients_reach"}),
-    "dpo": (lambda tok, out: examples.dpo_trainer(tok, out, gradient_accumulation_steps=2),
-            {"accumulation", "padding_cache", "gradients_reach"}),
-    "reward": (lambda tok, out: examples.reward_trainer(tok, out, gradient_accumulation_steps=2),
-               {"accumulation", "reward_head", "padding_cache", "gradients_reach"}),
-    "custom-loss": (lambda tok, out: examples.custom_trainer(tok, out, examples.MeanLossTrainer,
-                                                             gradient_accumulation_steps=2),
-                    {"accumulation", "padding_cache", "labels_present", "gradients_reach"}),
+    "sft": (
+        lambda tok, out: examples.sft_trainer(tok, out, gradient_accumulation_steps=2),
+        {"accumulation", "fp16_adamw", "padding_cache", "labels_present", "eos_label", "gradients_reach", "known_bugs"},
+    ),
+    "sft-padding-free-opt": (
+        lambda tok, out: examples.sft_trainer(
+            tok, out, family="opt", padding_free=True, max_length=None, gradient_accumulation_steps=2
+        ),
+        {"packing", "accumulation", "padding_cache", "gradients_reach"},
+    ),
+    "dpo": (
+        lambda tok, out: examples.dpo_trainer(tok, out, gradient_accumulation_steps=2),
+        {"accumulation", "padding_cache", "gradients_reach"},
+    ),
+    "reward": (
+        lambda tok, out: examples.reward_trainer(tok, out, gradient_accumulation_steps=2),
+        {"accumulation", "reward_head", "padding_cache", "gradients_reach"},
+    ),
+    "custom-loss": (
+        lambda tok, out: examples.custom_trainer(tok, out, examples.MeanLossTrainer, gradient_accumulation_steps=2),
+        {"accumulation", "padding_cache", "labels_present", "gradients_reach"},
+    ),
 }
 
 
@@ -119,7 +148,9 @@ def test_grpo_checkup_changes_nothing_and_its_probes_ran(tokenizer, tmp_path):
     report = checkup(trainer, show=False)
     assert_unchanged(before, snapshot(trainer))
     assert {f.probe: f.status for f in report.findings if f.probe in ("equal_rewards", "padding_cache")} == {
-        "equal_rewards": "ok", "padding_cache": "ok"}
+        "equal_rewards": "ok",
+        "padding_cache": "ok",
+    }
     assert not report.errors, report.to_json()
 
 

@@ -84,6 +84,7 @@ def test_every_core_has_a_deep_dive_or_says_why_not():
 
 # ---- the core -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("key", CORES)
 def test_the_opening_is_short_and_says_what_you_learn_need_and_spend(key):
     lesson = CORES[key]
@@ -100,12 +101,14 @@ def test_the_opening_is_short_and_says_what_you_learn_need_and_spend(key):
     assert learn and len(re.findall(r"^[*-] ", learn.group(1), re.M)) == 3, f"{lesson.stem}: three things to learn"
     know = re.search(r"\*\*You should know\*\*:?(.*?)\*\*Time\*\*", text, re.S)
     assert know and len([line for line in know.group(1).strip().splitlines() if line.strip()]) == 1, (
-        f"{lesson.stem}: what you should know, in one line")
-    time_line = re.sub(r"\s+", " ", text[text.index("**Time**"):])
+        f"{lesson.stem}: what you should know, in one line"
+    )
+    time_line = re.sub(r"\s+", " ", text[text.index("**Time**") :])
     seconds = lesson.seconds["cpu"]
     assert seconds is not None and seconds <= CORE_SECONDS, f"{lesson.stem}: its cpu run is {seconds} s (lessons.yaml)"
     assert f"{seconds} s" in time_line and "minutes" in time_line, (
-        f"{lesson.stem}: the Time line gives the measured run ({seconds} s, lessons.yaml) and the working time")
+        f"{lesson.stem}: the Time line gives the measured run ({seconds} s, lessons.yaml) and the working time"
+    )
 
 
 @pytest.mark.parametrize("key", CORES)
@@ -113,13 +116,15 @@ def test_the_story_has_its_symptom_mechanism_fix_check_and_figure(key):
     lesson = CORES[key]
     symptom = code_index(lesson, "symptom")
     assert symptom and symptom[0] < SYMPTOM_BY_CODE_CELL, (
-        f"{lesson.stem}: the symptom (tag 'symptom') must come by code cell {SYMPTOM_BY_CODE_CELL}")
+        f"{lesson.stem}: the symptom (tag 'symptom') must come by code cell {SYMPTOM_BY_CODE_CELL}"
+    )
     for tag in ("mechanism", "fix", "figure"):
         assert tagged(lesson, tag), f"{lesson.stem}: no cell tagged {tag!r}"
     assert min(tagged(lesson, "mechanism")) > min(tagged(lesson, "symptom")), f"{lesson.stem}: symptom before mechanism"
     [check] = [cells(lesson)[i] for i in tagged(lesson, "portable-check")]
     assert check.cell_type == "code" and lines(check) <= PORTABLE_CHECK_LINES, (
-        f"{lesson.stem}: the portable check is one code cell of {PORTABLE_CHECK_LINES} lines or fewer")
+        f"{lesson.stem}: the portable check is one code cell of {PORTABLE_CHECK_LINES} lines or fewer"
+    )
     assert "trl_clinic" not in check.source, f"{lesson.stem}: the portable check is plain torch/TRL"
     assert "checkup" in source(lesson).read_text(), f"{lesson.stem}: name the checkup probe that does the same"
 
@@ -143,12 +148,16 @@ def test_recap_and_exercises_with_hints_starters_and_solutions(key):
     all_cells = cells(lesson)
     [recap] = [c.source for c in all_cells if c.cell_type == "markdown" and re.search(r"^#+ .*Recap", c.source, re.M)]
     assert 1 <= len(re.findall(r"^[*-] ", recap, re.M)) <= 5, f"{lesson.stem}: a recap of at most five bullets"
-    [exercise] = [c.source for c in all_cells if c.cell_type == "markdown" and re.search(r"^#+ .*Exercises", c.source, re.M)]
+    [exercise] = [
+        c.source for c in all_cells if c.cell_type == "markdown" and re.search(r"^#+ .*Exercises", c.source, re.M)
+    ]
     items = re.split(r"^\d+\. ", exercise, flags=re.M)[1:]
     assert 2 <= len(items) <= 3, f"{lesson.stem}: 2-3 exercises, not {len(items)}"
     for number, item in enumerate(items, 1):
         assert "<summary>Hint</summary>" in item, f"{lesson.stem}: exercise {number} has no <details><summary>Hint"
-    assert len(tagged(lesson, "exercise")) == len(items), f"{lesson.stem}: one starter code cell (tag 'exercise') per exercise"
+    assert len(tagged(lesson, "exercise")) == len(items), (
+        f"{lesson.stem}: one starter code cell (tag 'exercise') per exercise"
+    )
     solution = ROOT / "notebooks" / "solutions" / f"{lesson.stem}.ipynb"
     assert solution.exists(), f"{lesson.stem}: no worked solutions at {solution.relative_to(ROOT)}"
     assert f"solutions/{lesson.stem}.ipynb" in exercise, f"{lesson.stem}: the Exercises cell links its solutions"
@@ -156,13 +165,15 @@ def test_recap_and_exercises_with_hints_starters_and_solutions(key):
 
 # ---- every lesson notebook, core and deep dive ------------------------------------------------------------
 
+
 @pytest.mark.parametrize("key", DEEP_DIVES)
 def test_a_deep_dive_opens_with_what_its_core_showed(key):
     lesson = DEEP_DIVES[key]
     core = TABLE[key.removesuffix("-deeper")]
     opening = cells(lesson)[0]
     assert opening.cell_type == "markdown" and f"../{core.stem}.ipynb" in opening.source, (
-        f"{lesson.stem}: open with one line on what the core showed, linking ../{core.stem}.ipynb")
+        f"{lesson.stem}: open with one line on what the core showed, linking ../{core.stem}.ipynb"
+    )
     long = [lines(c) for c in code(lesson) if lines(c) > MAX_CODE_LINES]
     assert not long, f"{lesson.stem}: code cells over {MAX_CODE_LINES} lines: {long}"
 
@@ -181,9 +192,11 @@ def test_checks_come_last_collapsed_and_introduced_in_one_sentence(key):
     notebook = nbformat.read(ROOT / "notebooks" / f"{lesson.notebook}.ipynb", as_version=4)
     for i in checks:
         assert notebook.cells[i].metadata.get("jupyter", {}).get("source_hidden") is True, (
-            f"{lesson.stem}: checks cell {i + 1} is not collapsed (jupyter: {{source_hidden: true}})")
-    assert not [c for c in all_cells[checks[-1] + 1:] if c.cell_type == "markdown"], (
-        f"{lesson.stem}: nothing for the learner to read after the checks")
+            f"{lesson.stem}: checks cell {i + 1} is not collapsed (jupyter: {{source_hidden: true}})"
+        )
+    assert not [c for c in all_cells[checks[-1] + 1 :] if c.cell_type == "markdown"], (
+        f"{lesson.stem}: nothing for the learner to read after the checks"
+    )
     last = code(lesson)[-1].source.strip().splitlines()[-1]
     assert last.startswith('print(f"all checks passed'), f"{lesson.stem}'s last line is {last!r}"
 
@@ -192,5 +205,7 @@ def test_checks_come_last_collapsed_and_introduced_in_one_sentence(key):
 def test_the_report_gets_sentences_written_from_the_numbers(key):
     """The report shows each notebook's own summary, not raw metric keys: save_metrics(..., summary=...)."""
     text = source(TABLE[key]).read_text()
-    assert re.search(r"save_metrics\([^)]*summary=", text, re.S), f"{key}: pass save_metrics a summary= from the numbers"
-    assert f'start_run("{key}", profile, seed, output_dir)' in text, f"{key}: start_run(\"{key}\", ...)"
+    assert re.search(r"save_metrics\([^)]*summary=", text, re.S), (
+        f"{key}: pass save_metrics a summary= from the numbers"
+    )
+    assert f'start_run("{key}", profile, seed, output_dir)' in text, f'{key}: start_run("{key}", ...)'

@@ -38,19 +38,22 @@ def test_finished_and_timeout():
 
 def fake(culprits):
     """A run that crashes when every culprit is in the subset."""
+
     def run(subset):
         crashed = all(name in subset for name in culprits)
         if crashed:
             return Outcome("signal", -8, 0.0, signal="SIGFPE")
         return Outcome("finished", 0, 0.0)
+
     return run
 
 
 NAMES = ["lr", "beta2", "decay", "warmup", "cosine", "bf16", "accum", "clip"]
 
 
-@pytest.mark.parametrize("culprits", [["bf16"], ["lr", "bf16"], ["warmup", "clip"], ["lr"], ["clip"],
-                                      ["beta2", "cosine", "accum"]])
+@pytest.mark.parametrize(
+    "culprits", [["bf16"], ["lr", "bf16"], ["warmup", "clip"], ["lr"], ["clip"], ["beta2", "cosine", "accum"]]
+)
 def test_bisection_finds_the_smallest_failing_set(culprits):
     result = bisect_settings(NAMES, fake(culprits))
     assert result.culprits == [n for n in NAMES if n in culprits]
@@ -74,8 +77,10 @@ def test_walk_config_applies_the_fix_each_error_names_until_accepted():
         if config["batch"] % 4:
             raise ValueError(f"generation_batch_size ({config['batch']}) must be divisible by num_generations (4).")
 
-    fixes = [("'old'", "drop it", lambda c: {k: v for k, v in c.items() if k != "old"}),
-             ("divisible by num_generations", "batch 4", lambda c: {**c, "batch": 4})]
+    fixes = [
+        ("'old'", "drop it", lambda c: {k: v for k, v in c.items() if k != "old"}),
+        ("divisible by num_generations", "batch 4", lambda c: {**c, "batch": 4}),
+    ]
     walk = walk_config({"old": 1, "batch": 1}, fixes, build)
     assert [step["error"] is not None for step in walk.steps] == [True, True, False]
     assert walk.configs[-1] == {"batch": 4} and walk.last_rejected == {"batch": 1}
@@ -92,24 +97,39 @@ def test_todays_grpo_config_sizes_the_generation_batch_from_batch_and_accumulati
     lines = rule_lines()
     assert any("generation_batch_size = self.per_device_train_batch_size" in line for line in lines)
     assert any("% self.num_generations" in line for line in lines)
-    config = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=4,
-                        gradient_accumulation_steps=4, num_generations=16)
+    config = GRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=4,
+        num_generations=16,
+    )
     assert config.generation_batch_size == 16
     with pytest.raises(ValueError, match="generation_batch_size"):
-        GRPOConfig(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=1,
-                   gradient_accumulation_steps=4, num_generations=16)
+        GRPOConfig(
+            output_dir=str(tmp_path),
+            use_cpu=True,
+            per_device_train_batch_size=1,
+            gradient_accumulation_steps=4,
+            num_generations=16,
+        )
 
 
 def test_a_shell_words_a_native_crash_and_exits_with_128_plus_the_signal(tmp_path):
-    outcome = run_child(["-c", "from trl_clinic.course.crash import native_sigfpe; native_sigfpe()"], timeout=120,
-                        faulthandler=False, shell=True, cwd=tmp_path)
+    outcome = run_child(
+        ["-c", "from trl_clinic.course.crash import native_sigfpe; native_sigfpe()"],
+        timeout=120,
+        faulthandler=False,
+        shell=True,
+        cwd=tmp_path,
+    )
     assert outcome.status == "signal" and outcome.signal == "SIGFPE" and outcome.returncode == 128 + 8
     assert outcome.message.startswith("bash:") and "Floating point exception" in outcome.message
     assert "Fatal Python error" not in outcome.stderr and "Traceback" not in outcome.stderr
     assert not list(tmp_path.glob("core*"))  # the truncated core file the shell's limit allowed is removed
 
 
-FORKED = '''
+FORKED = """
 def double(run, spec):
     print("in the child")
     return {"twice": 2 * spec["x"]}
@@ -122,7 +142,7 @@ def crash(run, spec):
 
 def fail(run, spec):
     raise ValueError("generation batch is wrong")
-'''
+"""
 
 
 def test_forked_children_report_a_result_a_native_crash_and_an_error(tmp_path):

@@ -73,16 +73,23 @@ ERA_FILES = sorted((ROOT / "eras").glob("*.txt"))
 
 
 def test_the_issue_s_eras_are_defined():
-    assert {"02-transformers-4.45", "04-transformers-4.51", "04-transformers-4.40", "01-trl-0.14",
-            "01-transformers-4.55"} <= {
-        path.stem for path in ERA_FILES}
+    assert {
+        "02-transformers-4.45",
+        "04-transformers-4.51",
+        "04-transformers-4.40",
+        "01-trl-0.14",
+        "01-transformers-4.55",
+    } <= {path.stem for path in ERA_FILES}
 
 
 @pytest.mark.parametrize("path", ERA_FILES, ids=[path.stem for path in ERA_FILES])
 def test_an_era_pins_torch_and_the_four_libraries_and_says_who_uses_it(path):
     lines = path.read_text().splitlines()
-    pins = dict(re.match(r"^([A-Za-z0-9_.-]+)==(\S+)$", line).groups() for line in lines if "==" in line
-                and not line.startswith("#"))
+    pins = dict(
+        re.match(r"^([A-Za-z0-9_.-]+)==(\S+)$", line).groups()
+        for line in lines
+        if "==" in line and not line.startswith("#")
+    )
     assert pins.get("torch") == "2.13.0"
     assert set(LIBRARIES) <= set(pins), f"{path.name} must pin {', '.join(LIBRARIES)}"
     header = " ".join(line for line in lines if line.startswith("#"))
@@ -99,7 +106,10 @@ def test_make_test_requires_the_eras_its_tests_run():
 
 
 def test_the_eras_module_imports_without_torch():
-    code = "import sys, trl_clinic.course.eras, trl_clinic.course.handshake; assert 'torch' not in sys.modules, 'torch imported'"
+    code = (
+        "import sys, trl_clinic.course.eras, trl_clinic.course.handshake; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -209,6 +219,7 @@ def test_the_local_torch_wheel_is_found_when_pip_has_one():
 
 # --- running: the skip path and the runner --------------------------------------------------------
 
+
 def test_a_missing_era_is_skipped_with_the_make_command_and_never_raises(fake_root, tmp_path):
     run = eras.run_in_era("99-test", "then_02_accumulation", {}, tmp_path / "work", root=fake_root)
     assert run.status == "skipped" and run.skipped and not run.finished
@@ -226,12 +237,15 @@ def write_script(folder: Path, body: str) -> Path:
 
 def test_a_built_era_runs_a_script_and_returns_its_json(fake_root, tmp_path):
     build(fake_root)
-    script = write_script(tmp_path, '''\
+    script = write_script(
+        tmp_path,
+        """\
         import json, os, sys
         spec = json.load(open(sys.argv[1]))
         json.dump({"twice": 2 * spec["x"], "offline": os.environ["HF_HUB_OFFLINE"],
                    "gpus": os.environ["CUDA_VISIBLE_DEVICES"]}, open(sys.argv[2], "w"))
-        ''')
+        """,
+    )
     run = eras.run_in_era("99-test", script, {"x": 21}, tmp_path / "work", root=fake_root)
     assert run.finished, run.message
     assert run.result == {"twice": 42, "offline": "1", "gpus": ""}
@@ -239,7 +253,7 @@ def test_a_built_era_runs_a_script_and_returns_its_json(fake_root, tmp_path):
     assert json.loads(json.dumps(run.to_metrics()))["kind"] == "measured"
 
 
-BACKGROUND_BUILD = textwrap.dedent('''\
+BACKGROUND_BUILD = textwrap.dedent("""\
     import sys, time
     from pathlib import Path
     from trl_clinic.course import eras
@@ -249,13 +263,17 @@ BACKGROUND_BUILD = textwrap.dedent('''\
         print("locked", flush=True)
         time.sleep(2)
         eras.build_era("99-test", root, installer=[str(root / "fake-uv")], torch_links=None)
-    ''')
+    """)
 
 
 def test_a_lesson_waits_for_an_era_that_make_lab_is_building_in_the_background(fake_root, tmp_path, capsys):
     script = write_script(tmp_path, "import json, sys\njson.dump({'ran': True}, open(sys.argv[2], 'w'))\n")
-    builder = subprocess.Popen([sys.executable, "-c", BACKGROUND_BUILD, str(fake_root)], stdout=subprocess.PIPE,
-                               text=True, env={**os.environ, "FAKE_UV_LOG": str(fake_root / "uv.log")})
+    builder = subprocess.Popen(
+        [sys.executable, "-c", BACKGROUND_BUILD, str(fake_root)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "FAKE_UV_LOG": str(fake_root / "uv.log")},
+    )
     assert builder.stdout.readline().strip() == "locked"
     run = eras.run_in_era("99-test", script, {}, tmp_path / "work", root=fake_root)
     assert builder.wait(timeout=60) == 0
@@ -284,6 +302,7 @@ def test_a_script_s_time_limit_is_a_failure(fake_root, tmp_path):
 
 
 # --- the real old code ----------------------------------------------------------------------------
+
 
 @pytest.mark.era
 def test_02_accumulation_on_transformers_4_45_and_today_s_recreation_agree(tmp_path):
@@ -371,6 +390,7 @@ def test_04_an_unexpected_error_is_never_counted_as_past_the_check():
     def raising(error):
         def call():
             raise error
+
         return call
 
     assert then.outcome(raising(ValueError(then.GUARD + " ...")))["verdict"] == "guard"
@@ -378,16 +398,20 @@ def test_04_an_unexpected_error_is_never_counted_as_past_the_check():
     for error in (NameError("name 'trainer' is not defined", name="trainer"), TypeError("bad argument")):
         found = then.outcome(raising(error))
         assert found["verdict"] == "other" and not found["passed_guard"]
-    missing = then.outcome(raising(NameError("name '_flash_supports_window_size' is not defined",
-                                             name="_flash_supports_window_size")))
+    missing = then.outcome(
+        raising(NameError("name '_flash_supports_window_size' is not defined", name="_flash_supports_window_size"))
+    )
     assert missing["verdict"] == ("other" if then.FLASH_ATTN_INSTALLED else "missing_flash_kernel")
 
 
 def reported_in(source: Path) -> dict:
     """The report's GRPOConfig arguments exactly as a lesson 05 notebook quotes them (its ``reported = dict(...)``)."""
     tree = ast.parse(source.read_text())
-    call = next(node.value for node in tree.body if isinstance(node, ast.Assign)
-                and [getattr(t, "id", None) for t in node.targets] == ["reported"])
+    call = next(
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["reported"]
+    )
     return {keyword.arg: ast.literal_eval(keyword.value) for keyword in call.keywords}
 
 
@@ -400,7 +424,7 @@ def test_05_the_deep_dive_quotes_the_same_config_as_the_core():
     assert reported_in(ROOT / "sources" / "deeper" / "05_grpo_sigfpe_deeper.py") == lesson_05_reported()
 
 
-BACKGROUND_MAIN = textwrap.dedent('''\
+BACKGROUND_MAIN = textwrap.dedent("""\
     import sys, time
     from pathlib import Path
     from trl_clinic.course import eras
@@ -412,7 +436,7 @@ BACKGROUND_MAIN = textwrap.dedent('''\
         return build(name, root, installer=[str(root or eras.repo_root()) + "/fake-uv"], torch_links=None, force=force)
     eras.build_era = slow_build
     sys.exit(eras.main(["--background", "--log", log, "99-test"]))
-    ''')
+    """)
 
 
 def test_make_test_builds_the_eras_in_the_background_and_tests_wait_for_them(fake_root, tmp_path):
@@ -420,8 +444,13 @@ def test_make_test_builds_the_eras_in_the_background_and_tests_wait_for_them(fak
     taken, so a test that needs an era waits for it instead of finding it missing."""
     log = tmp_path / "build.log"
     env = {**os.environ, "TRL_CLINIC_ROOT": str(fake_root), "FAKE_UV_LOG": str(fake_root / "uv.log")}
-    done = subprocess.run([sys.executable, "-c", BACKGROUND_MAIN, str(fake_root), str(log)], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", BACKGROUND_MAIN, str(fake_root), str(log)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0 and "in the background" in done.stdout, done.stderr
     assert eras.era_python("99-test", fake_root) is None  # returned at once: the build sleeps 4 s before it starts
     assert eras.wait_for_builds(fake_root, timeout=120) is True

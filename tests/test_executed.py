@@ -16,8 +16,11 @@ EXECUTED = ROOT / "docs" / "executed"
 
 
 def code_cells(notebook) -> list[str]:
-    return [cell.source for cell in notebook.cells
-            if cell.cell_type == "code" and "injected-parameters" not in cell.metadata.get("tags", [])]
+    return [
+        cell.source
+        for cell in notebook.cells
+        if cell.cell_type == "code" and "injected-parameters" not in cell.metadata.get("tags", [])
+    ]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS.values(), ids=NOTEBOOKS.keys())

@@ -37,19 +37,37 @@ from trl_clinic.course.lessons import lessons
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = {lesson.stem: Path("notebooks") / f"{lesson.notebook}.ipynb" for lesson in lessons().values()}
 # the core with the shortest measured cpu time (lessons.yaml), so the learner's path costs least in `make test`
-FASTEST = min((lesson for lesson in lessons().values() if lesson.is_core), key=lambda lesson: lesson.seconds["cpu"]).stem
+FASTEST = min(
+    (lesson for lesson in lessons().values() if lesson.is_core), key=lambda lesson: lesson.seconds["cpu"]
+).stem
 LAST_LINE = "all checks passed"
 CELL_TIMEOUT_S = 1800
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def fresh_copy(dest: Path) -> Path:
     """The files a clone would have: tracked ones plus new ones not ignored, as they are in the working
     tree (no outputs/, no .venv, no workbook-output)."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, listed):
         source = ROOT / name
         if source.is_file():  # a tracked file deleted in the working tree is listed but absent
@@ -68,8 +86,12 @@ def repo(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's own inline backend, as in JupyterLab
-    found = subprocess.run([sys.executable, "-c", "import importlib.util; print(importlib.util.find_spec('trl_clinic').origin)"],
-                           capture_output=True, text=True, check=True).stdout.strip()
+    found = subprocess.run(
+        [sys.executable, "-c", "import importlib.util; print(importlib.util.find_spec('trl_clinic').origin)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert Path(found).is_relative_to(copy / "src"), f"the kernel would import trl_clinic from {found}, not the copy"
     return copy
 
@@ -90,8 +112,9 @@ def execute(notebook: Path, cwd: Path, save_to: Path) -> nbformat.NotebookNode:
     """Run every cell as JupyterLab's Run All does: the notebook's own kernel, started in ``cwd``,
     nothing injected; stops at the first error. The executed notebook is kept in ``save_to``."""
     nb = nbformat.read(notebook, as_version=4)
-    client = NotebookClient(nb, kernel_name=nb.metadata.kernelspec.name, timeout=CELL_TIMEOUT_S,
-                            resources={"metadata": {"path": str(cwd)}})
+    client = NotebookClient(
+        nb, kernel_name=nb.metadata.kernelspec.name, timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(cwd)}}
+    )
     try:
         client.execute()
     finally:
@@ -153,11 +176,20 @@ def start_lab(root: Path, state: Path, log) -> tuple[subprocess.Popen, str]:
     """JupyterLab as `make lab` starts it, headless, on a free port with a token; its settings,
     workspaces and runtime files in ``state`` so no earlier session's layout leaks in."""
     port, token = free_port(), secrets.token_hex(16)
-    command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-               f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-               f"--ServerApp.root_dir={root}", f"--LabApp.user_settings_dir={state / 'settings'}",
-               f"--LabApp.workspaces_dir={state / 'workspaces'}",
-               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    command = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        f"--LabApp.user_settings_dir={state / 'settings'}",
+        f"--LabApp.workspaces_dir={state / 'workspaces'}",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
     if os.getuid() == 0:
         command.append("--ServerApp.allow_root=True")
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(state / "runtime")}
@@ -226,8 +258,10 @@ def test_fastest_lesson_runs_all_in_jupyterlab_in_a_real_browser(repo, tmp_path)
                 finally:
                     browser.close()
         except Exception as error:
-            raise AssertionError(f"{error}\nscreenshot: {tmp_path / 'failure.png'}\n"
-                                 f"JupyterLab log (tail):\n{log_path.read_text()[-3000:]}") from error
+            raise AssertionError(
+                f"{error}\nscreenshot: {tmp_path / 'failure.png'}\n"
+                f"JupyterLab log (tail):\n{log_path.read_text()[-3000:]}"
+            ) from error
         finally:
             server.terminate()
             try:
@@ -247,8 +281,12 @@ def run_all_in_lab(page, url: str) -> str:
     page.goto(url)
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
     # The toolbar says "idle" before the session has its kernel; Run All then asks "Select Kernel".
-    wait_for(page, lambda s: s["kernel"] == "idle" and s["kernelName"] not in (None, "", "No Kernel"), 180,
-             "kernel idle and named after opening the notebook")
+    wait_for(
+        page,
+        lambda s: s["kernel"] == "idle" and s["kernelName"] not in (None, "", "No Kernel"),
+        180,
+        "kernel idle and named after opening the notebook",
+    )
     # Run All queues every cell at once ("[*]:"), then they run one by one. On a cold start (a fresh
     # virtual environment, CI) the first click was once taken while the kernel's connection was still
     # settling and queued nothing, with the kernel idle: click again, as a learner would. A dialog in
@@ -258,7 +296,9 @@ def run_all_in_lab(page, url: str) -> str:
         label = page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$"))
         page.locator(".lm-Menu-item:visible").filter(has=label).click()
         try:
-            state = wait_for(page, lambda s: s["dialog"] or queued(s), 30, f"cells queued by Run All (attempt {attempt})")
+            state = wait_for(
+                page, lambda s: s["dialog"] or queued(s), 30, f"cells queued by Run All (attempt {attempt})"
+            )
         except TimeoutError:
             if attempt == RUN_ALL_ATTEMPTS:
                 raise
@@ -268,18 +308,23 @@ def run_all_in_lab(page, url: str) -> str:
         if not queued(state):  # a dialog came first
             wait_for(page, lambda s: not s["dialog"] and queued(s), 60, "cells queued after the dialog")
         break
-    state = wait_for(page, lambda s: s["kernel"] == "idle" and not any("*" in c["prompt"] for c in s["cells"]),
-                     CELL_TIMEOUT_S, "Run All finished")
+    state = wait_for(
+        page,
+        lambda s: s["kernel"] == "idle" and not any("*" in c["prompt"] for c in s["cells"]),
+        CELL_TIMEOUT_S,
+        "Run All finished",
+    )
     last = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell.jp-CodeCell").last
     last.scroll_into_view_if_needed()
     page.wait_for_function(
         """() => { const cells = document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell');
                    return cells.length && cells[cells.length - 1].querySelector('.jp-OutputArea-output'); }""",
-        timeout=30_000)
+        timeout=30_000,
+    )
     shown = last.locator(".jp-OutputArea").inner_text()
-    assert LAST_LINE in shown, (
-        f"the last cell shows {shown[-2000:]!r}; the code cells on the page:\n"
-        + "\n---\n".join(f"{c['prompt']} {c['output'][-1500:]}" for c in state["cells"]))
+    assert LAST_LINE in shown, f"the last cell shows {shown[-2000:]!r}; the code cells on the page:\n" + "\n---\n".join(
+        f"{c['prompt']} {c['output'][-1500:]}" for c in state["cells"]
+    )
     return shown
 
 
@@ -313,8 +358,12 @@ def saved_errors(page, notebook: Path) -> str:
         deadline = time.monotonic() + 15
         while notebook.stat().st_mtime_ns == before and time.monotonic() < deadline:
             page.wait_for_timeout(250)
-        errors = [f"cell {i}: " + "\n".join(output.traceback) for i, cell in enumerate(nbformat.read(notebook, 4).cells)
-                  for output in cell.get("outputs", []) if output.output_type == "error"]
+        errors = [
+            f"cell {i}: " + "\n".join(output.traceback)
+            for i, cell in enumerate(nbformat.read(notebook, 4).cells)
+            for output in cell.get("outputs", [])
+            if output.output_type == "error"
+        ]
     except Exception as error:  # the message must still say what failed first
         return f"{dialog}(could not save the notebook from the page: {error})"
     return f"{dialog}saved as {notebook}; errors in it:\n" + ("\n".join(errors)[-4000:] if errors else "none")

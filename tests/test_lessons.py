@@ -17,7 +17,7 @@ def test_every_notebook_has_a_lesson_entry_and_back(notebooks):
     """lessons.yaml puts each deep dive after its core; the runner lists the cores first, then the deep dives."""
     assert sorted(lesson.stem for lesson in TABLE.values()) == sorted(notebooks)
     cores = [lesson.stem for lesson in TABLE.values() if lesson.is_core]
-    assert list(notebooks)[:len(cores)] == cores
+    assert list(notebooks)[: len(cores)] == cores
 
 
 def test_profiles_declare_device_precision_and_attention():
@@ -35,7 +35,7 @@ def test_every_shape_names_its_model_and_is_listed(key, profile):
 
 def test_a_misspelt_size_is_an_error_naming_the_known_ones():
     with pytest.raises(AttributeError, match="no size 'grpo_step'.*grpo_steps"):
-        find_lesson("05-deeper").sizes("cpu").grpo_step
+        _ = find_lesson("05-deeper").sizes("cpu").grpo_step
 
 
 def test_a_size_declared_for_one_profile_only_is_refused():
@@ -68,7 +68,9 @@ def test_sizes_fit_what_the_checks_assume(profile):
     assert s02b.processes == 2 and s02b.accumulation[0] == 1 and len(s02b.accumulation) >= 3
     assert s02b.n_samples >= s02b.processes * 2 * max(s02b.accumulation)  # exercise 2: batch 2 per process
     s03 = TABLE["03"].sizes(profile)
-    assert s03.train_steps >= 50 and s03.train_steps % 25 == 0 and s03.eval_pairs >= 64  # logs at 25 and 50: 1e34, then 0
+    assert (
+        s03.train_steps >= 50 and s03.train_steps % 25 == 0 and s03.eval_pairs >= 64
+    )  # logs at 25 and 50: 1e34, then 0
     s03d = TABLE["03-deeper"].sizes(profile)
     assert s03d.train_steps == 25 and 32 in s03d.accumulation_sweep and len(s03d.accumulation_sweep) >= 2  # 13**32 / 25
     assert s03d.accumulation_sweep == sorted(set(s03d.accumulation_sweep))

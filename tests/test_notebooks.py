@@ -26,8 +26,11 @@ NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 SOURCES_DIR = NOTEBOOKS_DIR.parent / "sources"
 NOTEBOOKS = find_lessons(NOTEBOOKS_DIR)  # cores and deep dives: what the runner runs
 CORES = {name: path for name, path in NOTEBOOKS.items() if not is_deep_dive(path)}
-EVERY_NOTEBOOK = {str(p.relative_to(NOTEBOOKS_DIR)): p for p in sorted(NOTEBOOKS_DIR.rglob("*.ipynb"))
-                  if ".ipynb_checkpoints" not in p.parts}  # and the worked solutions
+EVERY_NOTEBOOK = {
+    str(p.relative_to(NOTEBOOKS_DIR)): p
+    for p in sorted(NOTEBOOKS_DIR.rglob("*.ipynb"))
+    if ".ipynb_checkpoints" not in p.parts
+}  # and the worked solutions
 REQUIRED = {"profile", "seed", "output_dir"}
 
 
@@ -61,9 +64,11 @@ def test_notebook_matches_its_text_source_exactly(path):
     assert source.exists(), f"{path.name} has no percent-format source {source.relative_to(SOURCES_DIR.parent)}"
     notebook = nbformat.read(path, as_version=4)
     assert _cells(notebook) == _cells(jupytext.read(source)), (
-        f"{path.name} and {source.name} disagree: edit the source and run `make notebooks`")
+        f"{path.name} and {source.name} disagree: edit the source and run `make notebooks`"
+    )
     assert jupytext.writes(notebook, fmt="py:percent") == source.read_text(), (
-        f"{source.name} is not what jupytext writes from {path.name}: run `make notebooks`")
+        f"{source.name} is not what jupytext writes from {path.name}: run `make notebooks`"
+    )
 
 
 def test_every_text_source_has_its_notebook():
@@ -97,8 +102,21 @@ def run_workbook(out: Path, *options: str) -> tuple[Path, int, dict]:
     """One lesson at a time: under `make test` pytest-xdist's other worker has the other core, and two lessons
     here beside it overloaded the two cores (1260 CPU-seconds in 655 s of wall, about 1000 of them work).
     `--jobs` itself is tested on small notebooks (tests/test_workbook.py)."""
-    code = main(["run", *options, "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks",
-                 str(NOTEBOOKS_DIR), "--jobs", "1"])
+    code = main(
+        [
+            "run",
+            *options,
+            "--profile",
+            "cpu",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--notebooks",
+            str(NOTEBOOKS_DIR),
+            "--jobs",
+            "1",
+        ]
+    )
     summary = json.loads((out / SUMMARY_JSON).read_text())
     return out, code, {row["lesson"]: row for row in summary["lessons"]}
 
@@ -138,8 +156,22 @@ def test_the_fast_lessons_hold_at_other_seeds(tmp_path, seed):
     """Every lesson must hold on every seed: lessons 02 and 02b at two more seeds, in `make test-slow` with
     the other seed sweeps (`make seeds` runs any lessons at any seeds); in `make test` they cost 3 of its
     11 minutes (issue 23)."""
-    code = main(["run", "02", "02b", "--profile", "cpu", "--seed", str(seed), "--out", str(tmp_path), "--no-progress",
-                 "--notebooks", str(NOTEBOOKS_DIR)])
+    code = main(
+        [
+            "run",
+            "02",
+            "02b",
+            "--profile",
+            "cpu",
+            "--seed",
+            str(seed),
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+            "--notebooks",
+            str(NOTEBOOKS_DIR),
+        ]
+    )
     summary = json.loads((tmp_path / SUMMARY_JSON).read_text())
     assert code == 0, [(row["lesson"], row["error"] or row["failed"]) for row in summary["lessons"]]
 
@@ -150,8 +182,23 @@ def test_the_fast_lessons_hold_at_other_seeds(tmp_path, seed):
 def test_lesson_01_holds_at_seeds_1_to_5(tmp_path, seed):
     """Lesson 01's core and deep dive at five seeds no one tuned on (issue 28: its thresholds were set on seed 0;
     about two minutes a seed, so in `make test-slow`)."""
-    code = main(["run", "01", "--profile", "cpu", "--seed", str(seed), "--out", str(tmp_path), "--no-progress",
-                 "--notebooks", str(NOTEBOOKS_DIR), "--jobs", "1"])
+    code = main(
+        [
+            "run",
+            "01",
+            "--profile",
+            "cpu",
+            "--seed",
+            str(seed),
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+            "--notebooks",
+            str(NOTEBOOKS_DIR),
+            "--jobs",
+            "1",
+        ]
+    )
     summary = json.loads((tmp_path / SUMMARY_JSON).read_text())
     assert code == 0, [(row["lesson"], row["error"] or row["failed"]) for row in summary["lessons"]]
 
@@ -178,7 +225,9 @@ def test_01_the_core_s_padding_free_run_on_trl_0_14(workbook):
     for padded, free, ratio in zip(losses["padded"], losses["padding_free"], losses["ratio"]):
         assert padded > 0 and ratio == pytest.approx(free / padded)
     assert abs(losses["ratio"][0] - 1) < 1e-3  # one sequence per batch: nothing to leak
-    assert losses["ratio"][1] < losses["ratio"][2] and losses["ratio"][2] > 2  # more packed neighbours, more contamination
+    assert (
+        losses["ratio"][1] < losses["ratio"][2] and losses["ratio"][2] > 2
+    )  # more packed neighbours, more contamination
 
 
 def chromium():
@@ -191,10 +240,25 @@ def test_report_loads_in_a_headless_browser_with_every_lesson_and_figure(workboo
     out = workbook[0]
     report = build_report(out)
     dom = subprocess.run(
-        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tempfile.mkdtemp()}", "--virtual-time-budget=10000", "--dump-dom", report.as_uri()],
-        capture_output=True, text=True, timeout=120).stdout
+        [
+            chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tempfile.mkdtemp()}",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            report.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     body = re.search(r"<body([^>]*)>", dom).group(1)
     figures = sum(len(list((out / name).glob("*.png"))) for name in CORES)
     assert f'data-images="{figures}"' in body and 'data-images-loaded="true"' in body
@@ -207,5 +271,10 @@ def test_report_loads_in_a_headless_browser_with_every_lesson_and_figure(workboo
 def test_unknown_profile_fails_in_the_notebook_with_a_clear_message(tmp_path):
     path = next(iter(NOTEBOOKS.values()))
     with pytest.raises(papermill.PapermillExecutionError, match="unknown profile 'fast'"):
-        papermill.execute_notebook(str(path), str(tmp_path / path.name), cwd=str(path.parent), progress_bar=False,
-                                   parameters={"profile": "fast", "output_dir": str(tmp_path / "out")})
+        papermill.execute_notebook(
+            str(path),
+            str(tmp_path / path.name),
+            cwd=str(path.parent),
+            progress_bar=False,
+            parameters={"profile": "fast", "output_dir": str(tmp_path / "out")},
+        )

@@ -1,9 +1,9 @@
 """The library's ranges, the workbook's lock, and the files that install them agree."""
 
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -48,15 +48,20 @@ def test_the_lock_pins_every_requirement_inside_its_range():
 def test_the_lock_keeps_the_versions_the_lessons_measure():
     pins = locked()
     assert {name: pins[name] for name in ("torch", "transformers", "trl", "peft", "accelerate", "datasets")} == {
-        "torch": "2.13.0", "transformers": "5.23.0", "trl": "1.16.0", "peft": "0.21.2", "accelerate": "1.15.0",
-        "datasets": "5.2.0"}
+        "torch": "2.13.0",
+        "transformers": "5.23.0",
+        "trl": "1.16.0",
+        "peft": "0.21.2",
+        "accelerate": "1.15.0",
+        "datasets": "5.2.0",
+    }
     assert "+" not in pins["torch"]  # no local label: the local CPU build or PyPI's both satisfy ==2.13.0
 
 
 def test_make_and_conda_install_from_the_lock():
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^LOCK := requirements-lock\.txt$", makefile, re.M)
-    recipe = makefile[makefile.index("$(STAMP): pyproject.toml $(LOCK)"):makefile.index("touch $@")]
+    recipe = makefile[makefile.index("$(STAMP): pyproject.toml $(LOCK)") : makefile.index("touch $@")]
     assert recipe.count('-r $(LOCK) -e ".[course,test]"') == 2  # uv, and the pip fallback
     conda = [line.strip().removeprefix("- ").strip() for line in (ROOT / "environment.yml").read_text().splitlines()]
     assert "-r requirements-lock.txt" in conda and "-e .[course,test]" in conda

@@ -56,7 +56,12 @@ def test_audit_reads_the_cache_from_the_backbone_s_output_not_from_the_kwargs(qw
     audit.remove()
     row = audit.summary()["policy"]["eval"]
     assert {key: row[key] for key in AUDIT_COLUMNS} == {
-        "forwards": 3, "right_padded": 3, "cache_built": 2, "right_padded_with_cache": 2, "mask_to_attention": 3}
+        "forwards": 3,
+        "right_padded": 3,
+        "cache_built": 2,
+        "right_padded_with_cache": 2,
+        "mask_to_attention": 3,
+    }
     assert row["asked"]["use_cache=None from None"] == 1  # not called from trl: no TRL function asked
     qwen(**batch)
     assert audit.summary()["policy"]["eval"]["forwards"] == 3  # removed hooks count nothing
@@ -70,8 +75,20 @@ def test_audit_names_the_trl_function_that_passed_use_cache(qwen, tokenizer):
     caller = compile("model(**batch, use_cache=False)", trl_utils.__file__, "exec")
     exec(caller, {"model": qwen, "batch": batch})
     audit.remove()
-    assert audit.summary() == {"one": {"eval": {
-        "forwards": 1, "right_padded": 1, "cache_built": 0, "right_padded_with_cache": 0, "mask_to_attention": 1,
-        "asked": {"use_cache=False from utils.py:<module>": 1, "backbone_use_cache=False from utils.py:<module>": 1}}}}
+    assert audit.summary() == {
+        "one": {
+            "eval": {
+                "forwards": 1,
+                "right_padded": 1,
+                "cache_built": 0,
+                "right_padded_with_cache": 0,
+                "mask_to_attention": 1,
+                "asked": {
+                    "use_cache=False from utils.py:<module>": 1,
+                    "backbone_use_cache=False from utils.py:<module>": 1,
+                },
+            }
+        }
+    }
     with pytest.raises(ValueError, match="name the models"):
         ForwardAudit()

@@ -19,11 +19,14 @@ def test_auto_follows_cuda():
     assert resolve_profile("cpu", cuda_available=True) == "cpu"
 
 
-@pytest.mark.parametrize("bad, error, words", [
-    ("fast", ValueError, "unknown profile 'fast'"),
-    ("CPU", ValueError, "choose one of auto, cpu, gpu"),
-    (1, TypeError, "profile must be a string"),
-])
+@pytest.mark.parametrize(
+    "bad, error, words",
+    [
+        ("fast", ValueError, "unknown profile 'fast'"),
+        ("CPU", ValueError, "choose one of auto, cpu, gpu"),
+        (1, TypeError, "profile must be a string"),
+    ],
+)
 def test_bad_profile_is_a_clear_error(bad, error, words):
     with pytest.raises(error, match=words):
         resolve_profile(bad, cuda_available=False)
@@ -166,11 +169,13 @@ def test_progress_bars_follow_the_environment(monkeypatch, tmp_path):
 def test_a_lesson_goes_offline_itself_even_after_the_hub_was_imported_online(tmp_path):
     """`make lab` exports nothing to JupyterLab (a learner's own hub models must load there): each lesson
     sets offline mode itself, also when transformers came first and huggingface_hub read the variable online."""
-    code = ("import os; os.environ['HF_HUB_OFFLINE'] = '0'\n"
-            "import huggingface_hub.constants as hub\nassert not hub.is_offline_mode()\n"
-            "from trl_clinic.course.parameters import start_run\n"
-            f"start_run('06', 'cpu', 0, {str(tmp_path / 'out')!r})\n"
-            "print(hub.is_offline_mode(), os.environ['HF_HUB_OFFLINE'], os.environ['HF_DATASETS_OFFLINE'])")
+    code = (
+        "import os; os.environ['HF_HUB_OFFLINE'] = '0'\n"
+        "import huggingface_hub.constants as hub\nassert not hub.is_offline_mode()\n"
+        "from trl_clinic.course.parameters import start_run\n"
+        f"start_run('06', 'cpu', 0, {str(tmp_path / 'out')!r})\n"
+        "print(hub.is_offline_mode(), os.environ['HF_HUB_OFFLINE'], os.environ['HF_DATASETS_OFFLINE'])"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.stdout.split() == ["True", "1", "1"], out.stderr[-2000:]
@@ -187,15 +192,32 @@ def test_the_gpu_profile_says_it_is_unverified_until_a_real_run_is_recorded(tmp_
     (runs / "2026-11-24-h100.json").write_text(json.dumps({"all_passed": False, "device": "NVIDIA H100", "date": "x"}))
     assert "unverified" in gpu_profile_note(tmp_path)
     (runs / "2026-11-25-h100.json").write_text(
-        json.dumps({"all_passed": True, "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-25"}))
+        json.dumps({"all_passed": True, "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-25"})
+    )
     note = gpu_profile_note(tmp_path)
     assert "unverified" not in note and "NVIDIA H100 80GB HBM3" in note and "2026-11-25-h100.json" in note
 
 
 def test_a_gpu_run_prints_the_note_and_a_cpu_run_does_not(tmp_path):
-    gpu = Run(lesson="02", profile="gpu", device=torch.device("cpu"), precision="bf16", attention="sdpa",
-              sizes=find_lesson("02").sizes("gpu"), seed=0, output_dir=tmp_path)
+    gpu = Run(
+        lesson="02",
+        profile="gpu",
+        device=torch.device("cpu"),
+        precision="bf16",
+        attention="sdpa",
+        sizes=find_lesson("02").sizes("gpu"),
+        seed=0,
+        output_dir=tmp_path,
+    )
     assert "profile gpu" in gpu.describe()
-    cpu = Run(lesson="02", profile="cpu", device=torch.device("cpu"), precision="fp32", attention="sdpa",
-              sizes=find_lesson("02").sizes("cpu"), seed=0, output_dir=tmp_path)
+    cpu = Run(
+        lesson="02",
+        profile="cpu",
+        device=torch.device("cpu"),
+        precision="fp32",
+        attention="sdpa",
+        sizes=find_lesson("02").sizes("cpu"),
+        seed=0,
+        output_dir=tmp_path,
+    )
     assert "profile gpu" not in cpu.describe()

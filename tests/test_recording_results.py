@@ -5,11 +5,11 @@ import pytest
 from trl import SFTConfig, SFTTrainer
 
 from trl_clinic.course import data, plotting
-from trl_clinic.probes.gradients import cosine, first_step_gradient, relative_error
 from trl_clinic.course.models import make_causal_lm
 from trl_clinic.course.parameters import start_run
-from trl_clinic.probes.recording import StepRecorder
 from trl_clinic.course.results import failed_checks, injected, load_metrics, measured, recreated, save_metrics
+from trl_clinic.probes.gradients import cosine, first_step_gradient, relative_error
+from trl_clinic.probes.recording import StepRecorder
 
 
 @pytest.fixture
@@ -19,8 +19,12 @@ def run(tmp_path):
 
 def tiny_trainer(run, tokenizer, **config):
     args = SFTConfig(**run.trainer_kwargs("t"), per_device_train_batch_size=2, max_steps=3, **config)
-    return SFTTrainer(model=make_causal_lm(tokenizer), args=args, processing_class=tokenizer,
-                      train_dataset=data.instruction_pairs(16, seed=0))
+    return SFTTrainer(
+        model=make_causal_lm(tokenizer),
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=data.instruction_pairs(16, seed=0),
+    )
 
 
 def test_recorder_keeps_raw_and_logged_loss(run, tokenizer):
@@ -68,8 +72,9 @@ def test_metrics_file_records_checks_and_non_finite_numbers(run):
 
 
 def test_checks_say_their_kind_and_the_verdict_names_stand_ins(run):
-    metrics = save_metrics(run, "00", {}, lambda n: ({"real": measured(True), "old code": recreated(True)},
-                                                     {"fault gone": injected(True)}))
+    metrics = save_metrics(
+        run, "00", {}, lambda n: ({"real": measured(True), "old code": recreated(True)}, {"fault gone": injected(True)})
+    )
     assert metrics["checks"]["symptom"]["old code"] == {"passed": True, "kind": "recreated"}
     assert metrics["symptom_kind"] == "recreated" and metrics["fix_kind"] == "injected"
 
@@ -103,11 +108,20 @@ def test_nonfinite_probe_names_the_fp16_head(run, tokenizer):
     from trl_clinic.course.models import make_reward_model
     from trl_clinic.probes.nonfinite import NonFiniteProbe
 
-    args = RewardConfig(**run.trainer_kwargs("probe", logging=False), optim="adamw_torch", max_steps=5,
-                        per_device_train_batch_size=4, learning_rate=5e-3)
-    trainer = RewardTrainer(model=make_reward_model(tokenizer, dtype=torch.float16), args=args,
-                            train_dataset=data.preference_pairs(40, seed=0), processing_class=tokenizer,
-                            peft_config=LoraConfig(task_type="SEQ_CLS", r=4))
+    args = RewardConfig(
+        **run.trainer_kwargs("probe", logging=False),
+        optim="adamw_torch",
+        max_steps=5,
+        per_device_train_batch_size=4,
+        learning_rate=5e-3,
+    )
+    trainer = RewardTrainer(
+        model=make_reward_model(tokenizer, dtype=torch.float16),
+        args=args,
+        train_dataset=data.preference_pairs(40, seed=0),
+        processing_class=tokenizer,
+        peft_config=LoraConfig(task_type="SEQ_CLS", r=4),
+    )
     probe = NonFiniteProbe()
     trainer.add_callback(probe)
     trainer.train()
@@ -131,6 +145,6 @@ def test_replay_nan_filter_follows_trainer_arithmetic():
 
     # lesson 03's report: step 1 finite, then NaN; 32 micro-batches a step, a log every 25 steps
     logs = replay_nan_filter([2.0] + [math.nan] * 49, accumulation=32, logging_steps=25)
-    assert logs[0] == pytest.approx(2.0 * 13 ** 32 / 25, rel=1e-12) and logs[1] == 0.0
+    assert logs[0] == pytest.approx(2.0 * 13**32 / 25, rel=1e-12) and logs[1] == 0.0
     # finite losses are logged as their mean over the logging window
     assert replay_nan_filter([1.0, 3.0, 5.0, 7.0], accumulation=4, logging_steps=2) == [2.0, 6.0]

@@ -24,5 +24,7 @@ def imported(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("path", LIBRARY, ids=[str(p.relative_to(PACKAGE)) for p in LIBRARY])
 def test_the_library_never_imports_the_course(path):
-    course = sorted(name for name in imported(path) if name == "trl_clinic.course" or name.startswith("trl_clinic.course."))
+    course = sorted(
+        name for name in imported(path) if name == "trl_clinic.course" or name.startswith("trl_clinic.course.")
+    )
     assert not course, f"{path.relative_to(PACKAGE)} imports the course: {course}"

@@ -20,8 +20,11 @@ CORES = {key: lesson for key, lesson in lessons().items() if lesson.is_core}
 
 
 def exercise_count(lesson) -> int:
-    [cell] = [cell.source for cell in jupytext.read(ROOT / "sources" / f"{lesson.notebook}.py").cells
-              if cell.cell_type == "markdown" and re.search(r"^#+ .*Exercises", cell.source, re.M)]
+    [cell] = [
+        cell.source
+        for cell in jupytext.read(ROOT / "sources" / f"{lesson.notebook}.py").cells
+        if cell.cell_type == "markdown" and re.search(r"^#+ .*Exercises", cell.source, re.M)
+    ]
     return len(re.findall(r"^\d+\. ", cell, re.M))
 
 
@@ -37,11 +40,13 @@ def test_every_exercise_has_a_worked_solution_that_asserts_its_answer(key):
     sections = re.split(r"^# ## Exercise (\d+)", source.read_text(), flags=re.M)
     numbers = [int(n) for n in sections[1::2]]
     assert numbers == list(range(1, exercise_count(lesson) + 1)), (
-        f"{source.name} must have one '## Exercise N' section per exercise, in order: {numbers}")
+        f"{source.name} must have one '## Exercise N' section per exercise, in order: {numbers}"
+    )
     for number, body in zip(numbers, sections[2::2]):
         assert "assert " in body, f"{source.name}: exercise {number} asserts nothing"
     assert f'start_run("{key}", profile, seed, output_dir)' in source.read_text(), (
-        f"{source.name}: read the lesson's own sizes (start_run(\"{key}\", ...))")
+        f'{source.name}: read the lesson\'s own sizes (start_run("{key}", ...))'
+    )
 
 
 @pytest.mark.notebook
@@ -51,6 +56,11 @@ def test_worked_solutions_run_and_their_answers_hold(key, tmp_path):
     notebook = ROOT / "notebooks" / "solutions" / f"{lesson.stem}.ipynb"
     if not notebook.exists():
         pytest.skip("no solutions (the test above fails)")
-    papermill.execute_notebook(str(notebook), str(tmp_path / notebook.name), cwd=str(notebook.parent),
-                               progress_bar=False, kernel_name="python3",
-                               parameters={"profile": "cpu", "seed": 0, "output_dir": str(tmp_path / "out")})
+    papermill.execute_notebook(
+        str(notebook),
+        str(tmp_path / notebook.name),
+        cwd=str(notebook.parent),
+        progress_bar=False,
+        kernel_name="python3",
+        parameters={"profile": "cpu", "seed": 0, "output_dir": str(tmp_path / "out")},
+    )

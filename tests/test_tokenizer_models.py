@@ -11,8 +11,9 @@ def test_tokenizer_round_trip_and_special_tokens(tokenizer):
     text = "where does alice live? answer: paris."
     assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
     assert tokenizer.pad_token_id != tokenizer.eos_token_id
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                         add_generation_prompt=True)
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -89,15 +90,22 @@ def test_head_seed_redraws_only_the_head(tokenizer):
 def test_smollm2_loads_offline_and_answers_and_reads_its_gguf_once(monkeypatch):
     from_gguf = []
     load = models.AutoModelForCausalLM.from_pretrained
-    monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained",
-                        lambda *args, **kwargs: from_gguf.append("gguf_file" in kwargs) or load(*args, **kwargs))
+    monkeypatch.setattr(
+        models.AutoModelForCausalLM,
+        "from_pretrained",
+        lambda *args, **kwargs: from_gguf.append("gguf_file" in kwargs) or load(*args, **kwargs),
+    )
     models.load_smollm2()
     model, tokenizer = models.load_smollm2()
     # dequantized at most once (here, or by an earlier run into the same cache), then read from the cached copy
     assert from_gguf in ([True, False, False], [False, False])
     assert (models.dequantized_smollm2() / "model.safetensors").is_file()
     assert type(model).__name__ == "LlamaForCausalLM" and tokenizer.pad_token == tokenizer.eos_token
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                         add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    answer = model.generate(**chat, max_new_tokens=10, do_sample=False)[0, chat["input_ids"].shape[1]:]
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
+    answer = model.generate(**chat, max_new_tokens=10, do_sample=False)[0, chat["input_ids"].shape[1] :]
     assert "Paris" in tokenizer.decode(answer)

@@ -38,9 +38,14 @@ def warm_up(tokenizer, root):
     answers a few words and stops with EOS (15 of 16 sampled completions ended within 16 tokens when
     measured), so a healthy GRPO run is not cut off as a random-init policy's is."""
     model = make_causal_lm(tokenizer)
-    SFTTrainer(model=model, processing_class=tokenizer, train_dataset=data.word_lists(160, seed=0),
-               args=SFTConfig(**examples.config_kwargs(root / "out", per_device_train_batch_size=16,
-                                                       learning_rate=3e-3, max_steps=10))).train()
+    SFTTrainer(
+        model=model,
+        processing_class=tokenizer,
+        train_dataset=data.word_lists(160, seed=0),
+        args=SFTConfig(
+            **examples.config_kwargs(root / "out", per_device_train_batch_size=16, learning_rate=3e-3, max_steps=10)
+        ),
+    ).train()
     model.save_pretrained(root / "policy")
     tokenizer.save_pretrained(root / "policy")
     return root / "policy"
@@ -52,11 +57,21 @@ def warm_policy(tokenizer, tmp_path_factory):
 
 
 def grpo_trainer(tokenizer, out, policy, reward=data.category_reward, **config):
-    settings = {"num_generations": 4, "per_device_train_batch_size": 4, "max_completion_length": 16, "max_steps": 4,
-                "logging_steps": 1, **config}
-    return GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(policy), reward_funcs=reward,
-                       args=GRPOConfig(**examples.config_kwargs(out, **settings)), processing_class=tokenizer,
-                       train_dataset=data.reward_prompts(16, seed=0))
+    settings = {
+        "num_generations": 4,
+        "per_device_train_batch_size": 4,
+        "max_completion_length": 16,
+        "max_steps": 4,
+        "logging_steps": 1,
+        **config,
+    }
+    return GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(policy),
+        reward_funcs=reward,
+        args=GRPOConfig(**examples.config_kwargs(out, **settings)),
+        processing_class=tokenizer,
+        train_dataset=data.reward_prompts(16, seed=0),
+    )
 
 
 def constant_reward(completions, **kwargs):
@@ -67,10 +82,17 @@ def fp16_reward_trainer(tokenizer, out, dtype=torch.float16, **config):
     """Lesson 03's run: a LoRA reward model (SEQ_CLS: a trainable score head) and non-fused AdamW."""
     from peft import LoraConfig
 
-    return examples.reward_trainer(tokenizer, out, model=make_reward_model(tokenizer, dtype=dtype), rows=40,
-                                   peft_config=LoraConfig(task_type="SEQ_CLS", r=4), optim="adamw_torch",
-                                   per_device_train_batch_size=4, learning_rate=5e-3,
-                                   **{"max_steps": 4, "logging_steps": 1, **config})
+    return examples.reward_trainer(
+        tokenizer,
+        out,
+        model=make_reward_model(tokenizer, dtype=dtype),
+        rows=40,
+        peft_config=LoraConfig(task_type="SEQ_CLS", r=4),
+        optim="adamw_torch",
+        per_device_train_batch_size=4,
+        learning_rate=5e-3,
+        **{"max_steps": 4, "logging_steps": 1, **config},
+    )
 
 
 # -- each finding: its broken run, and the healthy run beside it ------------------------------------------
@@ -108,10 +130,13 @@ def test_stop_on_ends_the_run_at_the_step_of_the_finding(tokenizer, tmp_path):
 def masked_labels_trainer(tokenizer, out, max_length: int):
     """A hand-made completion-only pipeline (labels -100 on the prompt), cut at ``max_length`` tokens, and a
     compute_loss that averages over the micro-batch's label tokens (TRL #6668's situation)."""
+
     def tokenize(row):
         prompt, completion = tokenizer(row["prompt"])["input_ids"], tokenizer(row["completion"])["input_ids"]
-        return {"input_ids": (prompt + completion)[:max_length],
-                "labels": ([-100] * len(prompt) + completion)[:max_length]}
+        return {
+            "input_ids": (prompt + completion)[:max_length],
+            "labels": ([-100] * len(prompt) + completion)[:max_length],
+        }
 
     rows = data.instruction_pairs(16, seed=0).map(tokenize, remove_columns=["prompt", "completion"])
     trainer = examples.custom_trainer(tokenizer, out, examples.MeanLossTrainer, max_steps=3, logging_steps=1)
@@ -152,12 +177,14 @@ def test_no_gradient_on_a_frozen_adapter(tokenizer, tmp_path):
     from peft import LoraConfig, PeftModel, get_peft_model
 
     get_peft_model(make_causal_lm(tokenizer), LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).save_pretrained(
-        tmp_path / "adapter")
+        tmp_path / "adapter"
+    )
 
     def run(is_trainable: bool):
         model = PeftModel.from_pretrained(make_causal_lm(tokenizer), tmp_path / "adapter", is_trainable=is_trainable)
-        trainer = examples.sft_trainer(tokenizer, tmp_path / "out", model=model, max_steps=3, logging_steps=1,
-                                       activation_checkpointing=True)
+        trainer = examples.sft_trainer(
+            tokenizer, tmp_path / "out", model=model, max_steps=3, logging_steps=1, activation_checkpointing=True
+        )
         return trainer, watched(trainer, window=3)
 
     trainer, frozen = run(False)
@@ -169,13 +196,17 @@ def test_no_gradient_on_a_frozen_adapter(tokenizer, tmp_path):
 
 
 def test_packing_on_opt_padding_free_and_not_on_llama(tokenizer, tmp_path):
-    opt = watched(examples.sft_trainer(tokenizer, tmp_path, family="opt", padding_free=True, max_length=None,
-                                       per_device_train_batch_size=4))
+    opt = watched(
+        examples.sft_trainer(
+            tokenizer, tmp_path, family="opt", padding_free=True, max_length=None, per_device_train_batch_size=4
+        )
+    )
     packing = found(opt)["packing"]
     assert packing.lesson == "01" and "opt builds its causal mask without reading position_ids" in packing.cause
     assert "received no mask" in packing.seen and packing.numbers["sequences"] == 4
-    llama = watched(examples.sft_trainer(tokenizer, tmp_path, padding_free=True, max_length=None,
-                                         per_device_train_batch_size=4))
+    llama = watched(
+        examples.sft_trainer(tokenizer, tmp_path, padding_free=True, max_length=None, per_device_train_batch_size=4)
+    )
     assert llama.findings == [] and llama.checks["packing"] == "packed rows kept apart (1 forward(s) read)"
 
 
@@ -186,8 +217,12 @@ class SampleCompletions(TrainerCallback):
         self.tokenizer, self.side = tokenizer, side
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        batch = self.tokenizer(["name some pets:", "tell me about jonas and elena. answer:"], return_tensors="pt",
-                               padding=True, padding_side=self.side)
+        batch = self.tokenizer(
+            ["name some pets:", "tell me about jonas and elena. answer:"],
+            return_tensors="pt",
+            padding=True,
+            padding_side=self.side,
+        )
         model.eval()
         model.generate(**batch, max_new_tokens=2, do_sample=False, pad_token_id=self.tokenizer.pad_token_id)
         model.train()
@@ -207,8 +242,17 @@ def test_right_padding_in_generation(tokenizer, tmp_path):
 
 def test_accumulation_on_a_loss_that_ignores_num_items_in_batch(tokenizer, tmp_path):
     def run(loss):
-        return watched(examples.custom_trainer(tokenizer, tmp_path, loss, rows=32, per_device_train_batch_size=1,
-                                               gradient_accumulation_steps=32, logging_steps=1))
+        return watched(
+            examples.custom_trainer(
+                tokenizer,
+                tmp_path,
+                loss,
+                rows=32,
+                per_device_train_batch_size=1,
+                gradient_accumulation_steps=32,
+                logging_steps=1,
+            )
+        )
 
     bad = found(run(examples.MeanLossTrainer))["accumulation"]
     assert bad.numbers["slope"] < 0.1 and "ignores num_items_in_batch" in bad.cause and "sum of 32 means" in bad.cause
@@ -218,9 +262,19 @@ def test_accumulation_on_a_loss_that_ignores_num_items_in_batch(tokenizer, tmp_p
 
 def test_loss_spike_when_the_learning_rate_climbs_too_high(tokenizer, tmp_path):
     def run(learning_rate):
-        return watched(examples.sft_trainer(tokenizer, tmp_path, rows=32, max_steps=8, logging_steps=8,
-                                            learning_rate=learning_rate, warmup_steps=10,
-                                            lr_scheduler_type="constant_with_warmup"), window=5)
+        return watched(
+            examples.sft_trainer(
+                tokenizer,
+                tmp_path,
+                rows=32,
+                max_steps=8,
+                logging_steps=8,
+                learning_rate=learning_rate,
+                warmup_steps=10,
+                lr_scheduler_type="constant_with_warmup",
+            ),
+            window=5,
+        )
 
     spike = found(run(10.0))["loss_spike"]
     assert spike.numbers["ratio"] > 5 and "the update" in spike.cause and "label tokens" in spike.seen
@@ -232,11 +286,12 @@ def test_loss_spike_when_the_learning_rate_climbs_too_high(tokenizer, tmp_path):
 @pytest.mark.parametrize("kind", ["sft", "dpo", "reward", "grpo"])
 def test_healthy_runs_are_silent(tokenizer, tmp_path, warm_policy, kind):
     steps = {"max_steps": 6, "logging_steps": 2}
-    trainer = {"sft": lambda: examples.sft_trainer(tokenizer, tmp_path, rows=32, gradient_accumulation_steps=2,
-                                                   **steps),
-               "dpo": lambda: examples.dpo_trainer(tokenizer, tmp_path, rows=32, **steps),
-               "reward": lambda: examples.reward_trainer(tokenizer, tmp_path, rows=32, **steps),
-               "grpo": lambda: grpo_trainer(tokenizer, tmp_path, warm_policy, **steps)}[kind]()
+    trainer = {
+        "sft": lambda: examples.sft_trainer(tokenizer, tmp_path, rows=32, gradient_accumulation_steps=2, **steps),
+        "dpo": lambda: examples.dpo_trainer(tokenizer, tmp_path, rows=32, **steps),
+        "reward": lambda: examples.reward_trainer(tokenizer, tmp_path, rows=32, **steps),
+        "grpo": lambda: grpo_trainer(tokenizer, tmp_path, warm_policy, **steps),
+    }[kind]()
     watch = watched(trainer, window=3)
     assert watch.findings == [], [f.line() for f in watch.findings]
     assert all("clinic/raw_loss" in row for row in trainer.state.log_history if "loss" in row)
@@ -245,15 +300,25 @@ def test_healthy_runs_are_silent(tokenizer, tmp_path, warm_policy, kind):
 
 
 # -- the watch changes nothing, and its numbers reach the reporters ------------------------------------------
-@pytest.mark.parametrize("make", [
-    lambda tok, out, policy: examples.sft_trainer(
-        tok, out, model=make_causal_lm(tok, attention_dropout=0.1), rows=16, max_steps=3,
-        gradient_accumulation_steps=2),
-    lambda tok, out, policy: examples.sft_trainer(tok, out, family="opt", padding_free=True, max_length=None,
-                                                  per_device_train_batch_size=4, max_steps=2),
-    lambda tok, out, policy: grpo_trainer(tok, out, policy, max_steps=2),
-    lambda tok, out, policy: fp16_reward_trainer(tok, out, max_steps=2),
-], ids=["sft-dropout-accumulation", "sft-padding-free-opt", "grpo-sampling", "reward-fp16-nan"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda tok, out, policy: examples.sft_trainer(
+            tok,
+            out,
+            model=make_causal_lm(tok, attention_dropout=0.1),
+            rows=16,
+            max_steps=3,
+            gradient_accumulation_steps=2,
+        ),
+        lambda tok, out, policy: examples.sft_trainer(
+            tok, out, family="opt", padding_free=True, max_length=None, per_device_train_batch_size=4, max_steps=2
+        ),
+        lambda tok, out, policy: grpo_trainer(tok, out, policy, max_steps=2),
+        lambda tok, out, policy: fp16_reward_trainer(tok, out, max_steps=2),
+    ],
+    ids=["sft-dropout-accumulation", "sft-padding-free-opt", "grpo-sampling", "reward-fp16-nan"],
+)
 def test_watched_and_unwatched_runs_train_the_same_weights(tokenizer, tmp_path, warm_policy, make):
     plain = make(tokenizer, tmp_path / "plain", warm_policy)
     plain.train()
@@ -266,6 +331,7 @@ def test_watched_and_unwatched_runs_train_the_same_weights(tokenizer, tmp_path, 
 
 def test_clinic_keys_reach_callbacks_that_were_there_first(tokenizer, tmp_path):
     """Reporters (TensorBoard, W&B, trackio) are callbacks the trainer holds before a later add_callback."""
+
     class Reporter(TrainerCallback):
         def __init__(self):
             self.seen = []

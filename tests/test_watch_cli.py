@@ -10,8 +10,13 @@ from test_watch import one_thread, warm_up  # noqa: F401 (one_thread: a module f
 
 from trl_clinic import cli
 
-TRAIN = {"max_steps": 2, "logging_steps": 1, "save_strategy": "no", "activation_checkpointing": False,
-         "disable_tqdm": True}
+TRAIN = {
+    "max_steps": 2,
+    "logging_steps": 1,
+    "save_strategy": "no",
+    "activation_checkpointing": False,
+    "disable_tqdm": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -20,11 +25,24 @@ def policy(local, tokenizer):
     return warm_up(tokenizer, local / "warm")
 
 
-@pytest.mark.parametrize("kind,extra", [
-    ("sft", {}), ("dpo", {}), ("reward", {}),
-    ("grpo", {"reward_funcs": ["trl_clinic.course.data.category_reward"], "num_generations": 4,
-              "per_device_train_batch_size": 4, "max_completion_length": 16, "model_name_or_path": "policy"}),
-])
+@pytest.mark.parametrize(
+    "kind,extra",
+    [
+        ("sft", {}),
+        ("dpo", {}),
+        ("reward", {}),
+        (
+            "grpo",
+            {
+                "reward_funcs": ["trl_clinic.course.data.category_reward"],
+                "num_generations": 4,
+                "per_device_train_batch_size": 4,
+                "max_completion_length": 16,
+                "model_name_or_path": "policy",
+            },
+        ),
+    ],
+)
 def test_each_trainer_kind_trains_with_the_watch_and_passes(local, policy, capsys, kind, extra):
     if extra.get("model_name_or_path") == "policy":
         extra = {**extra, "model_name_or_path": str(policy)}
@@ -36,8 +54,15 @@ def test_each_trainer_kind_trains_with_the_watch_and_passes(local, policy, capsy
 
 
 def test_a_broken_recipe_is_named_stopped_and_reported(local, capsys):
-    config = recipe(local, "sft", **{**TRAIN, "max_steps": 3}, model_name_or_path=str(local / "opt"),
-                    padding_free=True, max_length=None, per_device_train_batch_size=4)
+    config = recipe(
+        local,
+        "sft",
+        **{**TRAIN, "max_steps": 3},
+        model_name_or_path=str(local / "opt"),
+        padding_free=True,
+        max_length=None,
+        per_device_train_batch_size=4,
+    )
     page = local / "watch.html"
     code = cli.main(["watch", "sft", "--config", config, "--stop-on", "packing", "--report", str(page)])
     out = capsys.readouterr().out
@@ -55,10 +80,12 @@ def test_an_unknown_finding_is_one_clear_error(local, capsys):
 def test_the_watch_help_stays_light_and_lists_every_finding():
     from trl_clinic.watch import CATALOGUE
 
-    code = ("import sys, contextlib, io\nfrom trl_clinic.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):\n"
-            "    main(['watch', '--help'])\n"
-            "print(sorted(m for m in ('torch', 'trl', 'transformers') if m in sys.modules), out.getvalue())")
+    code = (
+        "import sys, contextlib, io\nfrom trl_clinic.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):\n"
+        "    main(['watch', '--help'])\n"
+        "print(sorted(m for m in ('torch', 'trl', 'transformers') if m in sys.modules), out.getvalue())"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.startswith("[]"), result.stdout[:300]
     assert all(f"{key}, lesson" in result.stdout for key in CATALOGUE)

@@ -47,8 +47,14 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("out, words", [("{tmp}/missing/o", "parent folder"), ("/proc/nope", "cannot write to"),
-                                        ("{tmp}/a-file", "is a file, not a folder")])
+@pytest.mark.parametrize(
+    "out, words",
+    [
+        ("{tmp}/missing/o", "parent folder"),
+        ("/proc/nope", "cannot write to"),
+        ("{tmp}/a-file", "is a file, not a folder"),
+    ],
+)
 def test_an_output_folder_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, capsys, out, words):
     (tmp_path / "a-file").write_text("")
     assert main(["run", "02", "--out", out.format(tmp=tmp_path)]) == 2
@@ -57,24 +63,31 @@ def test_an_output_folder_that_cannot_be_written_is_one_line_and_exit_2(tmp_path
 
 
 def test_list_and_help_answer_without_importing_papermill_or_torch():
-    code = ("import sys, contextlib, io\nfrom trl_clinic.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()): main(['list'])\n"
-            "print(sorted(m for m in ('torch', 'papermill', 'nbformat', 'transformers') if m in sys.modules))")
+    code = (
+        "import sys, contextlib, io\nfrom trl_clinic.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()): main(['list'])\n"
+        "print(sorted(m for m in ('torch', 'papermill', 'nbformat', 'transformers') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
 # a lesson that passes its one check: the smallest real run of the runner
-FINE_LESSON = "\n".join([
-    "from trl_clinic.course.parameters import start_run",
-    "from trl_clinic.course.results import measured, save_metrics",
-    "run = start_run('02', profile, seed, output_dir)",
-    "save_metrics(run, '02', {'x': 1.0}, lambda n: ({'shown': measured(n['x'] > 0)}, {'fixed': measured(True)}))"])
+FINE_LESSON = "\n".join(
+    [
+        "from trl_clinic.course.parameters import start_run",
+        "from trl_clinic.course.results import measured, save_metrics",
+        "run = start_run('02', profile, seed, output_dir)",
+        "save_metrics(run, '02', {'x': 1.0}, lambda n: ({'shown': measured(n['x'] > 0)}, {'fixed': measured(True)}))",
+    ]
+)
 
 
 def tiny_notebook(path, body):
-    cells = [nbformat.v4.new_code_cell('profile = "cpu"\nseed = 0\noutput_dir = "out"'),
-             nbformat.v4.new_code_cell(body)]
+    cells = [
+        nbformat.v4.new_code_cell('profile = "cpu"\nseed = 0\noutput_dir = "out"'),
+        nbformat.v4.new_code_cell(body),
+    ]
     cells[0].metadata["tags"] = ["parameters"]
     notebook = nbformat.v4.new_notebook(cells=cells)
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -110,7 +123,10 @@ def test_list_shows_parameters_and_every_profile_shape(notebooks, capsys):
 
 
 def test_the_runner_starts_without_torch():
-    code = "import sys, trl_clinic.cli, trl_clinic.course.workbook, trl_clinic.course.lessons; print('torch' in sys.modules)"
+    code = (
+        "import sys, trl_clinic.cli, trl_clinic.course.workbook, trl_clinic.course.lessons; "
+        "print('torch' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
@@ -126,8 +142,16 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_doctor_reports_versions_device_and_traps(capsys):
     assert main(["doctor"]) == 0
     text = capsys.readouterr().out
-    for needle in ("trl:", "bf16 supported", "sdpa: built model uses sdpa", "flash_attention_2", "flash_attention_4",
-                   "the cpu profile uses: sdpa", "warnings:", "workshop readiness:"):
+    for needle in (
+        "trl:",
+        "bf16 supported",
+        "sdpa: built model uses sdpa",
+        "flash_attention_2",
+        "flash_attention_4",
+        "the cpu profile uses: sdpa",
+        "warnings:",
+        "workshop readiness:",
+    ):
         assert needle in text
     for era in ERAS:  # a facilitator sees, per era, ready or the command that builds it
         assert f"era {era}: " in text
@@ -136,14 +160,26 @@ def test_doctor_reports_versions_device_and_traps(capsys):
 def test_report_shows_the_lessons_sentence_and_says_when_the_real_old_code_ran(tmp_path):
     lessons = tmp_path / "notebooks"
     lessons.mkdir()
-    era = {"era": "02-transformers-4.45", "script": "then_02.py", "status": "finished", "message": "",
-           "versions": {"transformers": "4.45.2"}}
-    tiny_notebook(lessons / "02_fine.ipynb", "\n".join([
-        "from trl_clinic.course.parameters import start_run",
-        "from trl_clinic.course.results import measured, recreated, save_metrics",
-        "run = start_run('02', profile, seed, output_dir)",
-        "save_metrics(run, '02', {'error': 0.5}, lambda n: ({'bad': recreated(n['error'] > 0.1)}, {'fixed': measured(True)}),",
-        f"             eras=[{era!r}], summary=f'The old path missed the big batch by 0.5.')"]))
+    era = {
+        "era": "02-transformers-4.45",
+        "script": "then_02.py",
+        "status": "finished",
+        "message": "",
+        "versions": {"transformers": "4.45.2"},
+    }
+    tiny_notebook(
+        lessons / "02_fine.ipynb",
+        "\n".join(
+            [
+                "from trl_clinic.course.parameters import start_run",
+                "from trl_clinic.course.results import measured, recreated, save_metrics",
+                "run = start_run('02', profile, seed, output_dir)",
+                "save_metrics(run, '02', {'error': 0.5},",
+                "             lambda n: ({'bad': recreated(n['error'] > 0.1)}, {'fixed': measured(True)}),",
+                f"             eras=[{era!r}], summary=f'The old path missed the big batch by 0.5.')",
+            ]
+        ),
+    )
     out = tmp_path / "out"
     assert main(["run", "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks", str(lessons)]) == 0
     report = build_report(out).read_text()
@@ -156,15 +192,25 @@ def test_lessons_run_several_at_once_keep_their_order_and_the_report_says_so(tmp
     lessons = tmp_path / "notebooks"
     lessons.mkdir()
     for name in ("01_slow", "02_fast"):  # 01 ends a few seconds after 02 started, however loaded the machine
-        tiny_notebook(lessons / f"{name}.ipynb", "\n".join([
-            "import time, os",
-            "fast = os.path.join(output_dir, '..', '02_fast', 'pid')",
-            "while {slow} and not os.path.exists(fast): time.sleep(0.2)".format(slow=name == "01_slow"),
-            f"time.sleep({3 if name == '01_slow' else 0})",
-            "open(os.path.join(output_dir, 'pid'), 'w').write(str(os.getppid()))"]))
+        tiny_notebook(
+            lessons / f"{name}.ipynb",
+            "\n".join(
+                [
+                    "import time, os",
+                    "fast = os.path.join(output_dir, '..', '02_fast', 'pid')",
+                    "while {slow} and not os.path.exists(fast): time.sleep(0.2)".format(slow=name == "01_slow"),
+                    f"time.sleep({3 if name == '01_slow' else 0})",
+                    "open(os.path.join(output_dir, 'pid'), 'w').write(str(os.getppid()))",
+                ]
+            ),
+        )
     out = tmp_path / "out"
-    assert main(["run", "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks", str(lessons),
-                 "--jobs", "2"]) == 1  # no metrics.json: both end as errors, which is beside the point here
+    assert (
+        main(
+            ["run", "--profile", "cpu", "--out", str(out), "--no-progress", "--notebooks", str(lessons), "--jobs", "2"]
+        )
+        == 1
+    )  # no metrics.json: both end as errors, which is beside the point here
     printed = capsys.readouterr().out
     assert "(2 at once, one process each)" in printed
     assert printed.index("02_fast:") < printed.index("01_slow:")  # said as each ends

@@ -1,5 +1,6 @@
 """Ready for a workshop (issue 21 part 3): `make lab` starts at once, as root too, with the eras building
-beside it (issue 23), and the facilitator's guide covers every lesson with the run times measured for it (lessons.yaml)."""
+beside it (issue 23), and the facilitator's guide covers every lesson with the run times measured for it
+(lessons.yaml)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
-
-import pytest
 
 from trl_clinic.course.launch import free_port
 from trl_clinic.course.lessons import lessons
@@ -35,15 +34,23 @@ def test_make_lab_serves_at_once_and_builds_the_eras_in_the_background(tmp_path)
     eras (as root it needs --allow-root, which `make lab` adds) and serves lesson 04 within issue 23's 30 s,
     while the eras build in the background into .eras/build.log."""
     port, token = free_port(), secrets.token_hex(16)
-    lab_args = (f"--no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port={port} --ServerApp.port_retries=0 "
-                f"--IdentityProvider.token={token} --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate")
+    lab_args = (
+        f"--no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port={port} --ServerApp.port_retries=0 "
+        f"--IdentityProvider.token={token} --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"
+    )
     log_path, build_log = tmp_path / "lab.log", ROOT / ".eras" / "build.log"
     build_log.unlink(missing_ok=True)
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
     started = time.monotonic()
     with log_path.open("w") as log:
-        lab = subprocess.Popen(["make", "lab", f"ERAS={ERA}", f"LAB_ARGS={lab_args}"], cwd=ROOT, env=env,
-                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        lab = subprocess.Popen(
+            ["make", "lab", f"ERAS={ERA}", f"LAB_ARGS={lab_args}"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}/api/contents/04_qwen2_padding_side.ipynb?content=0&token={token}"
     try:
         deadline = started + 300  # a stale venv stamp reinstalls first
@@ -55,14 +62,18 @@ def test_make_lab_serves_at_once_and_builds_the_eras_in_the_background(tmp_path)
         assert serves(url), f"JupyterLab did not serve lesson 04 within 300 s:\n{log[-3000:]}"
         # the eras build in the background: this one reports, or waits its turn behind another build of them
         # (make test builds every era in the background while its tests run)
-        while time.monotonic() < deadline and not re.search(rf"era {ERA}:|waiting for another build",
-                                                            build_log.read_text() if build_log.exists() else ""):
+        while time.monotonic() < deadline and not re.search(
+            rf"era {ERA}:|waiting for another build", build_log.read_text() if build_log.exists() else ""
+        ):
             time.sleep(0.5)
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
         lab.wait(timeout=60)
     assert served_after < 30, f"JupyterLab served lesson 04 after {served_after:.0f} s"
-    eras_step, lab_step = log.find(f"trl_clinic.course.eras {ERA} > .eras/build.log 2>&1 &"), log.find("jupyter lab notebooks")
+    eras_step, lab_step = (
+        log.find(f"trl_clinic.course.eras {ERA} > .eras/build.log 2>&1 &"),
+        log.find("jupyter lab notebooks"),
+    )
     assert 0 <= eras_step < lab_step, f"the eras are not started in the background:\n{log[:3000]}"
     assert re.search(rf"era {ERA}: up to date|waiting for another build", build_log.read_text())
     assert ("--allow-root" in log[lab_step:].splitlines()[0]) == (os.getuid() == 0)
@@ -72,11 +83,12 @@ def test_the_facilitators_guide_covers_every_lesson_with_its_measured_time():
     guide = GUIDE.read_text()
     for key, lesson in lessons().items():
         assert lesson.notebook in guide, f"docs/workshop.md does not cover {lesson.notebook}"
-        section = guide[guide.index(f"### {key} "):]
-        section = section[:section.find("\n### ", 1) if "\n### " in section[1:] else len(section)]
+        section = guide[guide.index(f"### {key} ") :]
+        section = section[: section.find("\n### ", 1) if "\n### " in section[1:] else len(section)]
         measured = lesson.seconds["cpu"]
         assert re.search(rf"\bcpu[^\n]*\b{measured} s\b", section), (
-            f"lesson {key}: docs/workshop.md must give the measured cpu run time ({measured} s, lessons.yaml)")
+            f"lesson {key}: docs/workshop.md must give the measured cpu run time ({measured} s, lessons.yaml)"
+        )
         for part in ("Objectives", "Prerequisites", "Reading time", "Discussion", "Where learners get stuck"):
             assert part in section, f"lesson {key}: docs/workshop.md has no {part!r}"
     for needed in ("trl-clinic doctor", "make lab", "report.html", "Half day", "Full day"):

@@ -297,7 +297,7 @@ def log_checks(n: dict) -> dict:
     frozen = n["heads"]["without SEQ_CLS"]
     return {
         "the NaN filter's replay gives every logged number (within 1e-2)": all(
-            len(row["replayed"]) == len(row["logged"]) and all(abs(p - l) <= 1e-2 * abs(p) for p, l in
+            len(row["replayed"]) == len(row["logged"]) and all(abs(p - g) <= 1e-2 * abs(p) for p, g in
                                                               zip(row["replayed"], row["logged"])) for row in sweep.values()),
         "fp16 breaks at every accumulation count: accumulation does not cause the NaN":
             all(row["first_nonfinite_step"] is not None for row in sweep.values()),

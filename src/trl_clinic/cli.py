@@ -52,19 +52,31 @@ def _writable_out(value: Path) -> Path:
 
 def _said(result) -> None:
     """One line per lesson as it ends: time, GPU use, and the verdict."""
-    verdict = "" if result.symptom_reproduced is None else (
-        f" (symptom reproduced: {result.symptom_reproduced}, fix verified: {result.fix_verified})")
+    verdict = (
+        ""
+        if result.symptom_reproduced is None
+        else (f" (symptom reproduced: {result.symptom_reproduced}, fix verified: {result.fix_verified})")
+    )
     gpu = result.gpu or {}
-    busy = ("" if gpu.get("peak_gpu_memory_mib") is None else
-            f", GPU peak {gpu['peak_gpu_memory_mib']:.0f} MiB, {gpu['mean_gpu_utilisation_pct']:.0f} % busy")
+    busy = (
+        ""
+        if gpu.get("peak_gpu_memory_mib") is None
+        else f", GPU peak {gpu['peak_gpu_memory_mib']:.0f} MiB, {gpu['mean_gpu_utilisation_pct']:.0f} % busy"
+    )
     print(f"{result.lesson}: {result.status} in {result.seconds:.0f} s{busy}{verdict}", flush=True)
     if result.error:
         print(f"  {result.error.splitlines()[0][:300]}", flush=True)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from trl_clinic.course.workbook import (check_parameters, default_jobs, find_lessons, run_lessons, select,
-                                            write_summary)
+    from trl_clinic.course.workbook import (
+        check_parameters,
+        default_jobs,
+        find_lessons,
+        run_lessons,
+        select,
+        write_summary,
+    )
 
     lessons = select(find_lessons(args.notebooks), args.lessons, cores_only=args.cores)
     args.out = _writable_out(args.out)
@@ -75,8 +87,9 @@ def _run(args: argparse.Namespace) -> int:
         check_parameters(path, parameters)
     jobs = min(args.jobs or default_jobs(args.profile), len(lessons))
     print(f"== {', '.join(lessons)}" + (f" ({jobs} at once, one process each)" if jobs > 1 else ""), flush=True)
-    results = run_lessons(list(lessons.values()), args.out, parameters, jobs=jobs,
-                          progress_bar=not args.no_progress, on_done=_said)
+    results = run_lessons(
+        list(lessons.values()), args.out, parameters, jobs=jobs, progress_bar=not args.no_progress, on_done=_said
+    )
     write_summary(args.out, results, {**parameters, "jobs": jobs})
     print(f"wrote {args.out}", flush=True)
     return 0 if all(r.status == "passed" for r in results) else 1
@@ -90,8 +103,10 @@ def _list(args: argparse.Namespace) -> int:
     for name, path in find_lessons(args.notebooks).items():
         parameters = ", ".join(f"{p}={info['default']}" for p, info in notebook_parameters(path).items())
         lesson = find_lesson(name)
-        print(f"{name}: {lesson.title}\n  report: {lesson.report}\n  runs on: {', '.join(lesson.accelerators)}"
-              f"\n  parameters: {parameters}")
+        print(
+            f"{name}: {lesson.title}\n  report: {lesson.report}\n  runs on: {', '.join(lesson.accelerators)}"
+            f"\n  parameters: {parameters}"
+        )
         for profile in CONCRETE_PROFILES:
             print(f"  {describe_shape(lesson, profile)}")
     return 0
@@ -116,18 +131,34 @@ def parser() -> argparse.ArgumentParser:
     commands = top.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="execute lessons with papermill into one output folder")
     run.add_argument("lessons", nargs="*", help="lesson numbers or names (default: all)")
-    run.add_argument("--profile", choices=_Profiles(), default="auto", metavar="PROFILE",
-                     help="a profile of lessons.yaml: auto (gpu when CUDA is present), cpu or gpu")
+    run.add_argument(
+        "--profile",
+        choices=_Profiles(),
+        default="auto",
+        metavar="PROFILE",
+        help="a profile of lessons.yaml: auto (gpu when CUDA is present), cpu or gpu",
+    )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--out", type=Path, default=Path("workbook-output"))
-    run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                     help="another notebook parameter, as papermill's -p")
+    run.add_argument(
+        "-p",
+        "--parameter",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NAME", "VALUE"),
+        help="another notebook parameter, as papermill's -p",
+    )
     run.add_argument("--notebooks", default="notebooks", help="folder holding the lesson notebooks")
     run.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
     run.add_argument("--cores", action="store_true", help="the cores only, without their deep dives (a workshop)")
-    run.add_argument("--jobs", type=int, default=0,
-                     help="lessons at once, each in its own process (default: one per core on the cpu profile, "
-                          "where each lesson uses one torch thread; one at a time on a GPU)")
+    run.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        help="lessons at once, each in its own process (default: one per core on the cpu profile, "
+        "where each lesson uses one torch thread; one at a time on a GPU)",
+    )
     run.set_defaults(handler=_run)
     listing = commands.add_parser("list", help="the lessons, their parameters, and what each profile runs")
     listing.add_argument("--notebooks", default="notebooks", help="folder holding the lesson notebooks")

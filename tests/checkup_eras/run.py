@@ -33,8 +33,9 @@ def tokenizer():
 
     words = Tokenizer(WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t2"))
     words.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=words, pad_token="t0", eos_token="t1", unk_token="t2",
-                                   padding_side="right")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=words, pad_token="t0", eos_token="t1", unk_token="t2", padding_side="right"
+    )
 
 
 def model(family: str = "llama", attention: str = "sdpa", fa2_set: bool = False, use_cache: bool = True):
@@ -43,12 +44,24 @@ def model(family: str = "llama", attention: str = "sdpa", fa2_set: bool = False,
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config}[family]
-    config = config_class(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0,
-                          eos_token_id=1, bos_token_id=None, tie_word_embeddings=True, use_cache=use_cache)
+    config = config_class(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+        use_cache=use_cache,
+    )
     torch.manual_seed(0)
-    built = AutoModelForCausalLM.from_config(config, attn_implementation="eager" if fa2_set else attention,
-                                             torch_dtype=torch.float32)
+    built = AutoModelForCausalLM.from_config(
+        config, attn_implementation="eager" if fa2_set else attention, torch_dtype=torch.float32
+    )
     if fa2_set:
         built.config._attn_implementation = "flash_attention_2"
         if hasattr(built.model, "_attn_implementation"):  # transformers <= 4.41 read it once, at build time
@@ -64,23 +77,40 @@ def token_rows(n: int, label_counts: list[int] | None = None, seed: int = 0) -> 
     """Rows of ``prompt, template, completion, eos``; completion lengths cycle through ``label_counts``."""
     rng = random.Random(seed)
     counts = label_counts or [rng.randrange(2, 12) for _ in range(n)]
-    return [[rng.randrange(5, VOCAB) for _ in range(3)] + TEMPLATE +
-            [rng.randrange(5, VOCAB) for _ in range(counts[i % len(counts)])] + [1] for i in range(n)]
+    return [
+        [rng.randrange(5, VOCAB) for _ in range(3)]
+        + TEMPLATE
+        + [rng.randrange(5, VOCAB) for _ in range(counts[i % len(counts)])]
+        + [1]
+        for i in range(n)
+    ]
 
 
 def common(**overrides) -> dict:
-    return {"output_dir": OUT, "report_to": "none", "per_device_train_batch_size": 2, "max_steps": 1,
-            "save_strategy": "no", "use_cpu": True, "seed": 0, "bf16": False, "disable_tqdm": True, **overrides}
+    return {
+        "output_dir": OUT,
+        "report_to": "none",
+        "per_device_train_batch_size": 2,
+        "max_steps": 1,
+        "save_strategy": "no",
+        "use_cpu": True,
+        "seed": 0,
+        "bf16": False,
+        "disable_tqdm": True,
+        **overrides,
+    }
 
 
 def padding_collator(pad: int = 0):
     """Right-pads input_ids with pad, labels with -100, and gives the attention mask: a user's own collator."""
+
     def collate(rows):
         width = max(len(r["input_ids"]) for r in rows)
         ids = [r["input_ids"] + [pad] * (width - len(r["input_ids"])) for r in rows]
         labels = [r["labels"] + [-100] * (width - len(r["labels"])) for r in rows]
         mask = [[1] * len(r["input_ids"]) + [0] * (width - len(r["input_ids"])) for r in rows]
         return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels), "attention_mask": torch.tensor(mask)}
+
     return collate
 
 
@@ -90,18 +120,30 @@ def plain_trainer(rows: list[list[int]], family: str = "llama", **settings):
     from transformers import Trainer, TrainingArguments
 
     data = Dataset.from_dict({"input_ids": rows, "labels": [[-100] * 5 + r[5:] for r in rows]})
-    return Trainer(model=model(family, **settings.pop("model", {})), args=TrainingArguments(**common(**settings)),
-                   train_dataset=data, data_collator=padding_collator())
+    return Trainer(
+        model=model(family, **settings.pop("model", {})),
+        args=TrainingArguments(**common(**settings)),
+        train_dataset=data,
+        data_collator=padding_collator(),
+    )
 
 
 def sft_trainer(rows: list[list[int]], collator=None, **settings):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    keywords = {"processing_class": tokenizer()} if "processing_class" in _parameters(SFTTrainer) else {
-        "tokenizer": tokenizer()}
-    return SFTTrainer(model=model(), args=SFTConfig(**common(**settings)), train_dataset=Dataset.from_dict(
-        {"input_ids": rows}), data_collator=collator, **keywords)
+    keywords = (
+        {"processing_class": tokenizer()}
+        if "processing_class" in _parameters(SFTTrainer)
+        else {"tokenizer": tokenizer()}
+    )
+    return SFTTrainer(
+        model=model(),
+        args=SFTConfig(**common(**settings)),
+        train_dataset=Dataset.from_dict({"input_ids": rows}),
+        data_collator=collator,
+        **keywords,
+    )
 
 
 def _parameters(cls) -> set[str]:
@@ -127,8 +169,12 @@ def preference_rows(n: int = 8) -> dict[str, list[str]]:
 
     def words(k):
         return " ".join(f"t{rng.randrange(5, VOCAB)}" for _ in range(k))
-    return {"prompt": [words(3) for _ in range(n)], "chosen": [words(rng.randrange(1, 6)) for _ in range(n)],
-            "rejected": [words(rng.randrange(1, 6)) for _ in range(n)]}
+
+    return {
+        "prompt": [words(3) for _ in range(n)],
+        "chosen": [words(rng.randrange(1, 6)) for _ in range(n)],
+        "rejected": [words(rng.randrange(1, 6)) for _ in range(n)],
+    }
 
 
 def dpo_trainer(**model_settings):
@@ -136,9 +182,14 @@ def dpo_trainer(**model_settings):
     from trl import DPOConfig, DPOTrainer
 
     rows = Dataset.from_dict(preference_rows())
-    return DPOTrainer(model=model("qwen2", **model_settings), ref_model=model("qwen2", **model_settings),
-                      args=DPOConfig(**common(max_length=32, max_prompt_length=16)), train_dataset=rows,
-                      eval_dataset=rows, processing_class=tokenizer())
+    return DPOTrainer(
+        model=model("qwen2", **model_settings),
+        ref_model=model("qwen2", **model_settings),
+        args=DPOConfig(**common(max_length=32, max_prompt_length=16)),
+        train_dataset=rows,
+        eval_dataset=rows,
+        processing_class=tokenizer(),
+    )
 
 
 def grpo_trainer():
@@ -147,11 +198,14 @@ def grpo_trainer():
 
     def spread(completions, **kwargs):
         return [float(len(c)) for c in completions]
+
     prompts = Dataset.from_dict({"prompt": preference_rows()["prompt"]})
-    config = GRPOConfig(**common(per_device_train_batch_size=4, num_generations=4, max_completion_length=12,
-                                 max_prompt_length=16))
-    return GRPOTrainer(model=model("qwen2"), reward_funcs=spread, args=config, train_dataset=prompts,
-                       processing_class=tokenizer())
+    config = GRPOConfig(
+        **common(per_device_train_batch_size=4, num_generations=4, max_completion_length=12, max_prompt_length=16)
+    )
+    return GRPOTrainer(
+        model=model("qwen2"), reward_funcs=spread, args=config, train_dataset=prompts, processing_class=tokenizer()
+    )
 
 
 # Each era's trainers: the bug as the era shipped it, and the healthy setting of the same era.
@@ -159,24 +213,33 @@ SCENARIOS = {
     "02-transformers-4.45": {
         # LESSONS.md section 6: examples with 2, 4, 8 and 16 label tokens at batch 1 x accumulation 4
         "accumulation, unequal micro-batches": lambda: plain_trainer(
-            token_rows(4, [2, 4, 8, 16]), per_device_train_batch_size=1, gradient_accumulation_steps=4),
+            token_rows(4, [2, 4, 8, 16]), per_device_train_batch_size=1, gradient_accumulation_steps=4
+        ),
         "accumulation, equal micro-batches": lambda: plain_trainer(
-            token_rows(4, [8]), per_device_train_batch_size=1, gradient_accumulation_steps=4),
+            token_rows(4, [8]), per_device_train_batch_size=1, gradient_accumulation_steps=4
+        ),
         "no accumulation": lambda: plain_trainer(token_rows(8), per_device_train_batch_size=4),
     },
     "01-trl-0.14": {
         "completion-only collator, padding_free=True": lambda: sft_trainer(
-            token_rows(16), completion_only(True), per_device_train_batch_size=4, gradient_accumulation_steps=2),
+            token_rows(16), completion_only(True), per_device_train_batch_size=4, gradient_accumulation_steps=2
+        ),
         "DataCollatorWithFlattening": lambda: sft_trainer(token_rows(16), flattening(), per_device_train_batch_size=4),
         "completion-only collator, padded": lambda: sft_trainer(
-            token_rows(16), completion_only(False), per_device_train_batch_size=4, gradient_accumulation_steps=2),
+            token_rows(16), completion_only(False), per_device_train_batch_size=4, gradient_accumulation_steps=2
+        ),
     },
     "01-transformers-4.55": {
         "SFTConfig(padding_free=True)": lambda: sft_trainer(
-            token_rows(16), padding_free=True, max_length=None, per_device_train_batch_size=4,
-            gradient_accumulation_steps=2),
+            token_rows(16),
+            padding_free=True,
+            max_length=None,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=2,
+        ),
         "SFTConfig(padding_free=False)": lambda: sft_trainer(
-            token_rows(16), per_device_train_batch_size=4, gradient_accumulation_steps=2),
+            token_rows(16), per_device_train_batch_size=4, gradient_accumulation_steps=2
+        ),
     },
     "04-transformers-4.51": {
         "DPO, Qwen2 with flash_attention_2 set": lambda: dpo_trainer(fa2_set=True),
@@ -187,10 +250,12 @@ SCENARIOS = {
     "04-transformers-4.40": {
         # completions of 2 and 6 tokens: the first batch's shorter row ends in padding
         "Trainer, Qwen2 with flash_attention_2 set": lambda: plain_trainer(
-            token_rows(8, [2, 6]), family="qwen2", model={"fa2_set": True}),
+            token_rows(8, [2, 6]), family="qwen2", model={"fa2_set": True}
+        ),
         "Trainer, Qwen2 on sdpa": lambda: plain_trainer(token_rows(8, [2, 6]), family="qwen2"),
         "Trainer, Qwen2 on sdpa, use_cache=False": lambda: plain_trainer(
-            token_rows(8, [2, 6]), family="qwen2", model={"use_cache": False}),
+            token_rows(8, [2, 6]), family="qwen2", model={"use_cache": False}
+        ),
     },
 }
 
@@ -209,8 +274,17 @@ def main(era: str, result_path: str) -> None:
     versions = {name: importlib.metadata.version(name) for name in ("torch", "transformers", "trl", "trl-clinic")}
     course = sorted(m for m in sys.modules if m.startswith("trl_clinic.course"))
     with open(result_path, "w") as out:
-        json.dump({"era": era, "versions": versions, "reports": reports, "course_modules": course,
-                   "seconds": round(time.perf_counter() - start, 2)}, out, indent=1)
+        json.dump(
+            {
+                "era": era,
+                "versions": versions,
+                "reports": reports,
+                "course_modules": course,
+                "seconds": round(time.perf_counter() - start, 2),
+            },
+            out,
+            indent=1,
+        )
 
 
 if __name__ == "__main__":

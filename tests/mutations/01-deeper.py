@@ -42,32 +42,40 @@ MUTATIONS = {
     "probe flags OPT, Falcon, Bloom and MPT": lambda n: n["families"]["bloom"].update(isolated=True),
     # a setting whose ratio saturated before the largest batch
     "grows with the batch size in every setting": lambda n: n["loss_ratio"].update(
-        {"MRC, completion-only": n["loss_ratio"]["MRC, completion-only"][::-1]}),
+        {"MRC, completion-only": n["loss_ratio"]["MRC, completion-only"][::-1]}
+    ),
     # a setting the contamination barely moves (MRC, whole sequence after a completion-only warm-up: 1.01, 1.01)
     "over 1.05x at batch": lambda n: n["loss_ratio"].update(
-        {"MRC, whole sequence": [1.005] + [1.01] * (len(n["loss_ratio"]["MRC, whole sequence"]) - 1)}),
+        {"MRC, whole sequence": [1.005] + [1.01] * (len(n["loss_ratio"]["MRC, whole sequence"]) - 1)}
+    ),
     # a model that leans on the context less: every setting's ratio under 1.5, still growing
     "where it hurts most": lambda n: n["loss_ratio"].update(
-        {name: [1.2] + [1.3] * (len(r) - 1) for name, r in n["loss_ratio"].items()}),
+        {name: [1.2] + [1.3] * (len(r) - 1) for name, r in n["loss_ratio"].items()}
+    ),
     # the grad norm of a setting the contamination barely moves (measured 1.0, 1.0 in that run)
     "grad norm over 1.5x padded": lambda n: n["grad_ratio"].update(
-        {"MRC, whole sequence": [1.0] * len(n["grad_ratio"]["MRC, whole sequence"])}),
+        {"MRC, whole sequence": [1.0] * len(n["grad_ratio"]["MRC, whole sequence"])}
+    ),
     # transformers <= 4.53.0: no boundary search on sdpa
     "probe finds Llama isolated with position_ids": lambda n: n["probes"]["position_ids, no mask, no cache"].update(
-        isolated=False),
+        isolated=False
+    ),
     # a Qwen2 whose mask builder were not given position_ids
     "Llama and Qwen2 isolated across families": lambda n: n["families"]["qwen2"].update(isolated=False),
     # a run without the bug: the padding-free first step as padded (a kernel that reads boundaries)
     "grad norm at step 1": lambda n: n["training"]["OPT, padding-free"]["grad_norm"].__setitem__(
-        0, n["training"]["OPT, padded"]["grad_norm"][0]),
+        0, n["training"]["OPT, padded"]["grad_norm"][0]
+    ),
     # a run without the bug: its last steps' loss as padded
     "logs a higher loss to the end": lambda n: n["training"]["OPT, padding-free"].update(
-        final_loss=n["training"]["OPT, padded"]["final_loss"]),
+        final_loss=n["training"]["OPT, padded"]["final_loss"]
+    ),
     # a remedy that cured it (what padding_free=False gives): the loss of the padded run
     "remedies short of attention": lambda n: n["remedies"][next(iter(n["remedies"]))].update(over_padded=1.0),
     # a smaller batch that logged no lower loss
-    "a smaller batch hides": lambda n: [r.update(loss=r["baseline"] + 0.1) for name, r in n["remedies"].items()
-                                       if name.startswith("smaller")],
+    "a smaller batch hides": lambda n: [
+        r.update(loss=r["baseline"] + 0.1) for name, r in n["remedies"].items() if name.startswith("smaller")
+    ],
     # TRL 0.14.0, which applied model_init_kwargs to nothing but a model path (and raised for an instance)
     "ignored for a model instance": lambda n: n["kernels"].update({"model instance": "eager"}),
     # a run without the fix: the Llama's padding-free losses drift from padded as OPT's do
@@ -76,16 +84,20 @@ MUTATIONS = {
     "applies for a model path": lambda n: n["kernels"].update({"model path": "sdpa"}),
     # TRL 0.23.1's batch: position_ids and no mask
     "sends the packed row with a mask of ones": lambda n: n["then"]["collator"].update(
-        attention_mask_all_ones=False, has_attention_mask=False, has_position_ids=True),
+        attention_mask_all_ones=False, has_attention_mask=False, has_position_ids=True
+    ),
     # the side environment's run with a kernel that reads the boundaries: padding-free as padded
     "over 2x padded at the largest batch": lambda n: n["then"]["losses"].update(
-        ratio=[1.0] * len(n["then"]["losses"]["ratio"])),
+        ratio=[1.0] * len(n["then"]["losses"]["ratio"])
+    ),
     # a forward without a cache: isolated on 4.55.4
     "contaminated in train mode with the config's cache": lambda n: [
-        rows.update({"train, config use_cache=True, no mask": 6e-8}) for rows in n["then"]["differences"].values()],
+        rows.update({"train, config use_cache=True, no mask": 6e-8}) for rows in n["then"]["differences"].values()
+    ],
     # transformers 4.48.3's rows: contaminated every way
     "use_cache=False keeps packed sequences apart": lambda n: [
-        rows.update({"train, use_cache=False, no mask": 0.24}) for rows in n["then"]["differences"].values()],
+        rows.update({"train, use_cache=False, no mask": 0.24}) for rows in n["then"]["differences"].values()
+    ],
 }
 
 
@@ -94,8 +106,9 @@ def gpu_shape(numbers: dict, sizes: dict) -> dict:
     little above the batch-16 one), a value per training step (60), bf16 (the fixed path within bf16's drift)."""
     extra = len(sizes["batch_sizes"]) - len(numbers["batch_sizes"])
     steps = sizes["train_steps"]
-    numbers.update(precision="bf16", attention="flash_attention_2", batch_sizes=list(sizes["batch_sizes"]),
-                   fix_gap=0.02)
+    numbers.update(
+        precision="bf16", attention="flash_attention_2", batch_sizes=list(sizes["batch_sizes"]), fix_gap=0.02
+    )
     for table in (numbers["loss_ratio"], numbers["grad_ratio"]):
         for name, r in table.items():
             table[name] = r + [r[-1] * 1.05 ** (i + 1) for i in range(extra)]

@@ -29,22 +29,28 @@ MUTATIONS = {
     "packing probe fails the OPT trainer": lambda n: n.update(checkup="ok"),
     # a run without the bug on the old side (a kernel that reads the boundaries): padding-free equals padded there too
     ("over 2x the padded loss", "grows with the batch size"): lambda n: n["then"]["losses"].update(
-        ratio=[1.0] * len(n["then"]["losses"]["ratio"])),
+        ratio=[1.0] * len(n["then"]["losses"]["ratio"])
+    ),
     # a run where the contamination saturated: the largest batch no worse than the one before
     "grows with the batch size": lambda n: n["then"]["losses"]["ratio"].__setitem__(
-        -1, n["then"]["losses"]["ratio"][-2]),
+        -1, n["then"]["losses"]["ratio"][-2]
+    ),
     # TRL 0.19.0-0.23.0's collator on sdpa: a mask of ones and no position_ids (the deep dive's era)
     "sends position_ids and no attention mask": lambda n: n["then"]["collator"].update(
-        has_attention_mask=True, has_position_ids=False),
+        has_attention_mask=True, has_position_ids=False
+    ),
     # the old side on a kernel that reads boundaries: a block-diagonal pattern
     "lets tokens attend across sequence boundaries": lambda n: n["foreign_cells"].update(
-        {"TRL 0.14 + transformers 4.48.3": 0}),
+        {"TRL 0.14 + transformers 4.48.3": 0}
+    ),
     # a run without the fix: TRL 0.14's ratios on today's side
     "padding-free equals padded at every batch size": lambda n: n["today"].update(
-        ratio=list(n["then"]["losses"]["ratio"])),
+        ratio=list(n["then"]["losses"]["ratio"])
+    ),
     # today's row sent with a mask of ones or a cache: one causal mask over the row, as the old side
     "block-diagonal": lambda n: n["foreign_cells"].update(
-        {"today's transformers": n["foreign_cells"]["TRL 0.14 + transformers 4.48.3"]}),
+        {"today's transformers": n["foreign_cells"]["TRL 0.14 + transformers 4.48.3"]}
+    ),
     # a run without the fix on the Llama: its packed sequences as mixed as OPT's
     "the Llama's later sequences": lambda n: n["portable"].update(Llama=list(n["portable"]["OPT"])),
     # another model or other examples handed over: today's padded loss no longer the old side's

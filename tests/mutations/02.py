@@ -33,7 +33,8 @@ MUTATIONS = {
     "points elsewhere": lambda n: n["symptom"].update(cosine=1.0),
     # a run without the bug: batch 1 x N is the token mean, as far from the mean of means as the old path from batch N
     "mean of per-row means by hand": lambda n: n["mechanism"].update(
-        accumulated_vs_mean_of_means=n["symptom"]["relative_error"]),
+        accumulated_vs_mean_of_means=n["symptom"]["relative_error"]
+    ),
     # a run without the bug: the portable check on a trainer that counts
     "portable check flags": lambda n: n["portable"].update(without_fix=n["portable"]["with_fix"]),
     # a run without the bug: the probe's verdict on a trainer that counts
@@ -41,7 +42,9 @@ MUTATIONS = {
     # a run without the bug: every count matches
     "misses at every accumulation count": lambda n: set_all(n["sweep"], "without_fix", 1.5e-7),
     # a big batch whose loss is itself a mean of per-row means (a model that averages per sequence)
-    "mean over all label tokens by hand": lambda n: n["mechanism"].update(big_vs_token_mean=n["symptom"]["relative_error"]),
+    "mean over all label tokens by hand": lambda n: n["mechanism"].update(
+        big_vs_token_mean=n["symptom"]["relative_error"]
+    ),
     # a run without the fix: the unfixed trainer's error
     "with the fix batch 1 x N matches": lambda n: n["fix"].update(relative_error=n["symptom"]["relative_error"]),
     # a run without the fix: the unfixed trainer's logged grad_norm
@@ -60,8 +63,9 @@ def gpu_shape(numbers: dict, sizes: dict) -> dict:
     measure takes the nearest measured row, as the error barely moves with k: 1.16 to 1.56 over 2..32), the window of
     ``sizes["accumulation"]`` rows (the same rows: the window's label counts repeat when it is longer)."""
     measured = {row["accumulation"]: row for row in numbers["sweep"]}
-    numbers["sweep"] = [{**measured[min(measured, key=lambda m: abs(m - k))], "accumulation": k}
-                        for k in sizes["accumulation_sweep"]]
+    numbers["sweep"] = [
+        {**measured[min(measured, key=lambda m: abs(m - k))], "accumulation": k} for k in sizes["accumulation_sweep"]
+    ]
     window = numbers["window_label_tokens"]
     numbers["window_label_tokens"] = cycled(window, sizes["accumulation"])
     numbers["accumulation"] = sizes["accumulation"]

@@ -20,10 +20,13 @@ from mutation_helpers import set_all  # noqa: F401
 
 MUTATIONS = {
     # one-person biographies (exercise 1): every process holds as many label tokens
-    "different numbers of label tokens": lambda n: [n["label_counts"].update({acc: [[27] * len(c[0])] * len(c)})
-                                                    for acc, c in list(n["label_counts"].items())],
+    "different numbers of label tokens": lambda n: [
+        n["label_counts"].update({acc: [[27] * len(c[0])] * len(c)}) for acc, c in list(n["label_counts"].items())
+    ],
     # a run without the bug: per-process counts on processes that hold equal text
-    "per-process num_items_in_batch misses": lambda n: set_all(n["comparison"]["per-process"], "relative_error", 1.4e-7),
+    "per-process num_items_in_batch misses": lambda n: set_all(
+        n["comparison"]["per-process"], "relative_error", 1.4e-7
+    ),
     # a distributed run that weighs tokens otherwise (counting across processes): far from the per-process formula
     "by hand": lambda n: n.update(by_hand=n["comparison"]["per-process"][-1]["relative_error"]),
     # a run without the bug: the portable check on the per-process run matches
@@ -35,7 +38,8 @@ MUTATIONS = {
     # a run without the fix: counting across processes no better than per process
     "counts across processes match the big batch": lambda n: [
         a.update(relative_error=p["relative_error"])
-        for a, p in zip(n["comparison"]["across processes"], n["comparison"]["per-process"])],
+        for a, p in zip(n["comparison"]["across processes"], n["comparison"]["per-process"])
+    ],
     # a run without the fix: the portable check on the run that counts across processes
     "portable check passes": lambda n: n["portable"].update({"across processes": n["portable"]["per-process"]}),
 }

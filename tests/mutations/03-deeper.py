@@ -32,17 +32,24 @@ MUTATIONS = {
     "default optimizer is the fused AdamW": lambda n: n.update(default_optim="adamw_torch"),
     # bfloat16 weights (exercise 2 of the core): the non-fused step stays finite as well
     "one fused AdamW step keeps an fp16 weight finite": lambda n: n["one_fp16_step"].update(
-        {"fused=False g=0.001": -0.001, "fused=False g=1e-07": -0.001, "fused=False g=0": 0.0}),
+        {"fused=False g=0.001": -0.001, "fused=False g=1e-07": -0.001, "fused=False g=0": 0.0}
+    ),
     # TRL 0.26.2: create_model_from_path defaults to "auto" and the legacy key reaches from_pretrained
     "legacy torch_dtype": lambda n: n["legacy_spellings"].update(
-        {"{'torch_dtype': 'float16'}": "loads with weights in torch.float16"}),
+        {"{'torch_dtype': 'float16'}": "loads with weights in torch.float16"}
+    ),
     # the report's TRL 0.12 example script: getattr(torch, "half") is torch.float16
-    "'half' is rejected": lambda n: n["legacy_spellings"].update({"{'dtype': 'half'}": "loads with weights in torch.float16"}),
+    "'half' is rejected": lambda n: n["legacy_spellings"].update(
+        {"{'dtype': 'half'}": "loads with weights in torch.float16"}
+    ),
     # a model passed as an instance: TRL ignores model_init_kwargs and the weights stay as built (fp32)
-    "dtype='float16' gives": lambda n: n["legacy_spellings"].update({"{'dtype': 'float16'}": "loads with weights in torch.float32"}),
+    "dtype='float16' gives": lambda n: n["legacy_spellings"].update(
+        {"{'dtype': 'float16'}": "loads with weights in torch.float32"}
+    ),
     # "auto" on the fp32 checkpoint
     "dtype='auto' on an fp16 checkpoint": lambda n: n["legacy_spellings"].update(
-        {"{'dtype': 'auto'}": "loads with weights in torch.float32"}),
+        {"{'dtype': 'auto'}": "loads with weights in torch.float32"}
+    ),
     # an fp16 forward that overflows first: the gradient goes NaN before any update
     "first bad tensor is the fp16 score head": lambda n: n.update(first_nonfinite_where="gradient"),
     # a kernel whose update is not m / (sqrt(v) + eps) in fp16: the inf weights are not the underflowed ones
@@ -51,19 +58,25 @@ MUTATIONS = {
     # a head whose every |g| is above the threshold at step 1 (larger hidden states): nothing underflows
     "some of the head's weights went non-finite": lambda n: n["adam_state"].update(inf_weights=0, nan_weights=0),
     # a state kept in another format (bf16: v survives): the underflowed |g| are not below the fp16 threshold
-    "v threshold separates": lambda n: n["adam_state"].update(largest_underflowed_gradient=2 * n["adam_state"]["v_threshold"]),
+    "v threshold separates": lambda n: n["adam_state"].update(
+        largest_underflowed_gradient=2 * n["adam_state"]["v_threshold"]
+    ),
     # the same call with error_if_nonfinite=True: it raises before scaling, and the finite gradient stays finite
     "clipping turns a finite gradient NaN": lambda n: n.update(clip_spreads_nan=False),
     # the probe's run, stopped after step 1: only the head is non-finite yet
     "spread to every trainable tensor": lambda n: n.update(poisoned_tensors=1),
     # a Trainer whose filter differs from the replay
     "replay gives every logged number": lambda n: n["fp16_by_accumulation"]["32"]["replayed"].__setitem__(
-        0, 2 * n["fp16_by_accumulation"]["32"]["replayed"][0]),
+        0, 2 * n["fp16_by_accumulation"]["32"]["replayed"][0]
+    ),
     # the accumulation-1 run under the fused default: never non-finite
-    "fp16 breaks at every accumulation count": lambda n: n["fp16_by_accumulation"]["1"].update(first_nonfinite_step=None),
+    "fp16 breaks at every accumulation count": lambda n: n["fp16_by_accumulation"]["1"].update(
+        first_nonfinite_step=None
+    ),
     # the accumulation-32 run breaking only at step 26: a normal loss logged at 25, and the replay agrees
     ("huge finite number", "more accumulation inflates"): lambda n: n["fp16_by_accumulation"]["32"].update(
-        first_nonfinite_step=26, logged=[0.66], replayed=[0.66]),
+        first_nonfinite_step=26, logged=[0.66], replayed=[0.66]
+    ),
     # a scaler that unscales fp16 gradients
     "gradient scaler refuses": lambda n: n.update(grad_scaler="unscaled"),
     # fp16=True over float32 weights: trains finite
@@ -71,7 +84,9 @@ MUTATIONS = {
     # the fused run evaluated
     "fp16 run's eval accuracy is 0": lambda n: n["eval_accuracy"].update({"fp16 weights (report)": 0.5}),
     # modules_to_save=["score"] without SEQ_CLS: the head trains and is saved
-    "head is frozen and not saved": lambda n: n["heads"]["without SEQ_CLS"].update(head_trainable=True, score_saved=True),
+    "head is frozen and not saved": lambda n: n["heads"]["without SEQ_CLS"].update(
+        head_trainable=True, score_saved=True
+    ),
     # a reload under the same seed draws the same random head
     "reload under another seed changes": lambda n: n["heads"]["without SEQ_CLS"].update(reload_max_reward_change=0.0),
     # a fused run that broke later than its steps showed

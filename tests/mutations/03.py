@@ -32,19 +32,24 @@ import math
 
 from mutation_helpers import cycled
 
-FUSED_STEP = {"0.01 float16": -0.0010004043579101562, "0.001 float16": -0.0010004043579101562,
-              "1e-07 float16": -0.0009226799011230469, "0 float16": 0.0}  # fused=True on fp16, measured (deep dive)
+FUSED_STEP = {
+    "0.01 float16": -0.0010004043579101562,
+    "0.001 float16": -0.0010004043579101562,
+    "1e-07 float16": -0.0009226799011230469,
+    "0 float16": 0.0,
+}  # fused=True on fp16, measured (deep dive)
 
 MUTATIONS = {
     # the same NaN run at accumulation 1: the filter logs 13/25 of step 1's loss (0.36, deep dive)
     "huge finite number": lambda n: [n[key].__setitem__(0, 0.36) for key in ("report_logged_loss", "replayed_logs")],
     # the report's run with logging_nan_inf_filter=False (exercise 1): the NaN itself at every log, not the replay
     ("huge finite number", "exactly 0", "arithmetic, replayed"): lambda n: n.update(
-        report_logged_loss=[math.nan] * len(n["report_logged_loss"])),
+        report_logged_loss=[math.nan] * len(n["report_logged_loss"])
+    ),
     # a Trainer whose filter differs from the replay (one without the filter logs NaN: the mutation above)
     "arithmetic, replayed": lambda n: n["replayed_logs"].__setitem__(0, 2 * n["replayed_logs"][0]),
     # a run without the bug (float32 weights): the fixed run's grad norms
-    "grad norm is NaN": lambda n: n.update(report_logged_grad_norm=[0.74, 0.72][:len(n["report_logged_grad_norm"])]),
+    "grad norm is NaN": lambda n: n.update(report_logged_grad_norm=[0.74, 0.72][: len(n["report_logged_grad_norm"])]),
     # a run without the bug: today's default fused AdamW keeps every raw loss finite (deep dive, 0.69)
     "finite at step 1 and non-finite": lambda n: n.update(report_raw_loss=[0.69] * len(n["report_raw_loss"])),
     # the fused run evaluated: a finite reward model ranks about as many pairs right as chance
@@ -60,8 +65,9 @@ MUTATIONS = {
     # a run without the fix: the fp16 run's accuracy
     "above chance": lambda n: n["eval_accuracy"].update({"float32 (fixed)": 0.0}),
     # a run without the fix: what check_trainable said of the one-step fp16 model
-    "check_trainable finds nothing": lambda n: n.update(fixed_problems=[
-        "base_model.model.score.modules_to_save.default.weight: 11 inf, 0 NaN (torch.float16)"]),
+    "check_trainable finds nothing": lambda n: n.update(
+        fixed_problems=["base_model.model.score.modules_to_save.default.weight: 11 inf, 0 NaN (torch.float16)"]
+    ),
     # a run without the fix: the report's trainer
     "probes are ok on the fixed trainer": lambda n: n.update(checkup_fixed={"fp16_adamw": "fail", "reward_head": "ok"}),
 }

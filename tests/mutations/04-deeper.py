@@ -37,20 +37,26 @@ from mutation_helpers import cycled
 MUTATIONS = {
     # transformers 4.42-4.48 (no check): the right-padded forward with the cache gets past it
     "4.40.2, a right-padded forward with the cache raises": lambda n: n["then"]["4.40"]["direct_forward"][
-        "right"].update(verdict="missing_flash_kernel", function="_flash_attention_forward"),
+        "right"
+    ].update(verdict="missing_flash_kernel", function="_flash_attention_forward"),
     "4.51.3, a right-padded forward with the cache raises": lambda n: n["then"]["4.51"]["direct_forward"][
-        "right"].update(verdict="missing_flash_kernel", function="_flash_attention_forward"),
+        "right"
+    ].update(verdict="missing_flash_kernel", function="_flash_attention_forward"),
     # a check keyed on any padding, not on the cache: the cache-free forward raises too
-    "4.40.2, use_cache=False or left padding": lambda n: n["then"]["4.40"]["direct_forward"][
-        "right_no_cache"].update(verdict="guard"),
-    "4.51.3, use_cache=False or left padding": lambda n: n["then"]["4.51"]["direct_forward"][
-        "right_no_cache"].update(verdict="guard"),
+    "4.40.2, use_cache=False or left padding": lambda n: n["then"]["4.40"]["direct_forward"]["right_no_cache"].update(
+        verdict="guard"
+    ),
+    "4.51.3, use_cache=False or left padding": lambda n: n["then"]["4.51"]["direct_forward"]["right_no_cache"].update(
+        verdict="guard"
+    ),
     # TRL 0.12-0.17's DPO forward (no use_cache) on the first window: evaluate() raises
     "DPOTrainer.evaluate() gets past the check": lambda n: n["then"]["4.40"]["scenarios"]["as_reported"].update(
-        verdict="guard"),
+        verdict="guard"
+    ),
     # a padding_free path that still padded (as TRL 1.16's falls back to): the padded row raises
     "DPOConfig(padding_free=True) gets past": lambda n: n["then"]["4.51"]["scenarios"]["padding_free"].update(
-        verdict="guard"),
+        verdict="guard"
+    ),
     # transformers 4.53.0: no family has the check any more
     "the check sits in Qwen2 and other families": lambda n: n["then"]["4.51"].update(guard_families=[]),
     # today's check run on transformers 4.49-4.52: Qwen2 (and the others) have it
@@ -60,11 +66,13 @@ MUTATIONS = {
     # precompute_ref_log_probs=True: the reference model runs before training, not in its steps
     "the reference model runs its own DPO forwards": lambda n: n["audits"]["2"].pop("reference"),
     # TRL 0.12-0.17's forward (no use_cache): the config's use_cache=True builds a cache
-    "no DPO forward of the policy or the reference model built": lambda n: n["audits"]["2"]["reference"][
-        "eval"].update(cache_built=1),
+    "no DPO forward of the policy or the reference model built": lambda n: n["audits"]["2"]["reference"]["eval"].update(
+        cache_built=1
+    ),
     # TRL 0.17: no use_cache passed by anyone
     "use_cache=False from _compute_loss": lambda n: n["audits"]["1"]["reference"]["eval"].update(
-        asked={"use_cache=None from dpo_trainer.py:concatenated_forward": 1}),
+        asked={"use_cache=None from dpo_trainer.py:concatenated_forward": 1}
+    ),
     # TRL 0.17.0: padding_free honoured, no warning
     "padding_free is temporarily unavailable": lambda n: n["padding_free"].update(warnings=[], honoured=True),
     # an eval set of rows of one length: nothing to pad at batch 2
@@ -74,8 +82,9 @@ MUTATIONS = {
     # a Trainer forward that kept the config's use_cache=True
     "SFTTrainer builds no cache in evaluation": lambda n: n["sft_eval"]["2"].update(cache_built=1),
     # a padding bug that changed row losses at batch 2 by 1e-3: the batch effect is no longer 100x the miss either
-    ("matches the one predicted from rows scored alone", "moves with the eval batch size"):
-        lambda n: n["sft_eval_gap"].update({"2": 1e-3}),
+    ("matches the one predicted from rows scored alone", "moves with the eval batch size"): lambda n: n[
+        "sft_eval_gap"
+    ].update({"2": 1e-3}),
     # eval rows of equal label counts: batch 2 weights rows as batch 1 does
     "moves with the eval batch size": lambda n: n["sft_eval"]["2"].update(eval_loss=n["sft_eval"]["1"]["eval_loss"]),
     # prompts of one length: no row padded
@@ -86,17 +95,20 @@ MUTATIONS = {
     ("100x below bf16's own rounding", "within 2x bf16's own rounding error"): lambda n: n.update(bf16_error=1e-7),
     # GPT-2 scored with position_ids counted from the mask: its left-padded row as one at a time (the right's number)
     "GPT-2's log-probs move": lambda n: n["no_position_ids"]["gpt2 (random init), left"].update(
-        diff=n["no_position_ids"]["gpt2 (random init), right"]["diff"]),
+        diff=n["no_position_ids"]["gpt2 (random init), right"]["diff"]
+    ),
     # a padding bug in fp32 scoring shows in both precisions: fp32 is no longer 100x below bf16's rounding
     ("scoring differences below", "100x below bf16's own rounding"): lambda n: n["scoring"]["fp32"].update(right=1e-3),
     # bf16 batching that moved more than bf16's own rounding
     "within 2x bf16's own rounding error": lambda n: n.update(bf16_error=max(n["scoring"]["bf16"].values()) / 3),
     # a family with absolute positions in Qwen2's place: GPT-2's left-padded number
     "Qwen2's left-padded scores stay within": lambda n: n["no_position_ids"]["qwen2, left"].update(
-        diff=n["no_position_ids"]["gpt2 (random init), left"]["diff"]),
+        diff=n["no_position_ids"]["gpt2 (random init), left"]["diff"]
+    ),
     # a collator that padded left by default: GPT-2's "right" row gets the left-padded number
     "right padding keeps every family's scores": lambda n: n["no_position_ids"]["gpt2 (random init), right"].update(
-        diff=n["no_position_ids"]["gpt2 (random init), left"]["diff"]),
+        diff=n["no_position_ids"]["gpt2 (random init), left"]["diff"]
+    ),
     # the right-padded run's count
     "left-padded batched generation equals": lambda n: n["changed_outputs"].update(left=n["changed_outputs"]["right"]),
 }

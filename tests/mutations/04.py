@@ -28,19 +28,24 @@ argued for those sizes:
 MUTATIONS = {
     # TRL 0.18 on the same transformers (dpo_trainer.py passes use_cache=False): evaluate() gets past the check
     "evaluate() raises the padding_side='right' ValueError": lambda n: n["then"]["scenarios"]["as_reported"].update(
-        verdict="missing_flash_kernel", file="modeling_flash_attention_utils.py"),
+        verdict="missing_flash_kernel", file="modeling_flash_attention_utils.py"
+    ),
     # a model saved with use_cache=False in its config: the first training step gets past the check too
     "raise it at the first training step": lambda n: n["then"]["scenarios"]["train_defaults"].update(
-        verdict="missing_flash_kernel"),
+        verdict="missing_flash_kernel"
+    ),
     # TRL 0.18: evaluation after checkpointed training gets past the check as well
     "gradient checkpointing gets training past it": lambda n: n["then"]["scenarios"]["train_checkpointing"][
-        "then_evaluate"].update(verdict="missing_flash_kernel"),
+        "then_evaluate"
+    ].update(verdict="missing_flash_kernel"),
     # a collator that honoured the tokenizer's side (left): the rows end in real tokens
     "a left-padding tokenizer does not avoid it": lambda n: n["then"]["scenarios"]["tokenizer_left"].update(
-        verdict="missing_flash_kernel"),
+        verdict="missing_flash_kernel"
+    ),
     # a TRL that passed use_cache=False in the forward: the reference forward gets past the check
     "raises in the reference forward": lambda n: n["then"]["scenarios"]["explicit_ref_path"][
-        "reference_forward"].update(verdict="missing_flash_kernel"),
+        "reference_forward"
+    ].update(verdict="missing_flash_kernel"),
     # a generate() that read each row's last real token: the short row's slot 3 (its last ',')
     "from a pad slot": lambda n: n["grid"]["right"][-1].update(predicted_from=3),
     # transformers 4.51.3's generate() counted positions from the mask: the short row's new tokens at 4, 5, 6
@@ -53,16 +58,20 @@ MUTATIONS = {
     "even with a left-padding tokenizer": lambda n: n["dpo_padding"].update(on_the_left=n["dpo_padding"]["padded"]),
     # generate() on prompts of one length: the prefill is not right-padded
     "the hook flags the right-padded generate()": lambda n: n["portable"]["generate(), right padding"].update(
-        right_padded=0, right_padded_with_cache=0),
+        right_padded=0, right_padded_with_cache=0
+    ),
     # without the fix: the report's model with use_cache=True
     "model.config.use_cache=False gets past": lambda n: n["then"]["scenarios"]["use_cache_false"].update(
-        verdict="guard"),
+        verdict="guard"
+    ),
     # without the fix for the reference: TRL 0.17 loads it with use_cache=True unless told
     "gets policy and reference past it": lambda n: n["then"]["scenarios"]["path_model_init_kwargs"][
-        "reference_forward"].update(verdict="guard"),
+        "reference_forward"
+    ].update(verdict="guard"),
     # without ref_model_init_kwargs: the explicit ref_model's forward raises
     "gets an explicit ref_model path past it": lambda n: n["then"]["scenarios"]["explicit_ref_path_fixed"][
-        "reference_forward"].update(verdict="guard"),
+        "reference_forward"
+    ].update(verdict="guard"),
     # the right-padded batch's short row (its last slot is a pad), as the right-padded run recorded it
     "from its own last token": lambda n: n["grid"]["left"].__setitem__(-1, dict(n["grid"]["right"][-1])),
     # the right-padded run's count
@@ -71,7 +80,8 @@ MUTATIONS = {
     "none with a cache": lambda n: n["portable"]["DPO evaluate(), policy"].update(right_padded_with_cache=6),
     # the right-padded generate(): one padded prefill that built a cache
     "flags nothing in the left-padded": lambda n: n["portable"]["generate(), left padding"].update(
-        right_padded=1, right_padded_with_cache=1),
+        right_padded=1, right_padded_with_cache=1
+    ),
     # the probe on a trainer whose forwards build a cache (TRL 0.17's DPO): 4 of 4 padded forwards with a cache
     "padding_cache probe agrees": lambda n: n["checkup"].update(status="warn", value=4),
 }
@@ -87,8 +97,10 @@ def gpu_shape(numbers: dict, sizes: dict) -> dict:
     for side in ("left", "right"):
         generation["shift"][side] += [generation["shift"][side][i] for i in padded]
     generation["changed"]["right"] += len(padded)
-    generation.update(prompts=sizes["chat_prompts"], shorter=dict(generation["shorter"],
-                                                                padded_rows=generation["shorter"]["padded_rows"] + extra))
+    generation.update(
+        prompts=sizes["chat_prompts"],
+        shorter=dict(generation["shorter"], padded_rows=generation["shorter"]["padded_rows"] + extra),
+    )
     share = numbers["dpo_padding"]["padded"] / numbers["dpo_padding"]["batches"]
     numbers["dpo_padding"].update(batches=sizes["dpo_eval_pairs"], padded=round(share * sizes["dpo_eval_pairs"]))
     for model in ("policy", "reference"):

@@ -12,7 +12,6 @@ The gpu profile (issue 31) runs the same tiny trainers, recipes and sizes on a G
   size and on any device.
 """
 
-
 CLEAN = {"returncode": 0, "statuses": {"packing": "skipped", "accumulation": "ok", "fp16_adamw": "ok"}}
 TRAP = {"returncode": 1, "statuses": {"packing": "fail", "accumulation": "ok", "fp16_adamw": "ok"}}
 
@@ -28,8 +27,10 @@ MUTATIONS = {
     # the recipe with padding_free: false (the fixed command's numbers)
     "checkup sft fails the OPT padding-free recipe": lambda n: n["cli"].update({"padding_free: true": CLEAN}),
     # a recipe TRL accepts (per_device_train_batch_size: 4, tests/test_checkup_cli.py): no config fail, exit 0
-    "reports GRPOConfig's refusal": lambda n: (n.update(grpo_finding=["equal_rewards", "ok", "measured", ""]),
-                                               n["cli"]["grpo, 3 completions, groups of 4"].update(returncode=0)),
+    "reports GRPOConfig's refusal": lambda n: (
+        n.update(grpo_finding=["equal_rewards", "ok", "measured", ""]),
+        n["cli"]["grpo, 3 completions, groups of 4"].update(returncode=0),
+    ),
     # max_length longer than the prompts: the fixed run's finding
     "labels cut away": lambda n: n["found"]["labels, cut"].update(status="ok", value=0),
     # a pad token of its own: the fixed run's finding
@@ -47,20 +48,29 @@ MUTATIONS = {
     "a pad token of its own passes": lambda n: n["found"]["eos, own pad"].update(status="fail", value=0),
     # input embeddings without requires_grad (the old lesson's disable_input_require_grads: 8 of 8 without a gradient)
     "in either order, gets every gradient": lambda n: n["found"]["gradients, LoRA, then checkpointing"].update(
-        status="fail", value=8),
+        status="fail", value=8
+    ),
     # the keyword model's accumulation at the listed-arguments model's number (its forward lost **kwargs)
-    "a forward with **kwargs passes": lambda n: n["found"]["accumulation, KeywordsLlama"].update(status="fail", value=0.2),
+    "a forward with **kwargs passes": lambda n: n["found"]["accumulation, KeywordsLlama"].update(
+        status="fail", value=0.2
+    ),
     # TRL 0.21's padding-free batches on sdpa (all-ones mask, no position_ids): 0.205 in that version (docs/checkup.md)
     "Llama and Qwen2 padding-free pass": lambda n: n["families"]["llama"].update(status="fail", value=0.205),
     # TRL 0.17's DPO, which kept the cache (lesson 04's version; docs/checkup.md: 4 cached right-padded forwards)
     "DPO builds no cache": lambda n: n["dpo"].update(value=4),
     # lesson 04's installed versions (transformers 4.51.3): the Qwen2 window matches
-    "installed versions match no": lambda n: n["table"].update({"installed versions": ["04-qwen2-fa2-right-padding-4.49"]}),
+    "installed versions match no": lambda n: n["table"].update(
+        {"installed versions": ["04-qwen2-fa2-right-padding-4.49"]}
+    ),
 }
 
 
 def gpu_shape(numbers: dict, sizes: dict) -> dict:
     """The gpu profile has the cpu profile's sizes (rows, batches, accumulation): the same shape."""
     assert {k: sizes[k] for k in ("rows", "batch_size", "accumulation", "packed_batch_size")} == {
-        "rows": 16, "batch_size": 2, "accumulation": 4, "packed_batch_size": 4}
+        "rows": 16,
+        "batch_size": 2,
+        "accumulation": 4,
+        "packed_batch_size": 4,
+    }
     return numbers

@@ -17,7 +17,6 @@ profile's bf16 autocast, as TRL's default bf16=True gives a GPU user. Each thres
   of state, the same at any size and on any device (the fingerprint hashes the CUDA tensors' bytes after a copy).
 """
 
-
 TRAPS = "02 accumulation: a loss that takes the mean", "03 reward_head: LoRA, no task_type"
 CACHE, GROUPS = "04 padding_cache: Qwen2, use_cache", "05 equal_rewards: a reward never earned"
 FP16 = "03 fp16_adamw: fp16 weights"
@@ -41,7 +40,9 @@ MUTATIONS = {
     # both fix lines: the fixed trainer's check-up
     ("your trainer: packing fails", "your trainer: fp16_adamw fails", "exits 1"): fixed_trainer,
     # a kernel whose own rounding on this row is larger than 4 ulps (the packing probe raises its floor with it)
-    "first sequence differs by rounding only": lambda n: n["by_token"].update(first=[1e-2] * len(n["by_token"]["first"])),
+    "first sequence differs by rounding only": lambda n: n["by_token"].update(
+        first=[1e-2] * len(n["by_token"]["first"])
+    ),
     # the row on Llama in fp16: rounding only (docs/checkup.md: 9.8e-4 for later sequences)
     "second sequence's first token": lambda n: n["by_token"].update(second=[4.9e-4] * len(n["by_token"]["second"])),
     # the pasted check on a Llama row in fp16 (docs/checkup.md: first 4.9e-4, later 9.8e-4)
@@ -78,5 +79,10 @@ MUTATIONS = {
 def gpu_shape(numbers: dict, sizes: dict) -> dict:
     """The gpu profile has the cpu profile's sizes (rows, batches, accumulation, groups): the same shape."""
     assert {k: sizes[k] for k in ("rows", "batch_size", "accumulation", "packed_batch_size", "grpo_batch_size")} == {
-        "rows": 16, "batch_size": 2, "accumulation": 4, "packed_batch_size": 4, "grpo_batch_size": 16}
+        "rows": 16,
+        "batch_size": 2,
+        "accumulation": 4,
+        "packed_batch_size": 4,
+        "grpo_batch_size": 16,
+    }
     return numbers

@@ -37,7 +37,8 @@ MUTATIONS = {
     # a run without the bug: the float32 run's later logs (about 0.69), not 0: no log of 0 for zero_loss either, and
     # the replay of the fp16 raw losses no longer matches them
     ("exactly 0", "arithmetic on the raw losses", "first log of 0"): lambda n: [
-        row.update(loss=0.69) for row in n["plain_logged"][1:]],
+        row.update(loss=0.69) for row in n["plain_logged"][1:]
+    ],
     # a Trainer whose filter differs from the replay (one without the filter logs NaN: exercise 3)
     "arithmetic on the raw losses": lambda n: n["replayed_logs"].__setitem__(0, 2 * n["replayed_logs"][0]),
     # a run without the bug: the float32 run's clinic/raw_loss in the first row
@@ -45,13 +46,17 @@ MUTATIONS = {
     # the run with logging_nan_inf_filter=False (exercise 3): no logged loss is exactly 0, so no zero_loss finding
     "zero_loss is found": lambda n: n["findings"].pop("zero_loss"),
     # a watch that read the weights only when the trainer logs (step 10): late, and stop_on stops at step 1 anyway
-    ("at the step the pasted callback stops", "finite up to the finding's step", "stop_on='nonfinite' ends"):
-        lambda n: n["findings"].update(nonfinite=10),
+    (
+        "at the step the pasted callback stops",
+        "finite up to the finding's step",
+        "stop_on='nonfinite' ends",
+    ): lambda n: n["findings"].update(nonfinite=10),
     # a run without the bug (exercise 1, the fused AdamW): every raw loss finite
     "finite up to the finding's step": lambda n: n.update(raw_loss=[0.69] * len(n["raw_loss"])),
     # a run without the bug: every trainable tensor's float32 sum finite
     "exactly the pasted callback's": lambda n: [
-        n["weight_sums"].__setitem__(name, [dtype, 0.5]) for name, (dtype, _) in list(n["weight_sums"].items())],
+        n["weight_sums"].__setitem__(name, [dtype, 0.5]) for name, (dtype, _) in list(n["weight_sums"].items())
+    ],
     # a run without the bug: stop_on never fires and the run goes to its last step
     "stop_on='nonfinite' ends": lambda n: n.update(stopped_step=n["train_steps"]),
     # a watch that changed what the trainer computes (a check that wrote a gradient or drew a random number)
@@ -62,7 +67,8 @@ MUTATIONS = {
     "no finding on the float32 run": lambda n: n.update(fixed_findings=["nonfinite", "zero_loss"]),
     # a run without the fix: the fp16 run's raw losses (NaN from step 2), which also learn nothing
     ("raw loss is finite at every step", "the float32 run learns"): lambda n: n.update(
-        fixed_raw_loss=list(n["raw_loss"])),
+        fixed_raw_loss=list(n["raw_loss"])
+    ),
     # a float32 run that learns nothing (learning rate 0): the same loss at every step
     "the float32 run learns": lambda n: n.update(fixed_raw_loss=[0.69] * len(n["fixed_raw_loss"])),
     # a watch that changed what the trainer computes
@@ -85,7 +91,11 @@ def gpu_shape(numbers: dict, sizes: dict) -> dict:
     numbers["replayed_logs"] = [row["loss"] for row in numbers["plain_logged"]]
     numbers["train_steps"] = steps
     head = [name for name, (_, total) in numbers["weight_sums"].items() if not math.isfinite(total)]
-    numbers["weight_sums"] = {f"base_model.model.model.layers.{layer}.self_attn.{proj}.lora_{ab}.default.weight":
-                              ["float32", 0.1] for layer in range(30) for proj in ("q_proj", "v_proj") for ab in "AB"}
+    numbers["weight_sums"] = {
+        f"base_model.model.model.layers.{layer}.self_attn.{proj}.lora_{ab}.default.weight": ["float32", 0.1]
+        for layer in range(30)
+        for proj in ("q_proj", "v_proj")
+        for ab in "AB"
+    }
     numbers["weight_sums"].update({name: ["float16", math.nan] for name in head})
     return numbers

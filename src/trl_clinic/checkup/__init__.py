@@ -55,16 +55,19 @@ def load_probes() -> dict:
     return PROBES
 
 
-def run_checkup(trainer, only: Iterable[str] | None = None, skip: Iterable[str] | None = None,
-                show: bool = True) -> Report:
+def run_checkup(
+    trainer, only: Iterable[str] | None = None, skip: Iterable[str] | None = None, show: bool = True
+) -> Report:
     """Run the selected probes on ``trainer`` and return the report (printed as a table when ``show``)."""
     from trl_clinic.checkup.view import TrainerView, untouched
 
     load_probes()
     view = TrainerView(trainer)
     model = view.base_model
-    report = Report(subject=f"{type(trainer).__name__} on {type(model).__name__}"
-                    f" ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters)")
+    report = Report(
+        subject=f"{type(trainer).__name__} on {type(model).__name__}"
+        f" ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters)"
+    )
     start = time.perf_counter()
     with untouched(trainer):
         for spec in selected(only, skip):

@@ -96,8 +96,9 @@ def _window_samples(trainer: Trainer, batches: list[dict], device: torch.device)
 
 
 def _gradient(model: nn.Module) -> torch.Tensor:
-    return torch.cat([p.grad.detach().flatten().double().cpu() for p in model.parameters()
-                      if p.requires_grad and p.grad is not None])
+    return torch.cat(
+        [p.grad.detach().flatten().double().cpu() for p in model.parameters() if p.requires_grad and p.grad is not None]
+    )
 
 
 def _takes_num_items(method) -> bool:
@@ -106,7 +107,8 @@ def _takes_num_items(method) -> bool:
     parameters = inspect.signature(method).parameters
     passes_on = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters.values())
     return "num_items_in_batch" in parameters or (
-        passes_on and "num_items_in_batch" in inspect.signature(Trainer.training_step).parameters)
+        passes_on and "num_items_in_batch" in inspect.signature(Trainer.training_step).parameters
+    )
 
 
 def accumulated_gradient(trainer: Trainer, batches: list[dict]) -> torch.Tensor:
@@ -139,8 +141,9 @@ def token_sum_gradient(view: TrainerView, batches: list[dict]) -> torch.Tensor:
         total = num_items if num_items is not None else sum(int(targets(batch).sum()) for batch in batches)
         for batch, labels in zip(batches, shifted):
             logits = model(**view.forward_inputs(batch)).logits[..., :-1, :]
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten().to(logits.device), ignore_index=-100,
-                                   reduction="sum")
+            loss = F.cross_entropy(
+                logits.flatten(0, 1).float(), labels.flatten().to(logits.device), ignore_index=-100, reduction="sum"
+            )
             (loss / total).backward()
     return _gradient(model)
 
@@ -149,28 +152,46 @@ def _why(view: TrainerView, entry: dict | None) -> str:
     trainer = view.trainer
     if entry:
         return entry["fix"]
-    if getattr(trainer, "model_accepts_loss_kwargs", True) is False and getattr(trainer, "compute_loss_func", None) is None:
-        return ("model_accepts_loss_kwargs is False, so each micro-batch mean is divided by the accumulation steps "
-                "(the pre-4.46 path): leave it True, or divide the summed loss by num_items_in_batch yourself")
+    if (
+        getattr(trainer, "model_accepts_loss_kwargs", True) is False
+        and getattr(trainer, "compute_loss_func", None) is None
+    ):
+        return (
+            "model_accepts_loss_kwargs is False, so each micro-batch mean is divided by the accumulation steps "
+            "(the pre-4.46 path): leave it True, or divide the summed loss by num_items_in_batch yourself"
+        )
     owner = next(c for c in type(trainer).__mro__ if "compute_loss" in vars(c))
     if owner is not Trainer:
-        return (f"{owner.__name__}.compute_loss ignores num_items_in_batch: return the summed token loss divided by "
-                "num_items_in_batch when it is given")
+        return (
+            f"{owner.__name__}.compute_loss ignores num_items_in_batch: return the summed token loss divided by "
+            "num_items_in_batch when it is given"
+        )
     return "the model's loss ignores num_items_in_batch: sum the token losses and divide by num_items_in_batch"
 
 
-@probe("accumulation", "02", "gradient accumulation that reweights tokens: the first step's gradient at batch b x "
-       "accumulation k differs from one batch of b*k on the same samples, or on packed rows from the window's summed "
-       "token loss over its label count (a custom compute_loss or model that ignores num_items_in_batch, "
-       "model_accepts_loss_kwargs=False, transformers < 4.46); average_tokens_across_devices=False with "
-       "several processes.")
+@probe(
+    "accumulation",
+    "02",
+    "gradient accumulation that reweights tokens: the first step's gradient at batch b x "
+    "accumulation k differs from one batch of b*k on the same samples, or on packed rows from the window's summed "
+    "token loss over its label count (a custom compute_loss or model that ignores num_items_in_batch, "
+    "model_accepts_loss_kwargs=False, transformers < 4.46); average_tokens_across_devices=False with "
+    "several processes.",
+)
 def accumulation(view: TrainerView) -> list[Finding]:
     args, trainer = view.args, view.trainer
     findings = []
     if args.world_size > 1 and not getattr(args, "average_tokens_across_devices", False):
-        findings.append(Finding("accumulation", "warn", f"{args.world_size} processes", decided="config",
-                                fix="average_tokens_across_devices=True: each process divides by its own token "
-                                "count otherwise, which reweights tokens across processes"))
+        findings.append(
+            Finding(
+                "accumulation",
+                "warn",
+                f"{args.world_size} processes",
+                decided="config",
+                fix="average_tokens_across_devices=True: each process divides by its own token "
+                "count otherwise, which reweights tokens across processes",
+            )
+        )
     if view.kind == "grpo":
         raise Skip("GRPO's loss comes from its own generations; its accumulation is not a collator batch")
     k = min(args.gradient_accumulation_steps, MAX_STEPS)
@@ -195,8 +216,25 @@ def accumulation(view: TrainerView) -> list[Finding]:
     tolerance = TOLERANCE["half" if view.dtype in (torch.float16, torch.bfloat16) else "full"]
     measured += f"{error:.2g} (tolerance {tolerance:g})"
     if error <= tolerance:
-        return findings + [Finding("accumulation", "ok", measured, value=error, decided="measured",
-                                   reason="every label token of the window weighs the same")]
+        return findings + [
+            Finding(
+                "accumulation",
+                "ok",
+                measured,
+                value=error,
+                decided="measured",
+                reason="every label token of the window weighs the same",
+            )
+        ]
     entry = explain(view, "accumulation")
-    return findings + [Finding("accumulation", "fail", measured, value=error, decided="measured", fix=_why(view, entry),
-                               known_bug=entry["id"] if entry else "")]
+    return findings + [
+        Finding(
+            "accumulation",
+            "fail",
+            measured,
+            value=error,
+            decided="measured",
+            fix=_why(view, entry),
+            known_bug=entry["id"] if entry else "",
+        )
+    ]

@@ -36,11 +36,15 @@ def build_trainer(kind: str, argv: list[str]):
     try:
         script = importlib.import_module(f"trl.scripts.{kind}")
     except ModuleNotFoundError as error:
-        raise RuntimeError(f"trl {trl.__version__} has no `trl {kind}` script (trl.scripts.{kind}): build the trainer "
-                           "in your own script and call checkup(trainer)") from error
+        raise RuntimeError(
+            f"trl {trl.__version__} has no `trl {kind}` script (trl.scripts.{kind}): build the trainer "
+            "in your own script and call checkup(trainer)"
+        ) from error
     if not hasattr(script, "make_parser"):
-        raise RuntimeError(f"trl {trl.__version__}'s trl.scripts.{kind} has no make_parser: build the trainer in "
-                           "your own script and call checkup(trainer)")
+        raise RuntimeError(
+            f"trl {trl.__version__}'s trl.scripts.{kind} has no make_parser: build the trainer in "
+            "your own script and call checkup(trainer)"
+        )
     parsed = script.make_parser(prog=f"trl-clinic checkup {kind}").parse_args_and_config(args=argv)
 
     def intercept(trainer, *args, **kwargs):
@@ -76,8 +80,9 @@ def checkup_from_command_line(kind: str, argv: list[str], only=None, skip=None, 
         text = f"{type(error).__name__}: {error}"
         if refused_by_config(error):
             probe, lesson = BUILD_PROBE.get(kind, ("build", ""))
-            finding = Finding(probe, "fail", "TRL's config class refused the config", lesson=lesson, fix=text,
-                              decided="config")
+            finding = Finding(
+                probe, "fail", "TRL's config class refused the config", lesson=lesson, fix=text, decided="config"
+            )
         else:
             finding = Finding("build", "error", reason=f"the trainer could not be built: {text}")
         report = Report([finding], subject=f"trl {kind} (not built)")
@@ -90,17 +95,25 @@ def checkup_from_command_line(kind: str, argv: list[str], only=None, skip=None, 
 def explain() -> str:
     """Every probe, the lesson that explains it, and what its fail or warn means (for --help)."""
     from trl_clinic.checkup import probe_catalogue
-
     from trl_clinic.checkup.engine import DECISIONS
 
-    lines = ["probes (each finding: ok / warn / fail, or skipped with the reason it does not apply, or error with the "
-             "exception a probe raised; the number, the fix in one line, the lesson):"]
-    lines += [textwrap.fill(f"{name} (lesson {lesson}): {explains}", width=100, initial_indent="  ",
-                            subsequent_indent="      ") for name, lesson, explains in probe_catalogue()]
+    lines = [
+        "probes (each finding: ok / warn / fail, or skipped with the reason it does not apply, or error with the "
+        "exception a probe raised; the number, the fix in one line, the lesson):"
+    ]
+    lines += [
+        textwrap.fill(
+            f"{name} (lesson {lesson}): {explains}", width=100, initial_indent="  ", subsequent_indent="      "
+        )
+        for name, lesson, explains in probe_catalogue()
+    ]
     lines += ["", "decided (how each ok / warn / fail was reached):"]
     lines += [f"  {name}: {meaning}" for name, meaning in DECISIONS.items()]
-    lines += ["", "exit code: 0 no fail and no error; 1 a probe failed; 3 no fail, but a probe (or the build) crashed; "
-              "2 a usage error"]
+    lines += [
+        "",
+        "exit code: 0 no fail and no error; 1 a probe failed; 3 no fail, but a probe (or the build) crashed; "
+        "2 a usage error",
+    ]
     return "\n".join(lines)
 
 
@@ -123,8 +136,9 @@ def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def add_script_command(commands: argparse._SubParsersAction, name: str, options, handle, kind_help: str,
-                       **parser_kwargs) -> argparse.ArgumentParser:
+def add_script_command(
+    commands: argparse._SubParsersAction, name: str, options, handle, kind_help: str, **parser_kwargs
+) -> argparse.ArgumentParser:
     """Register ``trl-clinic <name> <kind> [our options] [TRL's arguments]``, the shape ``checkup`` and ``watch``
     share: ``options(parser)`` adds our options, everything after the kind goes to TRL's script."""
     parser = commands.add_parser(name, formatter_class=argparse.RawDescriptionHelpFormatter, **parser_kwargs)
@@ -144,10 +158,17 @@ def own_options(options, args: argparse.Namespace) -> tuple[argparse.Namespace, 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Register ``checkup`` on the ``trl-clinic`` command (no heavy import until it runs)."""
     checkup = add_script_command(
-        commands, "checkup", _options, handle, "the TRL script whose trainer is checked", add_help=False,
-        help="run the lessons' probes on the trainer `trl sft|dpo|reward|grpo` would build; exit 1 on a fail, 3 on an error",
+        commands,
+        "checkup",
+        _options,
+        handle,
+        "the TRL script whose trainer is checked",
+        add_help=False,
+        help="run the lessons' probes on the trainer `trl sft|dpo|reward|grpo` would build; "
+        "exit 1 on a fail, 3 on an error",
         description=__doc__.split("\n\n")[0] + "\n\nexample: trl-clinic checkup sft --config recipe.yaml --json\n"
-        "(`trl-clinic checkup sft --help` lists TRL's own arguments)")
+        "(`trl-clinic checkup sft --help` lists TRL's own arguments)",
+    )
     checkup.add_argument("-h", "--help", action=_Help, help="show this help, with what each finding means")
 
 

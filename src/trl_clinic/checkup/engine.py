@@ -50,8 +50,9 @@ class Finding:
             raise ValueError(f"status {self.status!r}: expected one of {', '.join(STATUSES)}")
         verdict = self.status in ("ok", "warn", "fail")
         if verdict and self.decided not in DECISIONS:
-            raise ValueError(f"a {self.status} finding says how it was decided: one of {', '.join(DECISIONS)}, "
-                             f"not {self.decided!r}")
+            raise ValueError(
+                f"a {self.status} finding says how it was decided: one of {', '.join(DECISIONS)}, not {self.decided!r}"
+            )
         if not verdict and self.decided:
             raise ValueError(f"a {self.status} finding decided nothing (decided={self.decided!r})")
 
@@ -69,9 +70,11 @@ PROBES: dict[str, Probe] = {}
 
 def probe(name: str, lesson: str, explains: str) -> Callable:
     """Register a probe under ``name`` (the name ``--only``/``--skip`` take)."""
+
     def register(function: Callable) -> Callable:
         PROBES[name] = Probe(name, lesson, explains, function)
         return function
+
     return register
 
 
@@ -100,8 +103,14 @@ class Report:
         return [f for f in self.findings if f.probe == name]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"subject": self.subject, "seconds": round(self.seconds, 3), "failed": self.failed,
-                "errors": len(self.errors), "exit_code": self.exit_code, "findings": [asdict(f) for f in self.findings]}
+        return {
+            "subject": self.subject,
+            "seconds": round(self.seconds, 3),
+            "failed": self.failed,
+            "errors": len(self.errors),
+            "exit_code": self.exit_code,
+            "findings": [asdict(f) for f in self.findings],
+        }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -115,8 +124,15 @@ class Report:
             table.add_column(column, overflow="fold")
         for f in self.findings:
             why = f.fix if f.status in ("warn", "fail") else f.reason
-            table.add_row(f.probe, f"[{STYLES[f.status]}]{f.status}[/]", f.decided or "-", f.measured,
-                          why + (f" [{f.known_bug}]" if f.known_bug else ""), f.lesson, f"{f.seconds:.2f}")
+            table.add_row(
+                f.probe,
+                f"[{STYLES[f.status]}]{f.status}[/]",
+                f.decided or "-",
+                f.measured,
+                why + (f" [{f.known_bug}]" if f.known_bug else ""),
+                f.lesson,
+                f"{f.seconds:.2f}",
+            )
         return table
 
     def __str__(self) -> str:
@@ -155,8 +171,15 @@ def run_probe(spec: Probe, view: Any) -> list[Finding]:
     except Skip as why:
         findings = [Finding(spec.name, "skipped", reason=str(why))]
     except Exception as error:  # noqa: BLE001 - a probe's crash is reported, never raised
-        findings = [Finding(spec.name, "error", reason=f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
-                            if str(error) else type(error).__name__)]
+        findings = [
+            Finding(
+                spec.name,
+                "error",
+                reason=f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+                if str(error)
+                else type(error).__name__,
+            )
+        ]
     elapsed = time.perf_counter() - start
     for finding in findings:
         finding.lesson = finding.lesson or spec.lesson

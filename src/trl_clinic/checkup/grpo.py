@@ -45,24 +45,35 @@ def group_rewards(view: TrainerView) -> list[list[float]]:
     finally:
         tokenizer.padding_side = side
     view.model.eval()
-    out = view.model.generate(**inputs, do_sample=True, temperature=args.temperature, top_p=args.top_p,
-                              max_new_tokens=min(args.max_completion_length or MAX_NEW_TOKENS, MAX_NEW_TOKENS),
-                              num_return_sequences=args.num_generations, pad_token_id=tokenizer.pad_token_id)
-    ids = out[:, inputs["input_ids"].shape[1]:]
+    out = view.model.generate(
+        **inputs,
+        do_sample=True,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=min(args.max_completion_length or MAX_NEW_TOKENS, MAX_NEW_TOKENS),
+        num_return_sequences=args.num_generations,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    ids = out[:, inputs["input_ids"].shape[1] :]
     completions = tokenizer.batch_decode(ids, skip_special_tokens=True)
     repeat = [row for row in rows for _ in range(args.num_generations)]
     columns = {key: [row[key] for row in repeat] for key in rows[0] if key != "prompt"}
     weights = args.reward_weights or [1.0] * len(trainer.reward_funcs)
     total = torch.zeros(len(completions))
     for weight, function in zip(weights, trainer.reward_funcs):
-        scores = function(prompts=[r["prompt"] for r in repeat], completions=completions,
-                          completion_ids=ids.tolist(), **columns)
+        scores = function(
+            prompts=[r["prompt"] for r in repeat], completions=completions, completion_ids=ids.tolist(), **columns
+        )
         total += weight * torch.tensor([float("nan") if s is None else s for s in scores])
     return total.view(len(rows), args.num_generations).tolist()
 
 
-@probe("equal_rewards", "05", "GRPO groups whose completions all get the same reward: their advantages are 0, so "
-       "they teach nothing (a 0/1 reward a weak policy never earns, a reward that ignores the completion).")
+@probe(
+    "equal_rewards",
+    "05",
+    "GRPO groups whose completions all get the same reward: their advantages are 0, so "
+    "they teach nothing (a 0/1 reward a weak policy never earns, a reward that ignores the completion).",
+)
 def equal_rewards(view: TrainerView) -> Finding:
     _grpo(view)
     groups = group_rewards(view)
@@ -70,10 +81,24 @@ def equal_rewards(view: TrainerView) -> Finding:
     share = equal / len(groups)
     measured = f"{equal} of {len(groups)} groups with equal rewards"
     if share == 1:
-        return Finding("equal_rewards", "fail", measured, value=share, decided="measured",
-                       fix="every group has equal rewards, so no learning signal: give partial credit, warm the "
-                       "policy up with SFT, or raise num_generations/temperature")
+        return Finding(
+            "equal_rewards",
+            "fail",
+            measured,
+            value=share,
+            decided="measured",
+            fix="every group has equal rewards, so no learning signal: give partial credit, warm the "
+            "policy up with SFT, or raise num_generations/temperature",
+        )
     if share >= 0.5:
-        return Finding("equal_rewards", "warn", measured, value=share, decided="measured",
-                       fix="most groups teach nothing: give partial credit or warm the policy up with SFT")
-    return Finding("equal_rewards", "ok", measured, value=share, decided="measured", reason="most groups have a reward spread")
+        return Finding(
+            "equal_rewards",
+            "warn",
+            measured,
+            value=share,
+            decided="measured",
+            fix="most groups teach nothing: give partial credit or warm the policy up with SFT",
+        )
+    return Finding(
+        "equal_rewards", "ok", measured, value=share, decided="measured", reason="most groups have a reward spread"
+    )

@@ -22,8 +22,19 @@ from packaging.version import Version
 from trl_clinic.checkup.engine import Finding, probe
 from trl_clinic.checkup.view import TrainerView
 
-CONDITIONS = ("packages", "model_type", "attn_implementation", "attn_not", "trainer", "gpu_name", "collator",
-              "collator_args", "args", "config", "init_kwargs")
+CONDITIONS = (
+    "packages",
+    "model_type",
+    "attn_implementation",
+    "attn_not",
+    "trainer",
+    "gpu_name",
+    "collator",
+    "collator_args",
+    "args",
+    "config",
+    "init_kwargs",
+)
 
 
 def load() -> list[dict[str, Any]]:
@@ -68,12 +79,19 @@ class Facts:
         collator = view.trainer.data_collator
         gpu = torch.cuda.get_device_name(view.device) if view.device.type == "cuda" else ""
         args = {name: getattr(view.args, name, None) for name in vars(view.args)} | {"world_size": view.args.world_size}
-        return cls(model_type=config.model_type, attn_implementation=config._attn_implementation or "",
-                   trainer=view.kind, gpu_name=gpu, collator=[c.__name__ for c in type(collator).__mro__],
-                   collator_args={k: v for k, v in vars(collator).items() if isinstance(v, (bool, int, float, str))}
-                   if hasattr(collator, "__dict__") else {},
-                   args=args, config=config.to_dict() | {"use_cache": getattr(config, "use_cache", None)},
-                   init_kwargs=list(getattr(view.args, "model_init_kwargs", None) or {}))
+        return cls(
+            model_type=config.model_type,
+            attn_implementation=config._attn_implementation or "",
+            trainer=view.kind,
+            gpu_name=gpu,
+            collator=[c.__name__ for c in type(collator).__mro__],
+            collator_args={k: v for k, v in vars(collator).items() if isinstance(v, (bool, int, float, str))}
+            if hasattr(collator, "__dict__")
+            else {},
+            args=args,
+            config=config.to_dict() | {"use_cache": getattr(config, "use_cache", None)},
+            init_kwargs=list(getattr(view.args, "model_init_kwargs", None) or {}),
+        )
 
 
 def _value_holds(wanted: Any, actual: Any) -> bool:
@@ -116,14 +134,36 @@ def explain(view: TrainerView, probe_name: str) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
-@probe("known_bugs", "README", "a known bug that no probe can measure here (a GPU's library build, a report) applies "
-       "to the installed versions, device, model family, kernel and arguments: known_bugs.yaml, like pip-audit for "
-       "training bugs. Decided by the table, so it warns and never fails.")
+@probe(
+    "known_bugs",
+    "README",
+    "a known bug that no probe can measure here (a GPU's library build, a report) applies "
+    "to the installed versions, device, model family, kernel and arguments: known_bugs.yaml, like pip-audit for "
+    "training bugs. Decided by the table, so it warns and never fails.",
+)
 def known_bugs(view: TrainerView) -> list[Finding]:
     entries, facts = load(), Facts.from_view(view)
-    found = [Finding("known_bugs", "warn", entry["id"], fix=f"{entry['fix']} ({entry['bug']})", lesson=entry["lesson"],
-                     decided="table", known_bug=entry["id"]) for entry in matching(facts)]
+    found = [
+        Finding(
+            "known_bugs",
+            "warn",
+            entry["id"],
+            fix=f"{entry['fix']} ({entry['bug']})",
+            lesson=entry["lesson"],
+            decided="table",
+            known_bug=entry["id"],
+        )
+        for entry in matching(facts)
+    ]
     unmeasured = sum(1 for e in entries if "probe" not in e)
     versions = ", ".join(f"{p} {installed(p)}" for p in ("torch", "transformers", "trl"))
-    return found or [Finding("known_bugs", "ok", f"0 of {unmeasured} table-only entries match", value=0,
-                             decided="table", reason=f"{versions}, {facts.model_type}, {facts.attn_implementation}")]
+    return found or [
+        Finding(
+            "known_bugs",
+            "ok",
+            f"0 of {unmeasured} table-only entries match",
+            value=0,
+            decided="table",
+            reason=f"{versions}, {facts.model_type}, {facts.attn_implementation}",
+        )
+    ]

@@ -39,24 +39,41 @@ def _first_batches(view: TrainerView) -> list[dict]:
     return [view.batch(b, start=i * b) for i in range(n)]
 
 
-@probe("labels_present", "02", "batches whose every label is masked: their loss is 0 and they teach nothing "
-       "(prompt longer than max_length, a completion mask or assistant_only_loss template that masks every token).")
+@probe(
+    "labels_present",
+    "02",
+    "batches whose every label is masked: their loss is 0 and they teach nothing "
+    "(prompt longer than max_length, a completion mask or assistant_only_loss template that masks every token).",
+)
 def labels_present(view: TrainerView) -> Finding:
     counts = [int(targets(batch).sum()) for batch in _first_batches(view)]
     empty = sum(c == 0 for c in counts)
     measured = f"label tokens in the first {len(counts)} batches: {counts}"
     if not empty:
-        return Finding("labels_present", "ok", measured, value=0, decided="measured",
-                       reason="every batch has label tokens")
-    cause = ("assistant_only_loss=True and the chat template marks no assistant tokens ({% generation %} tags)"
-             if getattr(view.args, "assistant_only_loss", False) else
-             "check max_length (completions cut off), the completion mask and the dataset's columns")
-    return Finding("labels_present", "fail", measured, value=empty, decided="measured",
-                   fix=f"{empty} of {len(counts)} batches have no label token: {cause}")
+        return Finding(
+            "labels_present", "ok", measured, value=0, decided="measured", reason="every batch has label tokens"
+        )
+    cause = (
+        "assistant_only_loss=True and the chat template marks no assistant tokens ({% generation %} tags)"
+        if getattr(view.args, "assistant_only_loss", False)
+        else "check max_length (completions cut off), the completion mask and the dataset's columns"
+    )
+    return Finding(
+        "labels_present",
+        "fail",
+        measured,
+        value=empty,
+        decided="measured",
+        fix=f"{empty} of {len(counts)} batches have no label token: {cause}",
+    )
 
 
-@probe("eos_label", "-", "an EOS that is never a target: the model never learns to stop (pad == eos with a "
-       "collator that masks pad tokens, or completions without EOS).")
+@probe(
+    "eos_label",
+    "-",
+    "an EOS that is never a target: the model never learns to stop (pad == eos with a "
+    "collator that masks pad tokens, or completions without EOS).",
+)
 def eos_label(view: TrainerView) -> Finding:
     tokenizer = view.tokenizer
     if tokenizer is None or tokenizer.eos_token_id is None:
@@ -67,21 +84,40 @@ def eos_label(view: TrainerView) -> Finding:
     measured = f"{found} EOS targets in the first batches (pad == eos: {tokenizer.pad_token_id == eos})"
     if found:
         return Finding("eos_label", "ok", measured, value=found, decided="measured", reason="EOS is a target")
-    fix = ("pad == eos and the collator masks pad tokens, so EOS is masked too: set a pad token distinct from "
-           "eos (tokenizer.pad_token = ...)" if tokenizer.pad_token_id == eos else
-           "no completion ends with EOS: append tokenizer.eos_token (SFTTrainer does; a custom dataset may not)")
+    fix = (
+        "pad == eos and the collator masks pad tokens, so EOS is masked too: set a pad token distinct from "
+        "eos (tokenizer.pad_token = ...)"
+        if tokenizer.pad_token_id == eos
+        else "no completion ends with EOS: append tokenizer.eos_token (SFTTrainer does; a custom dataset may not)"
+    )
     return Finding("eos_label", "fail", measured, value=0, decided="measured", fix=fix)
 
 
-@probe("gradients_reach", "-", "trainable parameters that get no gradient in one forward/backward of the "
-       "trainer's own loss (PEFT + reentrant gradient checkpointing without input gradients, a detached head).")
+@probe(
+    "gradients_reach",
+    "-",
+    "trainable parameters that get no gradient in one forward/backward of the "
+    "trainer's own loss (PEFT + reentrant gradient checkpointing without input gradients, a detached head).",
+)
 def gradients_reach(view: TrainerView) -> Finding:
     gradients = view.first_gradients
     missing = [name for name, grad in gradients.items() if grad is None]
     measured = f"{len(missing)} of {len(gradients)} trainable tensors without a gradient"
     if not missing:
-        return Finding("gradients_reach", "ok", measured, value=0, decided="measured",
-                       reason="every trainable tensor got a gradient")
-    return Finding("gradients_reach", "fail", measured, value=len(missing), decided="measured",
-                   fix=f"{missing[0]} (and {len(missing) - 1} more) get no gradient: with gradient checkpointing use "
-                   "gradient_checkpointing_kwargs={'use_reentrant': False} or model.enable_input_require_grads()")
+        return Finding(
+            "gradients_reach",
+            "ok",
+            measured,
+            value=0,
+            decided="measured",
+            reason="every trainable tensor got a gradient",
+        )
+    return Finding(
+        "gradients_reach",
+        "fail",
+        measured,
+        value=len(missing),
+        decided="measured",
+        fix=f"{missing[0]} (and {len(missing) - 1} more) get no gradient: with gradient checkpointing use "
+        "gradient_checkpointing_kwargs={'use_reentrant': False} or model.enable_input_require_grads()",
+    )

@@ -66,19 +66,36 @@ def packed_vs_alone(view: TrainerView, batch: dict, found: Layout) -> list[dict]
         for row, spans in enumerate(found.spans):
             for order, (start, end) in enumerate(spans):
                 ids = inputs["input_ids"][row, start:end]
-                alone = model(input_ids=ids[None], position_ids=torch.arange(end - start, device=ids.device)[None],
-                              use_cache=False).logits[0].float()
+                alone = (
+                    model(
+                        input_ids=ids[None],
+                        position_ids=torch.arange(end - start, device=ids.device)[None],
+                        use_cache=False,
+                    )
+                    .logits[0]
+                    .float()
+                )
                 packed = logits[row, start:end]
                 own = None if labels is None else labels[row, start:end].to(ids.device)
-                pairs.append({"first": order == 0, "logits": (packed - alone).abs().max().item(),
-                              "scale": alone.abs().max().item(),
-                              "loss_packed": _label_loss(packed, own), "loss_alone": _label_loss(alone, own)})
+                pairs.append(
+                    {
+                        "first": order == 0,
+                        "logits": (packed - alone).abs().max().item(),
+                        "scale": alone.abs().max().item(),
+                        "loss_packed": _label_loss(packed, own),
+                        "loss_alone": _label_loss(alone, own),
+                    }
+                )
     return pairs
 
 
-@probe("packing", "01", "padding-free or packed rows whose sequences see each other: a later sequence's logits inside "
-       "the trainer's own packed forward differ from the same sequence alone by more than the kernel's rounding "
-       "(batch contamination).")
+@probe(
+    "packing",
+    "01",
+    "padding-free or packed rows whose sequences see each other: a later sequence's logits inside "
+    "the trainer's own packed forward differ from the same sequence alone by more than the kernel's rounding "
+    "(batch contamination).",
+)
 def packing(view: TrainerView) -> Finding:
     batch, found = packed_layout(view)
     pairs = packed_vs_alone(view, batch, found)
@@ -87,18 +104,35 @@ def packing(view: TrainerView) -> Finding:
     worst = max(p["logits"] for p in later)
     scale = max(p["scale"] for p in pairs)
     tolerance = max(FLOOR_FACTOR * floor, ULPS * torch.finfo(view.dtype).eps * scale)
-    losses = [abs(p["loss_packed"] - p["loss_alone"]) / abs(p["loss_alone"]) for p in later
-              if p["loss_packed"] is not None and p["loss_alone"]]
-    measured = (f"{found.how}: later sequences' logits differ from alone by {worst:.3g} (first sequences, "
-                f"rounding only: {floor:.3g}; tolerance {tolerance:.3g})"
-                + (f"; label loss changes by up to {max(losses):.2g} (relative)" if losses else ""))
+    losses = [
+        abs(p["loss_packed"] - p["loss_alone"]) / abs(p["loss_alone"])
+        for p in later
+        if p["loss_packed"] is not None and p["loss_alone"]
+    ]
+    measured = (
+        f"{found.how}: later sequences' logits differ from alone by {worst:.3g} (first sequences, "
+        f"rounding only: {floor:.3g}; tolerance {tolerance:.3g})"
+        + (f"; label loss changes by up to {max(losses):.2g} (relative)" if losses else "")
+    )
     if worst <= tolerance:
-        return Finding("packing", "ok", measured, value=worst, decided="measured",
-                       reason="each packed sequence sees only itself")
+        return Finding(
+            "packing", "ok", measured, value=worst, decided="measured", reason="each packed sequence sees only itself"
+        )
     config = view.base_model.config
     entry = explain(view, "packing")
-    cause = (entry["fix"] if entry else "use padding_free=False, or a kernel that reads sequence boundaries "
-             "(attn_implementation='flash_attention_2'), and send position_ids with no attention_mask")
-    return Finding("packing", "fail", measured, value=worst, decided="measured", known_bug=entry["id"] if entry else "",
-                   fix=f"packed sequences see each other ({config.model_type}, {config._attn_implementation}, "
-                   f"keys sent: {', '.join(sorted(k for k in batch if k != 'labels'))}): {cause}")
+    cause = (
+        entry["fix"]
+        if entry
+        else "use padding_free=False, or a kernel that reads sequence boundaries "
+        "(attn_implementation='flash_attention_2'), and send position_ids with no attention_mask"
+    )
+    return Finding(
+        "packing",
+        "fail",
+        measured,
+        value=worst,
+        decided="measured",
+        known_bug=entry["id"] if entry else "",
+        fix=f"packed sequences see each other ({config.model_type}, {config._attn_implementation}, "
+        f"keys sent: {', '.join(sorted(k for k in batch if k != 'labels'))}): {cause}",
+    )

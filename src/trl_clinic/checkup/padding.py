@@ -48,6 +48,7 @@ def _steps(view: TrainerView) -> list[tuple[str, callable]]:
             else:  # 0.15 generates in _prepare_inputs, 0.14 in compute_loss
                 inputs = trainer._prepare_inputs(rows)
             trainer.compute_loss(model, inputs)
+
         return [("a generation and its training loss", grpo_step)]
     batch = view.batch(max(2, view.args.per_device_train_batch_size))
 
@@ -58,6 +59,7 @@ def _steps(view: TrainerView) -> list[tuple[str, callable]]:
     def eval_step():
         model.eval()
         trainer.prediction_step(model, view.to_device(dict(batch)), prediction_loss_only=True)
+
     return [("the training loss", train_step), ("the evaluation step", eval_step)]
 
 
@@ -79,24 +81,32 @@ def audit(view: TrainerView) -> tuple[dict[str, dict[str, dict]], list[str]]:
                 if GUARD not in str(error):
                     raise
                 frame = traceback.extract_tb(error.__traceback__)[-1]
-                raised.append(f"{phase} raised transformers' ValueError ({frame.filename.rsplit('/', 1)[-1]}, "
-                              f"{frame.name}): {str(error).split('.')[0]}")
+                raised.append(
+                    f"{phase} raised transformers' ValueError ({frame.filename.rsplit('/', 1)[-1]}, "
+                    f"{frame.name}): {str(error).split('.')[0]}"
+                )
     finally:
         recorder.remove()
     return recorder.summary(), raised
 
 
-@probe("padding_cache", "04", "right-padded rows run with a KV cache where transformers raises on them with "
-       "FlashAttention-2 (Qwen2 and other families on 4.37.0-4.41.2 and 4.49.0-4.52.4; met by TRL 0.12-0.17's DPO "
-       "evaluation and 0.14-0.21's GRPO scoring): the forwards of one training and one evaluation step (GRPO: one "
-       "generation and its loss) are counted, and the error is met for real where it exists.")
+@probe(
+    "padding_cache",
+    "04",
+    "right-padded rows run with a KV cache where transformers raises on them with "
+    "FlashAttention-2 (Qwen2 and other families on 4.37.0-4.41.2 and 4.49.0-4.52.4; met by TRL 0.12-0.17's DPO "
+    "evaluation and 0.14-0.21's GRPO scoring): the forwards of one training and one evaluation step (GRPO: one "
+    "generation and its loss) are counted, and the error is met for real where it exists.",
+)
 def padding_cache(view: TrainerView) -> Finding:
     table, raised = audit(view)
     rows = [row for modes in table.values() for row in modes.values()]
     risky = sum(row["right_padded_with_cache"] for row in rows)
     padded = sum(row["right_padded"] for row in rows)
-    measured = (f"{risky} of {sum(row['forwards'] for row in rows)} forwards right-padded with a cache built "
-                f"({padded} right-padded)")
+    measured = (
+        f"{risky} of {sum(row['forwards'] for row in rows)} forwards right-padded with a cache built "
+        f"({padded} right-padded)"
+    )
     facts = Facts.from_view(view)
     entries = matching(facts, probe_name="padding_cache")
     windows = [e for e in entries if "model_type" in e["when"]]  # where the guard lives
@@ -104,15 +114,33 @@ def padding_cache(view: TrainerView) -> Finding:
     cause = f"; {causes[0]['bug']} ({causes[0]['fix']})" if causes and windows else ""
     if raised:
         entry = windows[0] if windows else causes[0] if causes else None
-        fix = f"{entry['fix']} ({entry['bug']})" if entry else "pass use_cache=False in the scoring forwards, or pad left"
-        return Finding("padding_cache", "fail", f"{measured}; {raised[0]}", value=len(raised),
-                       decided="measured", known_bug=entry["id"] if entry else "", fix=fix + cause)
+        fix = (
+            f"{entry['fix']} ({entry['bug']})" if entry else "pass use_cache=False in the scoring forwards, or pad left"
+        )
+        return Finding(
+            "padding_cache",
+            "fail",
+            f"{measured}; {raised[0]}",
+            value=len(raised),
+            decided="measured",
+            known_bug=entry["id"] if entry else "",
+            fix=fix + cause,
+        )
     if risky and windows and facts.attn_implementation != "flash_attention_2":
         entry = windows[0]
-        return Finding("padding_cache", "warn", f"{measured}; the model runs {facts.attn_implementation}",
-                       value=risky, decided="table", known_bug=entry["id"],
-                       fix=f"with attn_implementation='flash_attention_2' these forwards raise here: {entry['fix']} "
-                       f"({entry['bug']}){cause}")
-    reason = ("no version of the table raises on this family with this kernel" if risky
-              else "no right-padded forward builds a cache")
+        return Finding(
+            "padding_cache",
+            "warn",
+            f"{measured}; the model runs {facts.attn_implementation}",
+            value=risky,
+            decided="table",
+            known_bug=entry["id"],
+            fix=f"with attn_implementation='flash_attention_2' these forwards raise here: {entry['fix']} "
+            f"({entry['bug']}){cause}",
+        )
+    reason = (
+        "no version of the table raises on this family with this kernel"
+        if risky
+        else "no right-padded forward builds a cache"
+    )
     return Finding("padding_cache", "ok", measured, value=risky, decided="measured", reason=reason)

@@ -51,7 +51,9 @@ def optimizer_recipe(view: TrainerView) -> tuple[type, dict, str]:
     return cls, dict(kwargs), f"optim={optim}"
 
 
-def one_step(cls: type, settings: dict, source: str, tensors: list[tuple[str, torch.Tensor, torch.Tensor]]) -> list[str]:
+def one_step(
+    cls: type, settings: dict, source: str, tensors: list[tuple[str, torch.Tensor, torch.Tensor]]
+) -> list[str]:
     """Step a fresh ``cls`` once over clones of ``tensors`` (name, weight, gradient); the names left non-finite."""
     clones = []
     for _, weight, gradient in tensors:
@@ -65,19 +67,31 @@ def one_step(cls: type, settings: dict, source: str, tensors: list[tuple[str, to
             optimizer = cls(clones, **settings)
         optimizer.step()
     except Exception as error:  # a GPU-only optimizer (bitsandbytes, paged) on a CPU, a class that needs more
-        raise RuntimeError(f"{cls.__module__}.{cls.__name__} could not step on cloned tensors here, so fp16 "
-                           f"stability is not measured: {type(error).__name__}: {error}") from error
+        raise RuntimeError(
+            f"{cls.__module__}.{cls.__name__} could not step on cloned tensors here, so fp16 "
+            f"stability is not measured: {type(error).__name__}: {error}"
+        ) from error
     return [name for (name, _, _), clone in zip(tensors, clones) if not torch.isfinite(clone).all()]
 
 
-@probe("fp16_adamw", "03", "fp16 trainable weights that the trainer's own optimizer (its class and settings, the one "
-       "passed in optimizers= included) turns non-finite in one step on the real first gradient: a non-fused AdamW's "
-       "fp16 state rounds eps to 0 and underflows g^2; then the loss is NaN (logged as a huge number, then 0).")
+@probe(
+    "fp16_adamw",
+    "03",
+    "fp16 trainable weights that the trainer's own optimizer (its class and settings, the one "
+    "passed in optimizers= included) turns non-finite in one step on the real first gradient: a non-fused AdamW's "
+    "fp16 state rounds eps to 0 and underflows g^2; then the loss is NaN (logged as a huge number, then 0).",
+)
 def fp16_adamw(view: TrainerView) -> Finding:
     fp16 = [(name, p) for name, p in view.model.named_parameters() if p.requires_grad and p.dtype == torch.float16]
     if not fp16:
-        return Finding("fp16_adamw", "ok", "0 fp16 trainable tensors", value=0, decided="config",
-                       reason="no fp16 trainable weights")
+        return Finding(
+            "fp16_adamw",
+            "ok",
+            "0 fp16 trainable tensors",
+            value=0,
+            decided="config",
+            reason="no fp16 trainable weights",
+        )
     cls, settings, source = optimizer_recipe(view)
     gradients = view.first_gradients
     tensors, elements = [], 0
@@ -88,18 +102,30 @@ def fp16_adamw(view: TrainerView) -> Finding:
     if not tensors:
         raise Skip("no fp16 trainable tensor got a gradient from the trainer's loss (see gradients_reach)")
     broken = one_step(cls, settings, source, tensors)
-    measured = (f"one {cls.__name__} step ({source}) on clones of {len(tensors)} of {len(fp16)} fp16 trainable tensors "
-                f"and their first gradient: {len(broken)} non-finite")
+    measured = (
+        f"one {cls.__name__} step ({source}) on clones of {len(tensors)} of {len(fp16)} fp16 trainable tensors "
+        f"and their first gradient: {len(broken)} non-finite"
+    )
     if not broken:
         return Finding("fp16_adamw", "ok", measured, value=0, decided="measured", reason="the step stays finite")
-    return Finding("fp16_adamw", "fail", measured, value=len(broken), decided="measured",
-                   fix=f"{broken[0]} turns inf/NaN after one step: load the model in float32 or bfloat16 "
-                   "(dtype='float32'), or keep fp16 weights frozen and train float32 adapters")
+    return Finding(
+        "fp16_adamw",
+        "fail",
+        measured,
+        value=len(broken),
+        decided="measured",
+        fix=f"{broken[0]} turns inf/NaN after one step: load the model in float32 or bfloat16 "
+        "(dtype='float32'), or keep fp16 weights frozen and train float32 adapters",
+    )
 
 
-@probe("init_dtype", "03", "model_init_kwargs asks for a dtype (dtype or the legacy torch_dtype) that the built model "
-       "does not have: TRL >= 0.27.0 sets dtype='float32' itself, which transformers prefers over torch_dtype, and TRL "
-       "ignores model_init_kwargs for a model passed as an instance.")
+@probe(
+    "init_dtype",
+    "03",
+    "model_init_kwargs asks for a dtype (dtype or the legacy torch_dtype) that the built model "
+    "does not have: TRL >= 0.27.0 sets dtype='float32' itself, which transformers prefers over torch_dtype, and TRL "
+    "ignores model_init_kwargs for a model passed as an instance.",
+)
 def init_dtype(view: TrainerView) -> Finding:
     kwargs = getattr(view.args, "model_init_kwargs", None) or {}
     asked = {key: kwargs[key] for key in ("dtype", "torch_dtype") if kwargs.get(key) not in (None, "auto")}
@@ -107,20 +133,33 @@ def init_dtype(view: TrainerView) -> Finding:
         raise Skip("model_init_kwargs names no dtype")
     built = next(view.base_model.parameters()).dtype
     wanted = {key: getattr(torch, value) if isinstance(value, str) else value for key, value in asked.items()}
-    measured = (f"model_init_kwargs {', '.join(f'{k}={v}' for k, v in asked.items())}; "
-                f"the built model's weights are {built}")
+    measured = (
+        f"model_init_kwargs {', '.join(f'{k}={v}' for k, v in asked.items())}; the built model's weights are {built}"
+    )
     lost = [key for key, dtype in wanted.items() if dtype != built]
     if not lost:
         return Finding("init_dtype", "ok", measured, decided="config", reason="the model has the dtype asked for")
     entry = explain(view, "init_dtype")
-    return Finding("init_dtype", "warn", measured, decided="config", known_bug=entry["id"] if entry else "",
-                   fix=entry["fix"] if entry and "torch_dtype" in lost else f"the model was built in {built}, not "
-                   f"{asked[lost[0]]}: pass the dtype to from_pretrained yourself (model_init_kwargs applies only "
-                   "when TRL loads the model)")
+    return Finding(
+        "init_dtype",
+        "warn",
+        measured,
+        decided="config",
+        known_bug=entry["id"] if entry else "",
+        fix=entry["fix"]
+        if entry and "torch_dtype" in lost
+        else f"the model was built in {built}, not "
+        f"{asked[lost[0]]}: pass the dtype to from_pretrained yourself (model_init_kwargs applies only "
+        "when TRL loads the model)",
+    )
 
 
-@probe("reward_head", "03", "a reward model whose score head is frozen, or trained but not saved with the LoRA "
-       "adapter (no task_type='SEQ_CLS' nor modules_to_save=['score']): its rewards come from a random head.")
+@probe(
+    "reward_head",
+    "03",
+    "a reward model whose score head is frozen, or trained but not saved with the LoRA "
+    "adapter (no task_type='SEQ_CLS' nor modules_to_save=['score']): its rewards come from a random head.",
+)
 def reward_head(view: TrainerView) -> Finding:
     names = _head_names(view)
     if not names:
@@ -129,11 +168,23 @@ def reward_head(view: TrainerView) -> Finding:
     trainable = [n for n in names if params[n].requires_grad]
     measured = f"{len(trainable)} of {len(names)} head tensors trainable"
     if not trainable:
-        return Finding("reward_head", "fail", measured, value=0, decided="config",
-                       fix="the score head is frozen: with LoRA pass task_type='SEQ_CLS' (or modules_to_save=['score'])")
+        return Finding(
+            "reward_head",
+            "fail",
+            measured,
+            value=0,
+            decided="config",
+            fix="the score head is frozen: with LoRA pass task_type='SEQ_CLS' (or modules_to_save=['score'])",
+        )
     if _saved_with_adapter(view) is False:
-        return Finding("reward_head", "fail", measured, value=len(trainable), decided="config",
-                       fix="the LoRA adapter will not save the trained head: task_type='SEQ_CLS' or "
-                       "modules_to_save=['score']")
-    return Finding("reward_head", "ok", measured, value=len(trainable), decided="config",
-                   reason="the head trains and is saved")
+        return Finding(
+            "reward_head",
+            "fail",
+            measured,
+            value=len(trainable),
+            decided="config",
+            fix="the LoRA adapter will not save the trained head: task_type='SEQ_CLS' or modules_to_save=['score']",
+        )
+    return Finding(
+        "reward_head", "ok", measured, value=len(trainable), decided="config", reason="the head trains and is saved"
+    )

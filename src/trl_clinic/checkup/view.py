@@ -29,8 +29,15 @@ from trl_clinic.checkup.engine import Skip
 
 KINDS = {"SFTTrainer": "sft", "DPOTrainer": "dpo", "RewardTrainer": "reward", "GRPOTrainer": "grpo"}
 # keys of a batch the model's forward never takes (the trainer's loss reads them), and TRL's own forward flags
-NOT_MODEL_INPUTS = ("labels", "completion_mask", "assistant_masks", "fused_lm_head", "num_items_in_batch",
-                    "logits_to_keep", "return_dict")
+NOT_MODEL_INPUTS = (
+    "labels",
+    "completion_mask",
+    "assistant_masks",
+    "fused_lm_head",
+    "num_items_in_batch",
+    "logits_to_keep",
+    "return_dict",
+)
 
 
 def trainer_kind(trainer: Trainer) -> str:
@@ -74,7 +81,8 @@ def _contents(value: object) -> object | None:
     other lists, dicts and sets shallowly (their members are the user's objects: a model, a dataloader the
     accelerator keeps; putting the same members back must not copy them). None for anything else."""
     if type(value).__name__ in ("TrainerState", "TrainerControl") or (
-            isinstance(value, (dict, list, set, deque)) and _plain(value)):
+        isinstance(value, (dict, list, set, deque)) and _plain(value)
+    ):
         return copy.deepcopy(value)
     if isinstance(value, (dict, list, set, deque)):
         return copy.copy(value)
@@ -171,10 +179,16 @@ def untouched(trainer: Trainer) -> Iterator[None]:
     flags = [p.requires_grad for p in params]
     grads = [p.grad for p in params]
     grad_values = [None if g is None else g.detach().clone() for g in grads]
-    buffers = [(owner, name, tensor, tensor.detach().clone()) for module in modules
-               for owner in module.modules() for name, tensor in owner.named_buffers(recurse=False)]
-    saved = [_Attributes(part) for part in (trainer, trainer.args, *_accelerator_parts(trainer), *_tokenizers(trainer),
-                                            *_configs(modules))]
+    buffers = [
+        (owner, name, tensor, tensor.detach().clone())
+        for module in modules
+        for owner in module.modules()
+        for name, tensor in owner.named_buffers(recurse=False)
+    ]
+    saved = [
+        _Attributes(part)
+        for part in (trainer, trainer.args, *_accelerator_parts(trainer), *_tokenizers(trainer), *_configs(modules))
+    ]
     try:
         yield
     finally:
@@ -281,6 +295,7 @@ class TrainerView:
         """The keyword arguments the trainer's own ``compute_loss`` passes to the model for ``batch`` (its
         ``use_cache``, mask, positions...), captured at the model's first forward, which is then cut short.
         Without the loss-only keys (``NOT_MODEL_INPUTS``), so the model returns its logits."""
+
         def capture(module, args, kwargs):
             raise _Captured(dict(kwargs, **dict(zip(("input_ids",), args))))
 
@@ -309,8 +324,11 @@ class TrainerView:
             loss = trainer.compute_loss(model, batch)
         if loss.requires_grad:  # without a grad_fn (every trainable tensor cut off) backward itself would raise
             loss.backward()
-        gradients = {n: None if p.grad is None else p.grad.detach()  # the only reference once p.grad is cleared
-                     for n, p in model.named_parameters() if p.requires_grad}
+        gradients = {
+            n: None if p.grad is None else p.grad.detach()  # the only reference once p.grad is cleared
+            for n, p in model.named_parameters()
+            if p.requires_grad
+        }
         for p in model.parameters():
             p.grad = None
         return gradients

@@ -63,8 +63,15 @@ class ChildRun:
 SHELL_CORE_LIMIT_KB = 1024  # a truncated 1 MB core: enough for the shell to say "(core dumped)", cheap to write
 
 
-def run_child(args: list[str], timeout: float = 600, cwd: str | Path | None = None, faulthandler: bool = True,
-              env: dict[str, str] | None = None, python: str | None = None, shell: bool = False) -> Outcome:
+def run_child(
+    args: list[str],
+    timeout: float = 600,
+    cwd: str | Path | None = None,
+    faulthandler: bool = True,
+    env: dict[str, str] | None = None,
+    python: str | None = None,
+    shell: bool = False,
+) -> Outcome:
     """Run ``python -X faulthandler ARGS`` and say how it ended; never raises for the child's failures.
 
     ``faulthandler=False`` shows what a plain run leaves behind after a native crash: nothing.
@@ -81,12 +88,18 @@ def run_child(args: list[str], timeout: float = 600, cwd: str | Path | None = No
     folder = Path(cwd or ".")
     cores_before = set(folder.glob("core*")) if shell else set()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                              env={**os.environ, **(env or {})})
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, cwd=cwd, env={**os.environ, **(env or {})}
+        )
     except subprocess.TimeoutExpired as expired:
         stderr = expired.stderr.decode() if isinstance(expired.stderr, bytes) else (expired.stderr or "")
-        return Outcome("timeout", None, time.perf_counter() - start, message=f"still running after {timeout} s",
-                       stderr=stderr[-4000:])
+        return Outcome(
+            "timeout",
+            None,
+            time.perf_counter() - start,
+            message=f"still running after {timeout} s",
+            stderr=stderr[-4000:],
+        )
     finally:
         for core in set(folder.glob("core*")) - cores_before if shell else ():
             core.unlink(missing_ok=True)
@@ -95,8 +108,14 @@ def run_child(args: list[str], timeout: float = 600, cwd: str | Path | None = No
     stderr = done.stderr.replace(' "$@"', "") if shell else done.stderr
     if shell and done.returncode > 128:  # bash's words for the signal are its last line
         last = stderr.strip().splitlines()[-1]  # after a progress bar's line, if one was drawn last
-        return Outcome("signal", done.returncode, seconds, signal=signal.Signals(done.returncode - 128).name,
-                       message=last[last.find("bash:"):].strip(), stderr=stderr[-4000:])
+        return Outcome(
+            "signal",
+            done.returncode,
+            seconds,
+            signal=signal.Signals(done.returncode - 128).name,
+            message=last[last.find("bash:") :].strip(),
+            stderr=stderr[-4000:],
+        )
     return _outcome(done.returncode, seconds, stderr)
 
 
@@ -111,16 +130,15 @@ def _outcome(returncode: int, seconds: float, stderr: str) -> Outcome:
         fatal = next((line for line in stderr.splitlines() if line.startswith("Fatal Python error")), "no message")
         return Outcome("signal", returncode, seconds, signal=name, message=fatal, stderr=tail)
     lines = [line for line in stderr.splitlines() if _EXCEPTION_LINE.match(line)]
-    return Outcome("exception", returncode, seconds, message=lines[-1] if lines else tail.strip()[-300:],
-                   stderr=tail)
+    return Outcome("exception", returncode, seconds, message=lines[-1] if lines else tail.strip()[-300:], stderr=tail)
 
 
-def child_env(run: "Run") -> dict[str, str]:
+def child_env(run: Run) -> dict[str, str]:
     """A CPU run's children see no GPU: accelerate would otherwise put its barrier tensors on cuda:RANK."""
     return {"CUDA_VISIBLE_DEVICES": ""} if run.device.type == "cpu" else {}
 
 
-def placed(run: "Run", processes: int) -> "Run":
+def placed(run: Run, processes: int) -> Run:
     """The run as ``processes`` processes really execute it.
 
     With one GPU per process they run on the GPUs over NCCL, as the profile says. With fewer GPUs than
@@ -139,7 +157,7 @@ def placed(run: "Run", processes: int) -> "Run":
     return dataclasses.replace(run, device=torch.device("cpu"), precision="fp32", attention="sdpa")
 
 
-def placement(run: "Run", processes: int) -> str:
+def placement(run: Run, processes: int) -> str:
     """One line a learner reads: where the processes of a multi-process call run, and why."""
     from trl_clinic.course.launch import backend
 
@@ -150,13 +168,14 @@ def placement(run: "Run", processes: int) -> str:
     return f"{processes} CPU processes over {backend(processes, cpu=True)}, fp32 ({why})"
 
 
-def _write_spec(run: "Run", target: str, spec: dict | None, name: str) -> tuple[Path, Path]:
+def _write_spec(run: Run, target: str, spec: dict | None, name: str) -> tuple[Path, Path]:
     """The job a child reads (``run.output_dir/child_NAME.json``) and where its result will be, cleared first."""
     spec_path = run.output_dir / f"child_{name}.json"
     result_path = spec_path.with_suffix(RESULT_SUFFIX)
     result_path.unlink(missing_ok=True)
-    spec_path.write_text(json.dumps({"target": target, "run": run.to_spec(), "spec": spec or {},
-                                     "result": str(result_path)}))
+    spec_path.write_text(
+        json.dumps({"target": target, "run": run.to_spec(), "spec": spec or {}, "result": str(result_path)})
+    )
     return spec_path, result_path
 
 
@@ -169,13 +188,22 @@ def _collect(outcome: Outcome, result_path: Path) -> ChildRun:
     return ChildRun(outcome, torch.load(result_path, weights_only=False))
 
 
-def call(run: "Run", target: str, spec: dict | None = None, *, name: str, timeout: float = 600,
-         processes: int = 1, faulthandler: bool = True) -> ChildRun:
+def call(
+    run: Run,
+    target: str,
+    spec: dict | None = None,
+    *,
+    name: str,
+    timeout: float = 600,
+    processes: int = 1,
+    faulthandler: bool = True,
+) -> ChildRun:
     """Run ``target`` ("package.module:function" or "path/to/file.py:function") as ``function(run, spec)``
     in a child process and return its outcome and result.
 
     ``processes > 1`` starts it on that many processes with ``launch.distributed_args`` (the result is
-    the main process's), placed as ``placed`` says: on the CPU when there are fewer GPUs than processes. ``name`` names the files written to ``run.output_dir``: the spec and the result.
+    the main process's), placed as ``placed`` says: on the CPU when there are fewer GPUs than processes.
+    ``name`` names the files written to ``run.output_dir``: the spec and the result.
     """
     from trl_clinic.course.launch import distributed_args
 
@@ -197,8 +225,12 @@ class ForkServer:
     """
 
     def __init__(self, preload: tuple[str, ...]) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", __name__, "--fork-server", *preload],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", __name__, "--fork-server", *preload],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         if self.process.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the fork server did not start (importing {', '.join(preload)})")
 
@@ -217,8 +249,9 @@ class ForkServer:
 _SERVERS: dict[tuple[str, ...], ForkServer] = {}
 
 
-def forked(run: "Run", target: str, spec: dict | None = None, *, name: str, timeout: float = 600,
-           preload: tuple[str, ...] = ()) -> ChildRun:
+def forked(
+    run: Run, target: str, spec: dict | None = None, *, name: str, timeout: float = 600, preload: tuple[str, ...] = ()
+) -> ChildRun:
     """``call``, but the child is forked from a ``ForkServer`` that imported ``preload`` once (started at the
     first call with that list, kept for the next). The child's output and faulthandler's stack go to
     ``run.output_dir/child_NAME.log``, read back into the outcome."""
@@ -231,7 +264,9 @@ def forked(run: "Run", target: str, spec: dict | None = None, *, name: str, time
     returncode = server.run(spec_path, log_path, child_env(run), timeout)
     seconds, log = time.perf_counter() - start, log_path.read_text()
     if returncode is None:
-        return ChildRun(Outcome("timeout", None, seconds, message=f"still running after {timeout} s", stderr=log[-4000:]))
+        return ChildRun(
+            Outcome("timeout", None, seconds, message=f"still running after {timeout} s", stderr=log[-4000:])
+        )
     return _collect(_outcome(returncode, seconds, log), result_path)
 
 

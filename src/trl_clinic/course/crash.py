@@ -43,8 +43,13 @@ def in_process(call: Callable[[], object]) -> Outcome:
     try:
         call()
     except Exception as error:  # noqa: BLE001 - any Python error is the trial's result, reported in full
-        return Outcome("exception", None, time.perf_counter() - start, message=f"{type(error).__name__}: {error}",
-                       stderr=traceback.format_exc())
+        return Outcome(
+            "exception",
+            None,
+            time.perf_counter() - start,
+            message=f"{type(error).__name__}: {error}",
+            stderr=traceback.format_exc(),
+        )
     return Outcome("finished", 0, time.perf_counter() - start)
 
 
@@ -90,7 +95,7 @@ def bisect_settings(names: list[str], run: Callable[[list[str]], Outcome]) -> Bi
             else:
                 low = middle + 1
         needed.insert(0, rest[low - 1])
-        rest = rest[:low - 1]
+        rest = rest[: low - 1]
         if not rest or attempt(needed, "halving"):
             break
     result.culprits = [name for name in names if name in needed]

@@ -77,12 +77,20 @@ def instruction_pairs(n: int, seed: int, max_people: int = 6) -> Dataset:
     for i in range(n):
         if i % 2 == 0:
             name, attribute = rng.choice(NAMES), rng.choice(list(ATTRIBUTES))
-            rows.append({"prompt": QUESTIONS[attribute].format(name=name) + " answer:",
-                         "completion": " " + world.facts[name][attribute] + "."})
+            rows.append(
+                {
+                    "prompt": QUESTIONS[attribute].format(name=name) + " answer:",
+                    "completion": " " + world.facts[name][attribute] + ".",
+                }
+            )
         else:
             people = rng.sample(NAMES, rng.randint(1, max_people))
-            rows.append({"prompt": "tell me about " + " and ".join(people) + ". answer:",
-                         "completion": " " + " ".join(world.biography(name) for name in people)})
+            rows.append(
+                {
+                    "prompt": "tell me about " + " and ".join(people) + ". answer:",
+                    "completion": " " + " ".join(world.biography(name) for name in people),
+                }
+            )
     return Dataset.from_list(rows)
 
 
@@ -92,13 +100,24 @@ def mrc_samples(n: int, seed: int, min_sentences: int = 3, max_sentences: int = 
     rows = []
     for _ in range(n):
         k = rng.randint(min_sentences, max_sentences)
-        sentences = [rng.choice(FILLER).rstrip(".") + "." if rng.random() < 0.2
-                     else world.sentence(rng.choice(NAMES), rng.choice(list(ATTRIBUTES))) for _ in range(k)]
+        sentences = [
+            rng.choice(FILLER).rstrip(".") + "."
+            if rng.random() < 0.2
+            else world.sentence(rng.choice(NAMES), rng.choice(list(ATTRIBUTES)))
+            for _ in range(k)
+        ]
         name, attribute = rng.choice(NAMES), rng.choice(list(ATTRIBUTES))
         sentences.insert(rng.randrange(len(sentences) + 1), world.sentence(name, attribute))
-        rows.append({"prompt": "passage: " + " ".join(sentences) + " question: "
-                     + QUESTIONS[attribute].format(name=name) + " answer:",
-                     "completion": " " + world.facts[name][attribute] + "."})
+        rows.append(
+            {
+                "prompt": "passage: "
+                + " ".join(sentences)
+                + " question: "
+                + QUESTIONS[attribute].format(name=name)
+                + " answer:",
+                "completion": " " + world.facts[name][attribute] + ".",
+            }
+        )
     return Dataset.from_list(rows)
 
 
@@ -120,8 +139,13 @@ def preference_pairs(n: int, seed: int, false_fact_share: float = 0.5) -> Datase
             rejected = SENTENCES[asked].format(name=name, value=wrong)
         else:
             rejected = world.sentence(name, other)
-        rows.append({"prompt": QUESTIONS[asked].format(name=name) + " answer:",
-                     "chosen": " " + world.sentence(name, asked), "rejected": " " + rejected})
+        rows.append(
+            {
+                "prompt": QUESTIONS[asked].format(name=name) + " answer:",
+                "chosen": " " + world.sentence(name, asked),
+                "rejected": " " + rejected,
+            }
+        )
     return Dataset.from_list(rows)
 
 
@@ -151,8 +175,10 @@ def word_lists(n: int, seed: int, max_words: int = 6, match_share: float = 0.5) 
     rows = []
     for row in reward_prompts(n, seed):
         asked = ATTRIBUTES[CATEGORIES[row["category"]]]
-        words = [rng.choice(asked) if rng.random() < match_share else rng.choice(every_word)
-                 for _ in range(rng.randint(2, max_words))]
+        words = [
+            rng.choice(asked) if rng.random() < match_share else rng.choice(every_word)
+            for _ in range(rng.randint(2, max_words))
+        ]
         rows.append({"prompt": row["prompt"], "completion": " " + " ".join(words)})
     return Dataset.from_list(rows)
 
@@ -181,8 +207,12 @@ def all_in_category_reward(completions: list[str], category: list[str], **kwargs
 def corpus() -> list[str]:
     """Every kind of text the lessons produce, for training the tokenizer once."""
     texts = []
-    for dataset in (instruction_pairs(400, seed=0), mrc_samples(100, seed=0), preference_pairs(200, seed=0),
-                    reward_prompts(50, seed=0)):
+    for dataset in (
+        instruction_pairs(400, seed=0),
+        mrc_samples(100, seed=0),
+        preference_pairs(200, seed=0),
+        reward_prompts(50, seed=0),
+    ):
         for row in dataset:
             texts.append(" ".join(str(value) for value in row.values()))
     return texts

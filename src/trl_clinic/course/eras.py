@@ -35,9 +35,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 ROOT_ENV = "TRL_CLINIC_ROOT"
 REQUIREMENTS_DIR = "eras"
@@ -51,10 +51,17 @@ VERSIONED = ("torch", "transformers", "trl", "peft", "accelerate", "datasets")
 # lazily, each module by the first process that imports it, and read by the rest. Compiling the whole
 # venv at install took about 50 s of CPU per era (torch's every file), against about 15 s for what the
 # era scripts import; machines that set PYTHONDONTWRITEBYTECODE=1 would otherwise compile on every run.
-CHILD_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "",
-             "PYTHONNOUSERSITE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": "",
-             "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-             "PYTHONDONTWRITEBYTECODE": ""}
+CHILD_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "CUDA_VISIBLE_DEVICES": "",
+    "PYTHONNOUSERSITE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONPATH": "",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "PYTHONDONTWRITEBYTECODE": "",
+}
 
 
 def repo_root() -> Path:
@@ -125,6 +132,7 @@ def era_versions(name: str, root: Path | None = None) -> dict[str, str]:
 # Running a script in an era
 # ---------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class EraRun:
     """What running a script in an era gave: ``finished`` (``result`` holds its JSON), ``skipped``
@@ -155,9 +163,16 @@ class EraRun:
 
     def to_metrics(self) -> dict:
         """A JSON-safe record for ``metrics.json``: the era's results come from the real old code."""
-        return {"era": self.era, "script": self.script, "status": self.status, "message": self.message,
-                "kind": "measured", "versions": self.versions, "seconds": round(self.seconds, 2),
-                "result": self.result}
+        return {
+            "era": self.era,
+            "script": self.script,
+            "status": self.status,
+            "message": self.message,
+            "kind": "measured",
+            "versions": self.versions,
+            "seconds": round(self.seconds, 2),
+            "result": self.result,
+        }
 
 
 def then_script(script: str | Path) -> Path:
@@ -170,8 +185,9 @@ def then_script(script: str | Path) -> Path:
     return path
 
 
-def run_in_era(era: str, script: str | Path, spec: dict, workdir: str | Path, *, timeout: float = 600,
-               root: Path | None = None) -> EraRun:
+def run_in_era(
+    era: str, script: str | Path, spec: dict, workdir: str | Path, *, timeout: float = 600, root: Path | None = None
+) -> EraRun:
     """Run ``script`` with era ``era``'s interpreter as ``script SPEC.json RESULT.json`` and read its result.
 
     ``spec`` is written to ``workdir/<script>.<era>.spec.json``; the script runs with ``workdir`` as its
@@ -198,17 +214,44 @@ def run_in_era(era: str, script: str | Path, spec: dict, workdir: str | Path, *,
         result_path = workdir / f"{name}.{era}.result.json"
         result_path.unlink(missing_ok=True)
         spec_path.write_text(json.dumps(spec, indent=1, default=str))  # Paths as strings
-        outcome = run_child([str(path), str(spec_path), str(result_path)], timeout=timeout, cwd=workdir,
-                            env=CHILD_ENV, python=str(_python_in(era_dir(era, root))))
+        outcome = run_child(
+            [str(path), str(spec_path), str(result_path)],
+            timeout=timeout,
+            cwd=workdir,
+            env=CHILD_ENV,
+            python=str(_python_in(era_dir(era, root))),
+        )
         if outcome.crashed:
-            return EraRun(era, name, "failed", f"failed: {outcome.describe()}", versions=versions,
-                          seconds=outcome.seconds, stderr=outcome.stderr)
+            return EraRun(
+                era,
+                name,
+                "failed",
+                f"failed: {outcome.describe()}",
+                versions=versions,
+                seconds=outcome.seconds,
+                stderr=outcome.stderr,
+            )
         if not result_path.is_file():
-            return EraRun(era, name, "failed", f"failed: {name} exited 0 but wrote no {result_path.name}",
-                          versions=versions, seconds=outcome.seconds, stderr=outcome.stderr)
+            return EraRun(
+                era,
+                name,
+                "failed",
+                f"failed: {name} exited 0 but wrote no {result_path.name}",
+                versions=versions,
+                seconds=outcome.seconds,
+                stderr=outcome.stderr,
+            )
         result = json.loads(result_path.read_text())
-        return EraRun(era, name, "finished", outcome.describe(), result=result, versions=versions,
-                      seconds=outcome.seconds, stderr=outcome.stderr)
+        return EraRun(
+            era,
+            name,
+            "finished",
+            outcome.describe(),
+            result=result,
+            versions=versions,
+            seconds=outcome.seconds,
+            stderr=outcome.stderr,
+        )
     except Exception as error:  # the notebook must go on: the era part is then reported as failed
         return EraRun(era, name, "failed", f"failed: {type(error).__name__}: {error}")
 
@@ -216,6 +259,7 @@ def run_in_era(era: str, script: str | Path, spec: dict, workdir: str | Path, *,
 # ---------------------------------------------------------------------------------------------------
 # Building eras (`make eras`)
 # ---------------------------------------------------------------------------------------------------
+
 
 class EraBuildError(RuntimeError):
     """An era could not be built; its folder is left without a stamp."""
@@ -238,8 +282,23 @@ def local_torch_links(version: str) -> Path | None:
     """
     with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError, KeyError):
         done = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed", "--no-deps",
-             "--report", "-", f"torch=={version}"], capture_output=True, text=True, timeout=300)
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--dry-run",
+                "--quiet",
+                "--ignore-installed",
+                "--no-deps",
+                "--report",
+                "-",
+                f"torch=={version}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if done.returncode == 0:
             url = json.loads(done.stdout)["install"][0]["download_info"]["url"]
             if url.startswith("file://"):
@@ -267,20 +326,26 @@ def _run(command: list[str], what: str) -> None:
 # Imported by the build's check in the new era: an undeclared dependency (trl 0.11's rich) shows here.
 # "module:name" also reads a name from the module (trl's names are imported lazily, on first use).
 PROBE_IMPORTS = ("torch", "transformers", "trl:SFTTrainer", "trl:DPOTrainer")
-_PROBE = ("import importlib, importlib.metadata as m, json, sys\n"
-          "modules, names = sys.argv[1].split(','), sys.argv[2:]\n"
-          "for entry in modules:\n"
-          "    module, _, name = entry.partition(':')\n"
-          "    loaded = importlib.import_module(module)\n"
-          "    if name:\n"
-          "        getattr(loaded, name)\n"
-          "print(json.dumps({n: m.version(n) for n in names}))\n")
+_PROBE = (
+    "import importlib, importlib.metadata as m, json, sys\n"
+    "modules, names = sys.argv[1].split(','), sys.argv[2:]\n"
+    "for entry in modules:\n"
+    "    module, _, name = entry.partition(':')\n"
+    "    loaded = importlib.import_module(module)\n"
+    "    if name:\n"
+    "        getattr(loaded, name)\n"
+    "print(json.dumps({n: m.version(n) for n in names}))\n"
+)
 
 
 def _probe_versions(python: Path) -> dict[str, str]:
     """Import the era's libraries with its interpreter (``PROBE_IMPORTS``) and read their versions."""
-    done = subprocess.run([str(python), "-c", _PROBE, ",".join(PROBE_IMPORTS), *VERSIONED], capture_output=True,
-                          text=True, env={**os.environ, **CHILD_ENV})
+    done = subprocess.run(
+        [str(python), "-c", _PROBE, ",".join(PROBE_IMPORTS), *VERSIONED],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **CHILD_ENV},
+    )
     if done.returncode != 0:
         raise EraBuildError(f"the era's libraries do not import:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -343,8 +408,14 @@ def wait_for_builds(root: Path, timeout: float) -> bool:
     return False
 
 
-def build_era(name: str, root: Path | None = None, *, installer: list[str] | None = None,
-              torch_links: Path | None | str = "auto", force: bool = False) -> bool:
+def build_era(
+    name: str,
+    root: Path | None = None,
+    *,
+    installer: list[str] | None = None,
+    torch_links: Path | None | str = "auto",
+    force: bool = False,
+) -> bool:
     """Build era ``name`` unless its stamp matches its requirements file; True when it built.
 
     The stamp is written last, only after the install and an import check succeeded, so a failed
@@ -372,20 +443,28 @@ def build_era(name: str, root: Path | None = None, *, installer: list[str] | Non
             extra = ["--find-links", str(links)] if links else []
             # no --compile-bytecode: the import check below compiles what it imports (CHILD_ENV), and the
             # era scripts' first runs the rest they need
-            _run([*uv, "pip", "install", "--quiet", "--python", str(_python_in(venv)), "-r",
-                  str(requirements), *extra], "uv pip install")
+            _run(
+                [*uv, "pip", "install", "--quiet", "--python", str(_python_in(venv)), "-r", str(requirements), *extra],
+                "uv pip install",
+            )
             versions = _probe_versions(_python_in(venv))
-            stamp = {"requirements_sha256": requirements_digest(requirements), "versions": versions,
-                     "torch_links": str(links) if links else None,
-                     "built_in_s": round(time.perf_counter() - start, 1)}
+            stamp = {
+                "requirements_sha256": requirements_digest(requirements),
+                "versions": versions,
+                "torch_links": str(links) if links else None,
+                "built_in_s": round(time.perf_counter() - start, 1),
+            }
             partial = venv / (STAMP + ".partial")
             partial.write_text(json.dumps(stamp, indent=1))
             partial.replace(venv / STAMP)
         except BaseException:
             (venv / STAMP).unlink(missing_ok=True)
             raise
-        print(f"era {name}: built in {time.perf_counter() - start:.1f} s: "
-              + ", ".join(f"{k} {v}" for k, v in versions.items()), flush=True)
+        print(
+            f"era {name}: built in {time.perf_counter() - start:.1f} s: "
+            + ", ".join(f"{k} {v}" for k, v in versions.items()),
+            flush=True,
+        )
         return True
 
 
@@ -395,10 +474,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="eras to build (default: every eras/*.txt)")
     parser.add_argument("--force", action="store_true", help="rebuild even when the stamp matches")
     parser.add_argument("--list", action="store_true", help="say which eras are ready and exit")
-    parser.add_argument("--log", type=Path, default=None, help=f"the background build's log (default {ERAS_DIR}/build.log)")
-    parser.add_argument("--background", action="store_true",
-                        help=f"take the build lock, then build in a background process (log: {ERAS_DIR}/build.log) "
-                             "and return at once: what needs an era waits for the lock (make test, make lab)")
+    parser.add_argument(
+        "--log", type=Path, default=None, help=f"the background build's log (default {ERAS_DIR}/build.log)"
+    )
+    parser.add_argument(
+        "--background",
+        action="store_true",
+        help=f"take the build lock, then build in a background process (log: {ERAS_DIR}/build.log) "
+        "and return at once: what needs an era waits for the lock (make test, make lab)",
+    )
     args = parser.parse_args(argv)
     names = args.names or era_names()
     if args.list:

@@ -19,45 +19,73 @@ from trl_clinic.course.models import make_causal_lm, make_reward_model
 from trl_clinic.course.runtime import cpu_flags, no_activation_checkpointing
 
 
-def config_kwargs(out: str | Path, device: torch.device = torch.device("cpu"), **overrides) -> dict:
+def config_kwargs(out: str | Path, device: torch.device = torch.device("cpu"), **overrides) -> dict:  # noqa: B008 (immutable)
     """Arguments every example trainer shares: one step, no saving or reporting, fp32 on ``device``."""
-    return {"output_dir": str(out), "report_to": "none", "per_device_train_batch_size": 2, "max_steps": 1,
-            "save_strategy": "no", "seed": 0, "bf16": False, "disable_tqdm": True,
-            **cpu_flags(device), **no_activation_checkpointing(), **overrides}
+    return {
+        "output_dir": str(out),
+        "report_to": "none",
+        "per_device_train_batch_size": 2,
+        "max_steps": 1,
+        "save_strategy": "no",
+        "seed": 0,
+        "bf16": False,
+        "disable_tqdm": True,
+        **cpu_flags(device),
+        **no_activation_checkpointing(),
+        **overrides,
+    }
 
 
 def sft_trainer(tokenizer, out, *, family: str = "llama", rows: int = 16, model=None, peft_config=None, **config):
     from trl import SFTConfig, SFTTrainer
 
     model = model if model is not None else make_causal_lm(tokenizer, family)
-    return SFTTrainer(model=model, args=SFTConfig(**config_kwargs(out, **config)), processing_class=tokenizer,
-                      train_dataset=instruction_pairs(rows, seed=0), peft_config=peft_config)
+    return SFTTrainer(
+        model=model,
+        args=SFTConfig(**config_kwargs(out, **config)),
+        processing_class=tokenizer,
+        train_dataset=instruction_pairs(rows, seed=0),
+        peft_config=peft_config,
+    )
 
 
 def dpo_trainer(tokenizer, out, *, family: str = "llama", rows: int = 16, **config):
     from trl import DPOConfig, DPOTrainer
 
     # a model instance needs its reference given: the same seed builds the same starting weights
-    return DPOTrainer(model=make_causal_lm(tokenizer, family), ref_model=make_causal_lm(tokenizer, family),
-                      args=DPOConfig(**config_kwargs(out, **config)), processing_class=tokenizer,
-                      train_dataset=preference_pairs(rows, seed=0))
+    return DPOTrainer(
+        model=make_causal_lm(tokenizer, family),
+        ref_model=make_causal_lm(tokenizer, family),
+        args=DPOConfig(**config_kwargs(out, **config)),
+        processing_class=tokenizer,
+        train_dataset=preference_pairs(rows, seed=0),
+    )
 
 
 def reward_trainer(tokenizer, out, *, rows: int = 16, model=None, peft_config=None, **config):
     from trl import RewardConfig, RewardTrainer
 
     model = model if model is not None else make_reward_model(tokenizer)
-    return RewardTrainer(model=model, args=RewardConfig(**config_kwargs(out, **config)), processing_class=tokenizer,
-                         train_dataset=preference_pairs(rows, seed=0), peft_config=peft_config)
+    return RewardTrainer(
+        model=model,
+        args=RewardConfig(**config_kwargs(out, **config)),
+        processing_class=tokenizer,
+        train_dataset=preference_pairs(rows, seed=0),
+        peft_config=peft_config,
+    )
 
 
 def grpo_trainer(tokenizer, out, *, rows: int = 16, reward=category_reward, **config):
     from trl import GRPOConfig, GRPOTrainer
 
     settings = {"num_generations": 4, "per_device_train_batch_size": 4, "max_completion_length": 8, **config}
-    return GRPOTrainer(model=make_causal_lm(tokenizer), reward_funcs=reward,
-                       args=GRPOConfig(**config_kwargs(out, **settings)), processing_class=tokenizer,
-                       train_dataset=reward_prompts(rows, seed=0))
+    return GRPOTrainer(
+        model=make_causal_lm(tokenizer),
+        reward_funcs=reward,
+        args=GRPOConfig(**config_kwargs(out, **settings)),
+        processing_class=tokenizer,
+        train_dataset=reward_prompts(rows, seed=0),
+    )
 
 
 def length_reward(completions: list[str], **kwargs) -> list[float]:
@@ -83,22 +111,40 @@ class SumLossTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         labels = inputs.pop("labels")
         outputs = model(**inputs)
-        loss = F.cross_entropy(outputs.logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
-                               ignore_index=-100, reduction="sum")
+        loss = F.cross_entropy(
+            outputs.logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100, reduction="sum"
+        )
         loss = loss / (num_items_in_batch if num_items_in_batch is not None else (labels[:, 1:] != -100).sum())
         return (loss, outputs) if return_outputs else loss
 
 
-def custom_trainer(tokenizer, out, trainer_class: type[Trainer] = SumLossTrainer, *, rows: int = 16,
-                   family: str = "llama", model=None, data_collator=None, optimizers=(None, None), **config):
+def custom_trainer(
+    tokenizer,
+    out,
+    trainer_class: type[Trainer] = SumLossTrainer,
+    *,
+    rows: int = 16,
+    family: str = "llama",
+    model=None,
+    data_collator=None,
+    optimizers=(None, None),
+    **config,
+):
     """A transformers Trainer subclass with its own compute_loss, on prompt+completion text (loss on every token);
     ``optimizers`` as Trainer takes it (an optimizer built by the user)."""
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
     texts = instruction_pairs(rows, seed=0).map(
         lambda row: {"input_ids": tokenizer(row["prompt"] + row["completion"])["input_ids"] + [tokenizer.eos_token_id]},
-        remove_columns=["prompt", "completion"])
+        remove_columns=["prompt", "completion"],
+    )
     model = model if model is not None else make_causal_lm(tokenizer, family)
     collator = data_collator or DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id)
-    return trainer_class(model=model, args=TrainingArguments(**config_kwargs(out, **config)),
-                         train_dataset=texts, processing_class=tokenizer, data_collator=collator, optimizers=optimizers)
+    return trainer_class(
+        model=model,
+        args=TrainingArguments(**config_kwargs(out, **config)),
+        train_dataset=texts,
+        processing_class=tokenizer,
+        data_collator=collator,
+        optimizers=optimizers,
+    )

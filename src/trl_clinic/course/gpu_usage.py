@@ -22,7 +22,7 @@ class GpuUsage:
     utilisation_pct: list[float] = field(default_factory=list)
     why: str = ""  # why nothing was sampled, when nothing was
 
-    def start(self) -> "GpuUsage":
+    def start(self) -> GpuUsage:
         nvml = _nvml()
         if isinstance(nvml, str):
             self.why = nvml
@@ -46,11 +46,14 @@ class GpuUsage:
             self._stop.set()
             self._thread.join()
         sampled = bool(self.memory_mib)
-        return {"peak_gpu_memory_mib": round(max(self.memory_mib), 1) if sampled else None,
-                "mean_gpu_utilisation_pct": round(sum(self.utilisation_pct) / len(self.utilisation_pct), 1)
-                if sampled else None,
-                "gpu_samples": len(self.memory_mib),
-                **({} if sampled else {"gpu_usage_missing": self.why or "no sample was taken"})}
+        return {
+            "peak_gpu_memory_mib": round(max(self.memory_mib), 1) if sampled else None,
+            "mean_gpu_utilisation_pct": round(sum(self.utilisation_pct) / len(self.utilisation_pct), 1)
+            if sampled
+            else None,
+            "gpu_samples": len(self.memory_mib),
+            **({} if sampled else {"gpu_usage_missing": self.why or "no sample was taken"}),
+        }
 
 
 def _nvml() -> ModuleType | str:

@@ -13,7 +13,7 @@ def free_port() -> int:
 
 
 def backend(processes: int, cpu: bool) -> str:
-    """"nccl" when the run is on GPUs and there is one GPU per process, else "gloo" (CPU processes)."""
+    """ "nccl" when the run is on GPUs and there is one GPU per process, else "gloo" (CPU processes)."""
     import torch
 
     if not cpu and torch.cuda.is_available() and torch.cuda.device_count() >= processes:
@@ -31,7 +31,26 @@ def distributed_args(python_args: list[str], processes: int = 2, cpu: bool = Fal
     Trainer's accelerate sees the distributed environment either way.
     """
     if backend(processes, cpu) == "nccl":
-        return ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
-                "--main_process_port", str(free_port()), "--mixed_precision", "no", *python_args]
-    return ["-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_addr", "127.0.0.1",
-            "--master_port", str(free_port()), *python_args]
+        return [
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            str(processes),
+            "--main_process_port",
+            str(free_port()),
+            "--mixed_precision",
+            "no",
+            *python_args,
+        ]
+    return [
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(processes),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        *python_args,
+    ]

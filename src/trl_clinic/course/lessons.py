@@ -81,8 +81,10 @@ def _check(table: dict) -> None:
         if not all(shapes):
             raise ValueError(f"lessons.yaml: lesson {key} must declare every profile: {', '.join(CONCRETE_PROFILES)}")
         if len({frozenset(shape) for shape in shapes}) != 1:
-            raise ValueError(f"lessons.yaml: lesson {key} declares different sizes per profile: "
-                             f"{[sorted(shape) for shape in shapes]}")
+            raise ValueError(
+                f"lessons.yaml: lesson {key} declares different sizes per profile: "
+                f"{[sorted(shape) for shape in shapes]}"
+            )
 
 
 @cache
@@ -98,10 +100,18 @@ def profile_settings(name: str) -> ProfileSettings:
 
 def lessons() -> dict[str, Lesson]:
     """Every lesson by key, in order."""
-    return {str(key): Lesson(key=str(key), notebook=entry["notebook"], title=entry["title"], report=entry["report"],
-                             accelerators=tuple(entry["accelerators"]), seconds=dict(entry["seconds"]),
-                             shapes={name: Sizes(entry[name]) for name in CONCRETE_PROFILES})
-            for key, entry in _table()["lessons"].items()}
+    return {
+        str(key): Lesson(
+            key=str(key),
+            notebook=entry["notebook"],
+            title=entry["title"],
+            report=entry["report"],
+            accelerators=tuple(entry["accelerators"]),
+            seconds=dict(entry["seconds"]),
+            shapes={name: Sizes(entry[name]) for name in CONCRETE_PROFILES},
+        )
+        for key, entry in _table()["lessons"].items()
+    }
 
 
 def find_lesson(name: str) -> Lesson:
@@ -122,5 +132,7 @@ def describe_shape(lesson: Lesson, profile: str) -> str:
     seconds = lesson.seconds.get(profile)
     took = f"about {seconds:.0f} s" if seconds else "time not measured yet"
     numbers = ", ".join(f"{k}={v}" for k, v in sizes.items() if k != "model")
-    return (f"{profile}: {settings.device}, {settings.precision}, {attention}, {threads}; {took}\n"
-            f"      model: {sizes['model']}\n      sizes: {numbers}")
+    return (
+        f"{profile}: {settings.device}, {settings.precision}, {attention}, {threads}; {took}\n"
+        f"      model: {sizes['model']}\n      sizes: {numbers}"
+    )

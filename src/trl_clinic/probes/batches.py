@@ -41,7 +41,7 @@ def _find(row: list[int], tokens: list[int], start: int) -> int:
             column = row.index(tokens[0], column, len(row) - n + 1)
         except ValueError:
             return -1
-        if row[column:column + n] == tokens:
+        if row[column : column + n] == tokens:
             return column
         column += 1
     return -1
@@ -59,8 +59,9 @@ def _restarts(position_ids: torch.Tensor | None, row: int, start: int, end: int)
     return [start + column for column in restarts(position_ids[0 if position_ids.shape[0] == 1 else row, start:end])]
 
 
-def layout(samples: Sequence[Sequence[int]], input_ids: torch.Tensor,
-           position_ids: torch.Tensor | None = None) -> Layout:
+def layout(
+    samples: Sequence[Sequence[int]], input_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+) -> Layout:
     """Where the collator put each of ``samples`` (their ``input_ids``, in the order given) in ``input_ids``.
 
     A sample's tokens are looked for in the current row after the previous sample, else at the start of
@@ -80,8 +81,11 @@ def layout(samples: Sequence[Sequence[int]], input_ids: torch.Tensor,
             row, column = row + 1, 0
             found = _find(rows[row], tokens, 0)
         if found < 0:
-            return Layout("unknown", how=f"sample {index}'s {len(tokens)} tokens are not in the collator's batch "
-                                         "(truncated or rewritten by the collator)")
+            return Layout(
+                "unknown",
+                how=f"sample {index}'s {len(tokens)} tokens are not in the collator's batch "
+                "(truncated or rewritten by the collator)",
+            )
         end = found + len(tokens)
         cuts = [found, *_restarts(position_ids, row, found, end), end]
         spans[row] += list(zip(cuts[:-1], cuts[1:]))
@@ -90,8 +94,9 @@ def layout(samples: Sequence[Sequence[int]], input_ids: torch.Tensor,
         return Layout("unknown", how="no sample has tokens")
     most = max(len(row) for row in spans)
     if most > 1:
-        return Layout("packed", spans, how=f"{len(samples)} samples in {len(rows)} row(s), up to {most} sequences "
-                                           "in one row")
+        return Layout(
+            "packed", spans, how=f"{len(samples)} samples in {len(rows)} row(s), up to {most} sequences in one row"
+        )
     return Layout("padded", spans, how=f"{len(samples)} samples in {len(rows)} rows, one sequence per row")
 
 

@@ -20,8 +20,9 @@ class GradientCapture(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         if self.gradient is None:
-            grads = [_whole(p.grad).detach().flatten() for p in model.parameters()
-                     if p.requires_grad and p.grad is not None]
+            grads = [
+                _whole(p.grad).detach().flatten() for p in model.parameters() if p.requires_grad and p.grad is not None
+            ]
             self.gradient = torch.cat(grads).double().cpu()
         control.should_training_stop = True
         return control

@@ -22,8 +22,9 @@ def nonfinite_names(named: Iterable[tuple[str, torch.Tensor | None]]) -> list[st
     if not named:
         return []
     device = named[0][1].device
-    sums = [tensor.detach().sum(dtype=torch.promote_types(tensor.dtype, torch.float32)).to(device)
-            for _, tensor in named]
+    sums = [
+        tensor.detach().sum(dtype=torch.promote_types(tensor.dtype, torch.float32)).to(device) for _, tensor in named
+    ]
     finite = torch.isfinite(torch.stack(sums)).tolist()
     return [name for (name, _), ok in zip(named, finite) if not ok]
 
@@ -49,8 +50,11 @@ class NonFiniteProbe(TrainerCallback):
     def _check(self, model, state, control, where: str):
         if self.finding is not None:
             return control
-        bad = nonfinite_names((name, param.grad if where == "gradient" else param)
-                              for name, param in model.named_parameters() if param.requires_grad)
+        bad = nonfinite_names(
+            (name, param.grad if where == "gradient" else param)
+            for name, param in model.named_parameters()
+            if param.requires_grad
+        )
         if bad:
             self.finding = Finding(step=state.global_step + 1, where=where, names=bad)
             control.should_training_stop = True

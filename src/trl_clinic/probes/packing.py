@@ -20,8 +20,10 @@ from transformers import PreTrainedModel
 
 def pack(sequences: list[list[int]]) -> dict[str, torch.Tensor]:
     """One row holding every sequence, with positions restarting at 0, like TRL's padding-free collator."""
-    return {"input_ids": torch.tensor([[t for seq in sequences for t in seq]]),
-            "position_ids": torch.tensor([[i for seq in sequences for i in range(len(seq))]])}
+    return {
+        "input_ids": torch.tensor([[t for seq in sequences for t in seq]]),
+        "position_ids": torch.tensor([[i for seq in sequences for i in range(len(seq))]]),
+    }
 
 
 def _token_losses(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -29,9 +31,13 @@ def _token_losses(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor
 
 
 @torch.no_grad()
-def packed_vs_separate(model: PreTrainedModel, sequences: list[list[int]],
-                       all_ones_mask: bool = False, use_cache: bool = False,
-                       tolerance: float = 1e-4) -> dict[str, object]:
+def packed_vs_separate(
+    model: PreTrainedModel,
+    sequences: list[list[int]],
+    all_ones_mask: bool = False,
+    use_cache: bool = False,
+    tolerance: float = 1e-4,
+) -> dict[str, object]:
     """Per-sequence mean loss one at a time and inside one packed row, and whether they agree.
 
     ``all_ones_mask=True`` sends the packed row with an attention mask of ones, as a collator that
@@ -60,5 +66,10 @@ def packed_vs_separate(model: PreTrainedModel, sequences: list[list[int]],
         start = end
     model.train(was_training)
     worst = max(abs(p - s) / abs(s) for p, s in zip(packed, separate))
-    return {"separate": separate, "packed": packed, "max_relative_difference": worst, "isolated": worst < tolerance,
-            "ratio": sum(packed) / sum(separate)}
+    return {
+        "separate": separate,
+        "packed": packed,
+        "max_relative_difference": worst,
+        "isolated": worst < tolerance,
+        "ratio": sum(packed) / sum(separate),
+    }

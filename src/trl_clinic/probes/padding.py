@@ -39,8 +39,9 @@ def library_caller(skip: str = "trl_clinic") -> str | None:
 class ForwardAudit:
     """Counts the forwards of named models (``ForwardAudit(policy=..., reference=...)``) by phase
     (train/eval: the training flag of the first model named, the one a trainer trains, so a frozen
-    reference model's forwards count in the phase they belong to), right padding, the ``use_cache`` each forward was passed and by which TRL function,
-    whether the backbone really returned a KV cache, and whether attention got a mask.
+    reference model's forwards count in the phase they belong to), right padding, the ``use_cache`` each forward
+    was passed and by which TRL function, whether the backbone really returned a KV cache, and whether attention
+    got a mask.
 
     The cache is read from what the backbone (``model.base_model``) returns: ``past_key_values`` is
     None unless a cache was built, whatever kwargs and config said. A cache, an attention mask and a
@@ -69,16 +70,25 @@ class ForwardAudit:
     def _record(self, name: str, module, args, kwargs) -> None:
         mask = kwargs.get("attention_mask")
         self._pending[name] = {
-            "model": name, "mode": "train" if self._phase_of.training else "eval",
+            "model": name,
+            "mode": "train" if self._phase_of.training else "eval",
             "right_padded": mask is not None and mask.dim() == 2 and right_padded(mask),
-            "use_cache": kwargs.get("use_cache"), "asked_by": library_caller(),
-            "cache_built": False, "backbone_use_cache": None, "backbone_asked_by": None, "mask_to_attention": False}
+            "use_cache": kwargs.get("use_cache"),
+            "asked_by": library_caller(),
+            "cache_built": False,
+            "backbone_use_cache": None,
+            "backbone_asked_by": None,
+            "mask_to_attention": False,
+        }
         self.forwards.append(self._pending[name])
 
     def _record_cache(self, name: str, module, args, kwargs, output) -> None:
         if self._pending.get(name) is not None:
-            self._pending[name].update(cache_built=getattr(output, "past_key_values", None) is not None,
-                                       backbone_use_cache=kwargs.get("use_cache"), backbone_asked_by=library_caller())
+            self._pending[name].update(
+                cache_built=getattr(output, "past_key_values", None) is not None,
+                backbone_use_cache=kwargs.get("use_cache"),
+                backbone_asked_by=library_caller(),
+            )
 
     def _record_mask(self, name: str, module, args, kwargs) -> None:
         forward = self._pending.get(name)
@@ -90,7 +100,8 @@ class ForwardAudit:
         table: dict[str, dict[str, dict]] = {}
         for forward in self.forwards:
             row = table.setdefault(forward["model"], {}).setdefault(
-                forward["mode"], {**dict.fromkeys(AUDIT_COLUMNS, 0), "asked": {}})
+                forward["mode"], {**dict.fromkeys(AUDIT_COLUMNS, 0), "asked": {}}
+            )
             row["forwards"] += 1
             row["right_padded"] += forward["right_padded"]
             row["cache_built"] += forward["cache_built"]
@@ -111,9 +122,13 @@ def per_row_eval_losses(trainer: Trainer) -> list[tuple[float, int]]:
     ``prediction_step`` one row at a time: what ``evaluate()`` at eval batch 1 averages."""
     batch_size, trainer.args.per_device_eval_batch_size = trainer.args.per_device_eval_batch_size, 1
     try:
-        return [(trainer.prediction_step(trainer.model, batch, prediction_loss_only=True)[0].item(),
-                 int((batch["labels"][:, 1:] != -100).sum()))  # the targets a causal LM's loss sees
-                for batch in trainer.get_eval_dataloader()]
+        return [
+            (
+                trainer.prediction_step(trainer.model, batch, prediction_loss_only=True)[0].item(),
+                int((batch["labels"][:, 1:] != -100).sum()),
+            )  # the targets a causal LM's loss sees
+            for batch in trainer.get_eval_dataloader()
+        ]
     finally:
         trainer.args.per_device_eval_batch_size = batch_size
 
@@ -124,7 +139,7 @@ def batched_eval_loss(rows: list[tuple[float, int]], batch_size: int) -> float:
     the batches weighted by their number of rows (``loss.repeat(batch_size)``)."""
     total = 0.0
     for start in range(0, len(rows), batch_size):
-        batch = rows[start:start + batch_size]
+        batch = rows[start : start + batch_size]
         total += len(batch) * sum(loss * count for loss, count in batch) / sum(count for _, count in batch)
     return total / len(rows)
 
@@ -134,12 +149,13 @@ def completion_logprob(logits: torch.Tensor, ids: list[int], n_prompt: int) -> f
     DPO scores a completion, in fp32 whatever the model's dtype."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     targets = torch.tensor(ids[n_prompt:], device=logits.device)
-    return logprobs[n_prompt - 1:len(ids) - 1].gather(-1, targets[:, None]).sum().item()
+    return logprobs[n_prompt - 1 : len(ids) - 1].gather(-1, targets[:, None]).sum().item()
 
 
 @torch.no_grad()
-def sequence_logprobs(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str],
-                      completions: list[str], mode: str) -> list[float]:
+def sequence_logprobs(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], completions: list[str], mode: str
+) -> list[float]:
     """Summed log-probability of each completion given its prompt, scored as DPO does (no cache).
 
     ``mode``: "single" (one at a time, the reference), "left" or "right" (one padded batch), or
@@ -149,14 +165,18 @@ def sequence_logprobs(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
     full = [p + tokenizer(c)["input_ids"] for p, c in zip(prompt_ids, completions)]
     if mode == "single":
-        return [completion_logprob(model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0],
-                                   ids, len(p)) for ids, p in zip(full, prompt_ids)]
+        return [
+            completion_logprob(
+                model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0], ids, len(p)
+            )
+            for ids, p in zip(full, prompt_ids)
+        ]
     if mode == "padding_free":
         row = {key: value.to(device) for key, value in pack(full).items()}
         logits = model(**row, use_cache=False).logits[0]
         out, start = [], 0
         for ids, p in zip(full, prompt_ids):
-            out.append(completion_logprob(logits[start:start + len(ids)], ids, len(p)))
+            out.append(completion_logprob(logits[start : start + len(ids)], ids, len(p)))
             start += len(ids)
         return out
     if mode not in ("left", "right"):
@@ -170,22 +190,27 @@ def sequence_logprobs(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     mask = torch.tensor(masks, device=device)
     # positions count real tokens only, as DPO-style scoring and generate() both do
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=torch.tensor(rows, device=device), attention_mask=mask, position_ids=positions,
-                   use_cache=False).logits
+    logits = model(
+        input_ids=torch.tensor(rows, device=device), attention_mask=mask, position_ids=positions, use_cache=False
+    ).logits
     out = []
     for i, (ids, p) in enumerate(zip(full, prompt_ids)):
         offset = width - len(ids) if mode == "left" else 0
-        out.append(completion_logprob(logits[i, offset:offset + len(ids)], ids, len(p)))
+        out.append(completion_logprob(logits[i, offset : offset + len(ids)], ids, len(p)))
     return out
 
 
-def scoring_check(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str],
-                  completions: list[str]) -> dict[str, float]:
+def scoring_check(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], completions: list[str]
+) -> dict[str, float]:
     """Largest |log-prob difference| against one-at-a-time scoring, for each batching mode."""
     reference = sequence_logprobs(model, tokenizer, prompts, completions, "single")
-    return {mode: max(abs(a - b) for a, b in zip(sequence_logprobs(model, tokenizer, prompts, completions, mode),
-                                                  reference))
-            for mode in SCORING_MODES}
+    return {
+        mode: max(
+            abs(a - b) for a, b in zip(sequence_logprobs(model, tokenizer, prompts, completions, mode), reference)
+        )
+        for mode in SCORING_MODES
+    }
 
 
 @torch.no_grad()
@@ -196,16 +221,23 @@ def _generate(model, tokenizer, prompts: list[str], side: str, max_new_tokens: i
         batch = tokenizer(prompts, return_tensors="pt", padding=True).to(device)
     finally:
         tokenizer.padding_side = previous
-    out = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens, output_logits=True,
-                         return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
-    new = out.sequences[:, batch["input_ids"].shape[1]:]
+    out = model.generate(
+        **batch,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    new = out.sequences[:, batch["input_ids"].shape[1] :]
     texts = [tokenizer.decode(row, skip_special_tokens=True) for row in new]
     return texts, out.logits[0].float()
 
 
-def generation_check(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str],
-                     max_new_tokens: int = 12) -> dict[str, dict]:
+def generation_check(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], max_new_tokens: int = 12
+) -> dict[str, dict]:
     """Batched greedy generation (with the KV cache, as generate() does) against one prompt at a time.
 
     For each padding side: the first new token's largest logit shift per prompt and which outputs changed.

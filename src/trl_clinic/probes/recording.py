@@ -20,8 +20,7 @@ def quiet(trainer: Trainer) -> Trainer:
     return trainer
 
 
-def tap_training_step(trainer: Trainer,
-                      listener: Callable[[torch.Tensor, object, object], None]) -> Callable[[], None]:
+def tap_training_step(trainer: Trainer, listener: Callable[[torch.Tensor, object, object], None]) -> Callable[[], None]:
     """Show ``listener(loss, inputs, num_items_in_batch)`` every micro-batch the trainer trains on, with the
     loss ``training_step`` returned (detached), changing neither; returns the function that undoes the tap.
 
@@ -65,7 +64,7 @@ class StepRecorder(TrainerCallback):
         self._pending: list[torch.Tensor] = []  # micro-batch losses of the current optimizer step
         self._raw: list[tuple[int, torch.Tensor]] = []  # (step, loss) not yet moved to the host
 
-    def watch(self, trainer: Trainer) -> "StepRecorder":
+    def watch(self, trainer: Trainer) -> StepRecorder:
         tap_training_step(trainer, lambda loss, inputs, num_items_in_batch: self._pending.append(loss))
         trainer.add_callback(self)
         quiet(trainer)  # the recorder keeps every log row

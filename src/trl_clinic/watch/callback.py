@@ -87,8 +87,13 @@ class ClinicWatch(TrainerCallback):
     for a self-contained HTML page written at the end. ``show``: print the lines and the summary.
     """
 
-    def __init__(self, stop_on: str | Iterable[str] | None = None, window: int = 10,
-                 report: str | Path | None = None, show: bool = True) -> None:
+    def __init__(
+        self,
+        stop_on: str | Iterable[str] | None = None,
+        window: int = 10,
+        report: str | Path | None = None,
+        show: bool = True,
+    ) -> None:
         if window < 1:
             raise ValueError(f"window must be at least 1 step, got {window}")
         self.stop_on = stop_keys(stop_on if stop_on is None or isinstance(stop_on, str) else list(stop_on))
@@ -130,8 +135,10 @@ class ClinicWatch(TrainerCallback):
         self._unlogged, self._stop, self._in_step = [], False, False
         self._micro: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         self._slope = [0.0, 0.0, 0]  # sums of x*x and x*y, and the micro-batches they hold
-        self._rates: dict[str, list[tuple[int, float, int]]] = {"frac_reward_zero_std": [],
-                                                               "completions/clipped_ratio": []}
+        self._rates: dict[str, list[tuple[int, float, int]]] = {
+            "frac_reward_zero_std": [],
+            "completions/clipped_ratio": [],
+        }
         self._last_log_step = state.global_step
         self._trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self._never = {name for name, _ in self._trainable}  # trainable tensors without a gradient so far
@@ -144,22 +151,33 @@ class ClinicWatch(TrainerCallback):
         self._trainer = trainer
         self._untap = tap_training_step(trainer, self._micro_batch) if trainer is not None else None
         if trainer is None:  # the losses and batches come through the trainer's training_step
-            self.checks.update(dict.fromkeys(("no_labels", "accumulation", "loss_spike"),
-                                             "not watched: the trainer was not found in the calling frames"))
+            self.checks.update(
+                dict.fromkeys(
+                    ("no_labels", "accumulation", "loss_spike"),
+                    "not watched: the trainer was not found in the calling frames",
+                )
+            )
         if getattr(trainer, "is_deepspeed_enabled", False):  # ZeRO manages gradients itself; not tried here
             self._never = set()
             self.checks["no_gradient"] = "not watched under DeepSpeed (it reads p.grad)"
         self._forwards = ForwardWatch(model, self._report, self._current_step)
         if not self._trainable:
             total = sum(1 for _ in model.parameters())
-            self._report(Finding(
-                "no_gradient", 0, f"0 of {total} tensors are trainable: the optimizer has nothing to update "
-                "(grad_norm will be 0)",
-                "a PEFT adapter loaded without is_trainable=True (PeftModel.from_pretrained freezes it), or "
-                "everything frozen by a preparation step (TRL #3926); with gradient checkpointing the loss still "
-                "has a grad_fn, so nothing fails", "PeftModel.from_pretrained(..., is_trainable=True), or pass a "
-                "peft_config to the trainer instead of a prepared model", "03", how="measured",
-                numbers={"trainable": 0, "tensors": total}))
+            self._report(
+                Finding(
+                    "no_gradient",
+                    0,
+                    f"0 of {total} tensors are trainable: the optimizer has nothing to update (grad_norm will be 0)",
+                    "a PEFT adapter loaded without is_trainable=True (PeftModel.from_pretrained freezes it), or "
+                    "everything frozen by a preparation step (TRL #3926); with gradient checkpointing the loss still "
+                    "has a grad_fn, so nothing fails",
+                    "PeftModel.from_pretrained(..., is_trainable=True), or pass a "
+                    "peft_config to the trainer instead of a prepared model",
+                    "03",
+                    how="measured",
+                    numbers={"trainable": 0, "tensors": total},
+                )
+            )
         return control
 
     def _micro_batch(self, loss: torch.Tensor, inputs, num_items_in_batch) -> None:
@@ -169,9 +187,10 @@ class ClinicWatch(TrainerCallback):
             return
         micro, self._micro = self._micro, []
         counted = all(count is not None for _, count in micro)
-        values = torch.stack([loss.float() for loss, _ in micro]
-                             + ([count.float() for _, count in micro] if counted else [])).tolist()  # one sync
-        losses, counts = values[:len(micro)], [int(c) for c in values[len(micro):]]
+        values = torch.stack(
+            [loss.float() for loss, _ in micro] + ([count.float() for _, count in micro] if counted else [])
+        ).tolist()  # one sync
+        losses, counts = values[: len(micro)], [int(c) for c in values[len(micro) :]]
         row = {"step": self._current_step(), "raw_loss": sum(losses), "micro_batches": len(micro)}
         if counts:
             row["label_tokens"] = sum(counts)
@@ -230,8 +249,11 @@ class ClinicWatch(TrainerCallback):
             extra.update(finding.logs())
         self._unlogged = []
         logs.update(extra)
-        if state.log_history and state.log_history[-1].get("step") == state.global_step \
-                and state.log_history[-1].get("loss") == logs["loss"]:
+        if (
+            state.log_history
+            and state.log_history[-1].get("step") == state.global_step
+            and state.log_history[-1].get("loss") == logs["loss"]
+        ):
             state.log_history[-1].update(extra)  # Trainer.log appended its copy before calling on_log
         return self._control(control)
 
@@ -258,19 +280,31 @@ class ClinicWatch(TrainerCallback):
         forwards = self._forwards
         silent = {
             "nonfinite": f"raw loss and trainable weights finite at all {steps} steps",
-            "no_labels": (f"every step had label tokens (fewest in a step: {min(counts)})" if counts else
-                          "no per-token labels in these batches (reward pairs, GRPO prompts)"),
+            "no_labels": (
+                f"every step had label tokens (fewest in a step: {min(counts)})"
+                if counts
+                else "no per-token labels in these batches (reward pairs, GRPO prompts)"
+            ),
             "zero_loss": "no logged loss was exactly 0.0",
             "equal_rewards": "not logged (not a GRPO run)",
             "clipped": "not logged (not a GRPO run)",
             "no_gradient": f"every trainable tensor got a gradient within {self._gradient_steps} step(s)",
-            "packing": (f"packed rows kept apart ({forwards.packed_checked} forward(s) read)"
-                        if forwards.packed_checked else "no packed rows seen"),
-            "right_padding": (f"{forwards.generations} generation(s), none from right-padded prompts"
-                              if forwards.generations else "no generation seen"),
+            "packing": (
+                f"packed rows kept apart ({forwards.packed_checked} forward(s) read)"
+                if forwards.packed_checked
+                else "no packed rows seen"
+            ),
+            "right_padding": (
+                f"{forwards.generations} generation(s), none from right-padded prompts"
+                if forwards.generations
+                else "no generation seen"
+            ),
             "accumulation": "not decided: one micro-batch per step, no token labels, or label counts too alike",
-            "loss_spike": (f"largest step loss {self._largest:.2f}x its window's median" if self._largest else
-                           f"fewer than {self.window} steps with a positive loss to compare with"),
+            "loss_spike": (
+                f"largest step loss {self._largest:.2f}x its window's median"
+                if self._largest
+                else f"fewer than {self.window} steps with a positive loss to compare with"
+            ),
         }
         for key, text in silent.items():
             self.checks.setdefault(key, text)
@@ -278,14 +312,19 @@ class ClinicWatch(TrainerCallback):
     # -- findings ----------------------------------------------------------------------------------
     def _no_labels(self, counts: list[int]) -> None:
         empty = sum(c == 0 for c in counts)
-        self._report(Finding(
-            "no_labels", self._current_step(),
-            f"{empty} of {len(counts)} micro-batches in this step have no label token (label tokens: {counts})",
-            "every label masked: a max_length that cuts the completion away (TRL #6668; TRL 1.16.0's SFTTrainer "
-            "drops such rows when it truncates its dataset), a completion mask or assistant_only_loss template "
-            "that marks nothing, or a collator of your own",
-            "raise max_length above the prompts' length, or drop rows without completion tokens", "02",
-            numbers={"empty_micro_batches": empty, "micro_batches": len(counts)}))
+        self._report(
+            Finding(
+                "no_labels",
+                self._current_step(),
+                f"{empty} of {len(counts)} micro-batches in this step have no label token (label tokens: {counts})",
+                "every label masked: a max_length that cuts the completion away (TRL #6668; TRL 1.16.0's SFTTrainer "
+                "drops such rows when it truncates its dataset), a completion mask or assistant_only_loss template "
+                "that marks nothing, or a collator of your own",
+                "raise max_length above the prompts' length, or drop rows without completion tokens",
+                "02",
+                numbers={"empty_micro_batches": empty, "micro_batches": len(counts)},
+            )
+        )
 
     def _accumulation(self, losses: list[float], counts: list[int], trainer) -> None:
         if self.found("accumulation") or "accumulation" in self.checks:
@@ -302,29 +341,41 @@ class ClinicWatch(TrainerCallback):
             return
         slope = xy / xx
         if slope >= SLOPE:
-            self.checks["accumulation"] = (f"micro-batch losses grow with their label count (slope {slope:.2f} over "
-                                           f"{points} micro-batches; 1 when normalised over the window)")
+            self.checks["accumulation"] = (
+                f"micro-batch losses grow with their label count (slope {slope:.2f} over "
+                f"{points} micro-batches; 1 when normalised over the window)"
+            )
             return
         scaled = getattr(trainer, "model_accepts_loss_kwargs", None)
         steps = len(counts)
         if scaled:
-            cause = (f"compute_loss ignores num_items_in_batch: each micro-batch returns the mean over its own "
-                     f"tokens, and Trainer, told the model takes loss kwargs, does not divide by the {steps} "
-                     f"accumulation steps, so the logged loss is a sum of {steps} means (transformers #37766)")
+            cause = (
+                f"compute_loss ignores num_items_in_batch: each micro-batch returns the mean over its own "
+                f"tokens, and Trainer, told the model takes loss kwargs, does not divide by the {steps} "
+                f"accumulation steps, so the logged loss is a sum of {steps} means (transformers #37766)"
+            )
         else:
-            cause = (f"Trainer divides each micro-batch's own mean by the {steps} accumulation steps "
-                     "(model_accepts_loss_kwargs=False): tokens of short micro-batches weigh more (TRL #2175)")
-        self._report(Finding(
-            "accumulation", self._current_step(),
-            f"micro-batch losses do not grow with their label count: slope {slope:.2f} of log loss against log "
-            f"label tokens over {points} micro-batches (1 when the loss is normalised over the window's tokens)",
-            cause, "sum the token losses and divide by num_items_in_batch in compute_loss (as SFTTrainer does)", "02",
-            numbers={"slope": slope, "micro_batches": points}))
+            cause = (
+                f"Trainer divides each micro-batch's own mean by the {steps} accumulation steps "
+                "(model_accepts_loss_kwargs=False): tokens of short micro-batches weigh more (TRL #2175)"
+            )
+        self._report(
+            Finding(
+                "accumulation",
+                self._current_step(),
+                f"micro-batch losses do not grow with their label count: slope {slope:.2f} of log loss against log "
+                f"label tokens over {points} micro-batches (1 when the loss is normalised over the window's tokens)",
+                cause,
+                "sum the token losses and divide by num_items_in_batch in compute_loss (as SFTTrainer does)",
+                "02",
+                numbers={"slope": slope, "micro_batches": points},
+            )
+        )
 
     def _spike(self, row: dict) -> None:
         if self.found("loss_spike"):
             return
-        history = [r for r in self.steps[:-1] if math.isfinite(r["raw_loss"])][-self.window:]
+        history = [r for r in self.steps[:-1] if math.isfinite(r["raw_loss"])][-self.window :]
         loss = row["raw_loss"]
         if len(history) < self.window or not math.isfinite(loss) or min(r["raw_loss"] for r in history) <= 0:
             return
@@ -333,36 +384,59 @@ class ClinicWatch(TrainerCallback):
         if loss < SPIKE * median:
             return
         grads = [p.grad for _, p in self._trainable if p.grad is not None]  # whole and not yet clipped
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])).item() \
-            if grads else float("nan")
+        norm = (
+            torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])).item()
+            if grads
+            else float("nan")
+        )
         labels, usual = row.get("label_tokens"), None
         if labels is not None and all("label_tokens" in r for r in history):
             usual = statistics.median(r["label_tokens"] for r in history)
-        beside = (f"; label tokens {labels} (window median {usual:g})" if usual is not None else "") + \
-            f"; gradient norm before clipping {norm:.3g}"
+        beside = (
+            f"; label tokens {labels} (window median {usual:g})" if usual is not None else ""
+        ) + f"; gradient norm before clipping {norm:.3g}"
         if usual is not None and labels < FEW_LABELS * usual:
-            cause = (f"the samples: this step's loss is a mean over only {labels} label tokens, so a few hard tokens "
-                     "move it (the update is weighted by tokens only if the loss is normalised over the window)")
+            cause = (
+                f"the samples: this step's loss is a mean over only {labels} label tokens, so a few hard tokens "
+                "move it (the update is weighted by tokens only if the loss is normalised over the window)"
+            )
             fix = "normalise the loss over the window's label tokens (num_items_in_batch) and drop near-empty samples"
         else:
             cause = "the update: a normal batch met weights that the last updates pushed too far"
             fix = "lower learning_rate or add warmup_steps; max_grad_norm limits the step size, not its direction"
-        self._report(Finding(
-            "loss_spike", row["step"], f"step loss {loss:.4g} is {loss / median:.1f}x the median {median:.4g} of the "
-            f"previous {len(history)} steps{beside}", cause, fix, "02",
-            numbers={"loss": loss, "ratio": loss / median, "grad_norm": norm,
-                     **({"label_tokens": labels} if labels is not None else {})}))
+        self._report(
+            Finding(
+                "loss_spike",
+                row["step"],
+                f"step loss {loss:.4g} is {loss / median:.1f}x the median {median:.4g} of the "
+                f"previous {len(history)} steps{beside}",
+                cause,
+                fix,
+                "02",
+                numbers={
+                    "loss": loss,
+                    "ratio": loss / median,
+                    "grad_norm": norm,
+                    **({"label_tokens": labels} if labels is not None else {}),
+                },
+            )
+        )
 
     def _no_gradient(self) -> None:
         never = sorted(self._never)
-        self._report(Finding(
-            "no_gradient", self._current_step(),
-            f"{len(never)} of {len(self._trainable)} trainable tensors got no gradient in {self._gradient_steps} "
-            f"steps ({', '.join(never[:3])}{', ...' if len(never) > 3 else ''})",
-            "the tensors are trainable but the loss does not depend on them: an adapter or head left out of the "
-            "forward, or a graph cut (a detach, reentrant checkpointing without input gradients)",
-            "freeze them (requires_grad=False) or connect them to the loss", "03",
-            numbers={"tensors": len(never), "trainable": len(self._trainable)}))
+        self._report(
+            Finding(
+                "no_gradient",
+                self._current_step(),
+                f"{len(never)} of {len(self._trainable)} trainable tensors got no gradient in {self._gradient_steps} "
+                f"steps ({', '.join(never[:3])}{', ...' if len(never) > 3 else ''})",
+                "the tensors are trainable but the loss does not depend on them: an adapter or head left out of the "
+                "forward, or a graph cut (a detach, reentrant checkpointing without input gradients)",
+                "freeze them (requires_grad=False) or connect them to the loss",
+                "03",
+                numbers={"tensors": len(never), "trainable": len(self._trainable)},
+            )
+        )
 
     def _nonfinite(self, weights: list[str], raw: float | None, optimizer) -> None:
         gradients = nonfinite_names((name, p.grad) for name, p in self._trainable)
@@ -371,19 +445,29 @@ class ClinicWatch(TrainerCallback):
         dtypes = sorted({str(params[name].dtype).replace("torch.", "") for name in bad}) if bad else []
         inner = getattr(optimizer, "optimizer", optimizer)
         defaults = getattr(inner, "defaults", {}) or {}
-        described = (f"{type(inner).__name__} ({'fused' if defaults.get('fused') else 'not fused'})"
-                     if inner is not None else "none")
+        described = (
+            f"{type(inner).__name__} ({'fused' if defaults.get('fused') else 'not fused'})"
+            if inner is not None
+            else "none"
+        )
         step = self._current_step()
-        where = (f"{len(weights)} of {len(self._trainable)} trainable weights non-finite after optimizer step {step} "
-                 f"({', '.join(weights[:3])}{', ...' if len(weights) > 3 else ''}; {', '.join(dtypes)})"
-                 if weights else f"raw loss of step {step} is {raw}")
-        seen = (f"{where}; gradients {'finite' if not gradients else f'non-finite in {len(gradients)} tensors'}; "
-                f"raw loss {'not seen' if raw is None else f'{raw:.4g}'}; optimizer {described}")
+        where = (
+            f"{len(weights)} of {len(self._trainable)} trainable weights non-finite after optimizer step {step} "
+            f"({', '.join(weights[:3])}{', ...' if len(weights) > 3 else ''}; {', '.join(dtypes)})"
+            if weights
+            else f"raw loss of step {step} is {raw}"
+        )
+        seen = (
+            f"{where}; gradients {'finite' if not gradients else f'non-finite in {len(gradients)} tensors'}; "
+            f"raw loss {'not seen' if raw is None else f'{raw:.4g}'}; optimizer {described}"
+        )
         half_state = "float16" in dtypes and "Adam" in type(inner).__name__ and not defaults.get("fused")
         if weights and not gradients and half_state:
             # torch 2.13 optim/adam.py:177-183: the moments are zeros_like(p), in the weights' dtype
-            cause = ("the update itself: AdamW keeps its state in the weights' float16, where eps=1e-8 rounds to 0 "
-                     "and small squared gradients underflow, so m/(sqrt(v)+eps) is inf")
+            cause = (
+                "the update itself: AdamW keeps its state in the weights' float16, where eps=1e-8 rounds to 0 "
+                "and small squared gradients underflow, so m/(sqrt(v)+eps) is inf"
+            )
             fix = "load the weights in float32 or bfloat16 (dtype='float32'), or use optim='adamw_torch_fused'"
         elif weights and not gradients:
             cause = "the update itself: finite gradients gave non-finite weights (learning rate, optimizer state)"
@@ -392,12 +476,22 @@ class ClinicWatch(TrainerCallback):
             cause = "a micro-batch with no label token: its mean loss is 0/0, and NaN gradients reach every tensor"
             fix = "drop rows without label tokens (raise max_length above the prompts' length)"
         else:
-            cause = ("the loss or its backward overflowed (float16 activations, weights already non-finite); gradient "
-                     "clipping then spreads one NaN to every tensor")
+            cause = (
+                "the loss or its backward overflowed (float16 activations, weights already non-finite); gradient "
+                "clipping then spreads one NaN to every tensor"
+            )
             fix = "train in bfloat16 or float32; logging_nan_inf_filter=False shows the NaN in the logged loss"
-        self._report(Finding("nonfinite", step, seen, cause + "; logging_nan_inf_filter then logs a finite loss",
-                             fix, "03",
-                             numbers={"tensors": len(bad), "raw_loss": float("nan") if raw is None else raw}))
+        self._report(
+            Finding(
+                "nonfinite",
+                step,
+                seen,
+                cause + "; logging_nan_inf_filter then logs a finite loss",
+                fix,
+                "03",
+                numbers={"tensors": len(bad), "raw_loss": float("nan") if raw is None else raw},
+            )
+        )
 
     def _grpo(self, final: bool) -> None:
         for key, name in (("frac_reward_zero_std", "equal_rewards"), ("completions/clipped_ratio", "clipped")):
@@ -420,41 +514,76 @@ class ClinicWatch(TrainerCallback):
             if name == "equal_rewards":
                 clipped = self._rates["completions/clipped_ratio"]
                 cut = bool(clipped) and clipped[-1][1] >= RATE
-                self._report(Finding(
-                    name, self._state.global_step, f"{share:.0%} of GRPO groups had all-equal rewards over steps "
-                    f"{first}-{window[0][0]} (TRL's frac_reward_zero_std)",
-                    ("completions cut at max_completion_length all earn the same reward (TRL #5697)" if cut else
-                     "the reward does not separate a prompt's completions: a 0/1 reward the policy never earns, or a "
-                     "reward that ignores the completion (TRL #3857)") + "; their advantages are 0, so they teach "
-                    "nothing", "give partial credit, warm the policy up with SFT, or raise num_generations or "
-                    "temperature", "05", numbers={"share": share}))
+                self._report(
+                    Finding(
+                        name,
+                        self._state.global_step,
+                        f"{share:.0%} of GRPO groups had all-equal rewards over steps "
+                        f"{first}-{window[0][0]} (TRL's frac_reward_zero_std)",
+                        (
+                            "completions cut at max_completion_length all earn the same reward (TRL #5697)"
+                            if cut
+                            else "the reward does not separate a prompt's completions: a 0/1 reward the policy "
+                            "never earns, or a reward that ignores the completion (TRL #3857)"
+                        )
+                        + "; their advantages are 0, so they teach "
+                        "nothing",
+                        "give partial credit, warm the policy up with SFT, or raise num_generations or temperature",
+                        "05",
+                        numbers={"share": share},
+                    )
+                )
             else:
                 limit = getattr(self._args, "max_completion_length", None)
-                self._report(Finding(
-                    name, self._state.global_step, f"{share:.0%} of completions were cut at max_completion_length="
-                    f"{limit} over steps {first}-{window[0][0]} (TRL's completions/clipped_ratio)",
-                    "the policy writes past max_completion_length or never emits EOS; a cut completion usually "
-                    "earns no reward (TRL #5697)", "raise max_completion_length, or warm the policy up with SFT on "
-                    "answers that end in EOS", "05", numbers={"share": share}))
+                self._report(
+                    Finding(
+                        name,
+                        self._state.global_step,
+                        f"{share:.0%} of completions were cut at max_completion_length="
+                        f"{limit} over steps {first}-{window[0][0]} (TRL's completions/clipped_ratio)",
+                        "the policy writes past max_completion_length or never emits EOS; a cut completion usually "
+                        "earns no reward (TRL #5697)",
+                        "raise max_completion_length, or warm the policy up with SFT on answers that end in EOS",
+                        "05",
+                        numbers={"share": share},
+                    )
+                )
 
     def _zero_loss(self, logs: dict, since: list[dict]) -> None:
         if any(not math.isfinite(row["raw_loss"]) for row in since) or self.found("nonfinite"):
-            cause, fix, lesson = ("non-finite step losses hidden by logging_nan_inf_filter: Trainer adds the running "
-                                  "average instead of a NaN, and that average is 0 right after a log", "find the first "
-                                  "NaN (the nonfinite finding); logging_nan_inf_filter=False shows it", "03")
+            cause, fix, lesson = (
+                "non-finite step losses hidden by logging_nan_inf_filter: Trainer adds the running "
+                "average instead of a NaN, and that average is 0 right after a log",
+                "find the first NaN (the nonfinite finding); logging_nan_inf_filter=False shows it",
+                "03",
+            )
         elif logs.get("frac_reward_zero_std", 0) >= RATE:
-            cause, fix, lesson = ("every GRPO group had equal rewards, so every advantage is 0 (TRL #5697)",
-                                  "give the reward partial credit, or raise max_completion_length if completions are "
-                                  "cut", "05")
+            cause, fix, lesson = (
+                "every GRPO group had equal rewards, so every advantage is 0 (TRL #5697)",
+                "give the reward partial credit, or raise max_completion_length if completions are cut",
+                "05",
+            )
         elif self.found("no_labels"):
-            cause, fix, lesson = ("micro-batches without label tokens (the no_labels finding)",
-                                  "raise max_length above the prompts' length, or drop rows without completion tokens",
-                                  "02")
+            cause, fix, lesson = (
+                "micro-batches without label tokens (the no_labels finding)",
+                "raise max_length above the prompts' length, or drop rows without completion tokens",
+                "02",
+            )
         else:
-            cause, fix, lesson = ("a loss that does not depend on the batch: every label masked, or a loss whose "
-                                  "terms cancel", "look at one batch's labels (trainer.get_train_dataloader())", "02")
+            cause, fix, lesson = (
+                "a loss that does not depend on the batch: every label masked, or a loss whose terms cancel",
+                "look at one batch's labels (trainer.get_train_dataloader())",
+                "02",
+            )
         raw = f" (raw loss {since[-1]['raw_loss']:.4g})" if since else ""
-        self._report(Finding("zero_loss", self._state.global_step,
-                             f"logged loss is exactly 0.0 at step {self._state.global_step}{raw}",
-                             cause, fix, lesson, numbers={"logged_loss": 0.0}))
-
+        self._report(
+            Finding(
+                "zero_loss",
+                self._state.global_step,
+                f"logged loss is exactly 0.0 at step {self._state.global_step}{raw}",
+                cause,
+                fix,
+                lesson,
+                numbers={"logged_loss": 0.0},
+            )
+        )

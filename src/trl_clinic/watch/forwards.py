@@ -45,8 +45,10 @@ def boundary_visible(mask, position_ids: torch.Tensor, attention_kwargs: dict, i
     """
     if "flash" in implementation:
         if mask is None:  # varlen from cu_seq_lens, else from packed position_ids (batch of one row)
-            return not (all(attention_kwargs.get(k) is not None for k in VARLEN_KWARGS)
-                        or (attention_kwargs.get("position_ids") is not None and position_ids.shape[0] == 1))
+            return not (
+                all(attention_kwargs.get(k) is not None for k in VARLEN_KWARGS)
+                or (attention_kwargs.get("position_ids") is not None and position_ids.shape[0] == 1)
+            )
         return True
     if mask is None:
         return True  # sdpa's causal fast path: one causal mask over every sequence of the row
@@ -81,29 +83,47 @@ class ForwardWatch:
 
     def _forward(self, module, args, kwargs) -> None:
         cache = kwargs.get("past_key_values")
-        if cache is not None and not self.generation_done and hasattr(cache, "get_seq_length") \
-                and cache.get_seq_length() == 0:
+        if (
+            cache is not None
+            and not self.generation_done
+            and hasattr(cache, "get_seq_length")
+            and cache.get_seq_length() == 0
+        ):
             self.generations += 1
             self._generation(kwargs.get("attention_mask"))
         positions = kwargs.get("position_ids")
         # generation's forwards (a cache passed in) are not packed rows: left padding restarts positions too
-        if (module.training and cache is None and self.packed_checked < PACKED_FORWARDS and positions is not None
-                and positions.dim() == 2 and bool((positions[:, 1:] == 0).any())):
-            self._packed = {"position_ids": positions, "mask_sent": kwargs.get("attention_mask") is not None,
-                            "use_cache": kwargs.get("use_cache")}
+        if (
+            module.training
+            and cache is None
+            and self.packed_checked < PACKED_FORWARDS
+            and positions is not None
+            and positions.dim() == 2
+            and bool((positions[:, 1:] == 0).any())
+        ):
+            self._packed = {
+                "position_ids": positions,
+                "mask_sent": kwargs.get("attention_mask") is not None,
+                "use_cache": kwargs.get("use_cache"),
+            }
 
     def _generation(self, mask) -> None:
         if mask is None or mask.dim() != 2 or not right_padded(mask):
             return
         self.generation_done = True
         padded = int((mask[:, -1] == 0).sum())
-        self.report(Finding(
-            "right_padding", self.step(),
-            f"generate() started from {padded} of {mask.shape[0]} prompts padded on the right, with a KV cache",
-            "the tokenizer pads on the right (padding_side='right') where prompts are batched for generation: a "
-            "prompt's first new token is predicted at a pad slot",
-            "tokenizer.padding_side = 'left' before tokenizing prompts for generate()", "04",
-            numbers={"right_padded_prompts": padded, "prompts": mask.shape[0]}))
+        self.report(
+            Finding(
+                "right_padding",
+                self.step(),
+                f"generate() started from {padded} of {mask.shape[0]} prompts padded on the right, with a KV cache",
+                "the tokenizer pads on the right (padding_side='right') where prompts are batched for generation: a "
+                "prompt's first new token is predicted at a pad slot",
+                "tokenizer.padding_side = 'left' before tokenizing prompts for generate()",
+                "04",
+                numbers={"right_padded_prompts": padded, "prompts": mask.shape[0]},
+            )
+        )
 
     def _attention(self, module, args, kwargs) -> None:
         packed, self._packed = self._packed, None
@@ -121,27 +141,46 @@ class ForwardWatch:
         self.packed_checked = PACKED_FORWARDS
         positions = packed["position_ids"]
         sequences = sum(1 + len(restarts(row)) for row in positions)
-        received = ("no mask (one causal kernel over the whole row)" if mask is None else
-                    f"a {mask.dim()}D mask that lets a sequence's first token attend to the sequence before it")
+        received = (
+            "no mask (one causal kernel over the whole row)"
+            if mask is None
+            else f"a {mask.dim()}D mask that lets a sequence's first token attend to the sequence before it"
+        )
         if packed["mask_sent"]:
-            cause = ("an attention_mask was sent with the packed row: transformers builds per-sequence masks from "
-                     "position_ids only when no mask and no cache are passed")
+            cause = (
+                "an attention_mask was sent with the packed row: transformers builds per-sequence masks from "
+                "position_ids only when no mask and no cache are passed"
+            )
             fix = "send no attention_mask with packed rows (TRL's padding-free collator sends none)"
         elif packed["use_cache"] or (packed["use_cache"] is None and getattr(config, "use_cache", False)):
-            cause = ("the forward built a KV cache (use_cache left at the config's True): transformers then ignores "
-                     "the restarting position_ids")
+            cause = (
+                "the forward built a KV cache (use_cache left at the config's True): transformers then ignores "
+                "the restarting position_ids"
+            )
             fix = "use_cache=False in training forwards"
         else:
-            cause = (f"{config.model_type} builds its causal mask without reading position_ids, so every sequence of "
-                     f"the row shares one causal mask ({implementation})")
-            fix = ("padding_free=False and packing=False, or attn_implementation='flash_attention_2' reaching the "
-                   "model (check model.config._attn_implementation)")
-        self.report(Finding(
-            "packing", self.step(),
-            f"{sequences} sequences packed in {positions.shape[0]} row(s) of {positions.shape[1]} tokens; the first "
-            f"attention layer ({implementation}) received {received}", cause, fix, "01",
-            how="read" if "flash" in implementation else "measured",
-            numbers={"sequences": sequences, "rows": positions.shape[0]}))
+            cause = (
+                f"{config.model_type} builds its causal mask without reading position_ids, so every sequence of "
+                f"the row shares one causal mask ({implementation})"
+            )
+            fix = (
+                "padding_free=False and packing=False, or attn_implementation='flash_attention_2' reaching the "
+                "model (check model.config._attn_implementation)"
+            )
+        self.report(
+            Finding(
+                "packing",
+                self.step(),
+                f"{sequences} sequences packed in {positions.shape[0]} row(s) of {positions.shape[1]} tokens; "
+                "the first "
+                f"attention layer ({implementation}) received {received}",
+                cause,
+                fix,
+                "01",
+                how="read" if "flash" in implementation else "measured",
+                numbers={"sequences": sequences, "rows": positions.shape[0]},
+            )
+        )
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -19,8 +19,9 @@ def statuses(watch) -> dict[str, str]:
 
 def summary(watch) -> str:
     steps = len(watch.steps)
-    head = (f"[trl-clinic watch] {steps} optimizer steps watched: "
-            + (f"{len(watch.findings)} finding(s)" if watch.findings else "no findings"))
+    head = f"[trl-clinic watch] {steps} optimizer steps watched: " + (
+        f"{len(watch.findings)} finding(s)" if watch.findings else "no findings"
+    )
     lines = [head]
     for f in watch.findings:
         lines += [f"  step {f.step} {f.key}, {lesson_name(f.lesson)}: {f.seen}", f"    fix: {f.fix}"]
@@ -31,8 +32,9 @@ def summary(watch) -> str:
 def _svg(rows: list[dict], width: int = 640, height: int = 200) -> str:
     """Raw loss per step (line) and the logged loss (dots); a non-finite raw loss is a red bar."""
     raw = [(r["step"], r["raw_loss"]) for r in rows if math.isfinite(r["raw_loss"])]
-    logged = [(r["step"], r["loss"]) for r in rows
-              if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
+    logged = [
+        (r["step"], r["loss"]) for r in rows if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])
+    ]
     values = [v for _, v in raw + logged]
     if not rows or not values:
         return "<p>no finite loss to draw</p>"
@@ -42,10 +44,15 @@ def _svg(rows: list[dict], width: int = 640, height: int = 200) -> str:
     y = lambda v: height - 20 - (height - 30) * ((v - low) / (high - low) if high > low else 0.5)  # noqa: E731
     parts = [f'<polyline fill="none" stroke="#1f77b4" points="{" ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in raw)}"/>']
     parts += [f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="3" fill="#ff7f0e"/>' for s, v in logged]
-    parts += [f'<rect x="{x(r["step"]) - 1:.1f}" y="10" width="2" height="{height - 30}" fill="#d62728"/>'
-              for r in rows if not math.isfinite(r["raw_loss"])]
-    axis = (f'<text x="2" y="14" font-size="11">{high:.3g}</text><text x="2" y="{height - 20}" font-size="11">'
-            f'{low:.3g}</text><text x="{width - 60}" y="{height - 4}" font-size="11">step {last}</text>')
+    parts += [
+        f'<rect x="{x(r["step"]) - 1:.1f}" y="10" width="2" height="{height - 30}" fill="#d62728"/>'
+        for r in rows
+        if not math.isfinite(r["raw_loss"])
+    ]
+    axis = (
+        f'<text x="2" y="14" font-size="11">{high:.3g}</text><text x="2" y="{height - 20}" font-size="11">'
+        f'{low:.3g}</text><text x="{width - 60}" y="{height - 4}" font-size="11">step {last}</text>'
+    )
     return f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">{"".join(parts)}{axis}</svg>'
 
 
@@ -53,12 +60,20 @@ def write_html(watch, path: str | Path) -> Path:
     """One page: the findings, what each silent check saw, the raw and logged loss, the numbers as JSON."""
     path = Path(path)
     cells = lambda values: "".join(f"<td>{html.escape(str(v))}</td>" for v in values)  # noqa: E731
-    findings = "".join(f"<tr>{cells([f.step, f.key, f.seen, f.cause, f.fix, lesson_name(f.lesson), f.how])}</tr>"
-                       for f in watch.findings) or '<tr><td colspan="7">no findings</td></tr>'
-    checks = "".join(f"<tr>{cells([key, state, lesson_name(CATALOGUE[key][0]), CATALOGUE[key][1]])}</tr>"
-                     for key, state in statuses(watch).items())
-    data = html.escape(json.dumps(json_safe({"findings": [f.to_dict() for f in watch.findings],
-                                             "steps": watch.steps}), indent=1))
+    findings = (
+        "".join(
+            f"<tr>{cells([f.step, f.key, f.seen, f.cause, f.fix, lesson_name(f.lesson), f.how])}</tr>"
+            for f in watch.findings
+        )
+        or '<tr><td colspan="7">no findings</td></tr>'
+    )
+    checks = "".join(
+        f"<tr>{cells([key, state, lesson_name(CATALOGUE[key][0]), CATALOGUE[key][1]])}</tr>"
+        for key, state in statuses(watch).items()
+    )
+    data = html.escape(
+        json.dumps(json_safe({"findings": [f.to_dict() for f in watch.findings], "steps": watch.steps}), indent=1)
+    )
     path.write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>trl-clinic watch</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}td,th{{border:1px solid #ccc;padding:4px;
 vertical-align:top;font-size:13px}}table{{border-collapse:collapse}}pre{{font-size:11px;max-height:20em;overflow:auto}}

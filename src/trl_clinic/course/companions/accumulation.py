@@ -31,8 +31,11 @@ from trl_clinic.probes.recording import StepRecorder, quiet
 NO_LOSS = -100
 
 
-def vision_language_model_maker(size: str, *, seed: int = 0,
-                                ) -> tuple[Callable[[], PreTrainedModel], PreTrainedTokenizerBase]:
+def vision_language_model_maker(
+    size: str,
+    *,
+    seed: int = 0,
+) -> tuple[Callable[[], PreTrainedModel], PreTrainedTokenizerBase]:
     """The clinic tokenizer, and a function giving a fresh Qwen2.5-VL of the same random weights at every call.
 
     Its language model has the ``MODEL_SIZES[size]`` shape; its vision tower is one small block, never used
@@ -44,8 +47,16 @@ def vision_language_model_maker(size: str, *, seed: int = 0,
     tokenizer, shape = build_tokenizer(), MODEL_SIZES[size]
     half = shape["hidden_size"] // shape["num_attention_heads"] // 2
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [half // 4, 3 * half // 8, 3 * half // 8]}
-    text = dict(vocab_size=len(tokenizer), max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=None,
-                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, rope_parameters=rope, **shape)
+    text = dict(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        rope_parameters=rope,
+        **shape,
+    )
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=shape["hidden_size"])
     config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True)
 
@@ -65,14 +76,29 @@ class FirstStep:
     micro-batches round differently, about 1e-3).
     """
 
-    def __init__(self, run: Run, make_model: Callable[[], PreTrainedModel], tokenizer: PreTrainedTokenizerBase,
-                 train_set: Dataset, packing_length: int | None = None) -> None:
+    def __init__(
+        self,
+        run: Run,
+        make_model: Callable[[], PreTrainedModel],
+        tokenizer: PreTrainedTokenizerBase,
+        train_set: Dataset,
+        packing_length: int | None = None,
+    ) -> None:
         self.run, self.make_model, self.tokenizer, self.train_set = run, make_model, tokenizer, train_set
         self.packing_length = packing_length
 
-    def trainer(self, batch_size: int, accumulation: int, *, fixed: bool = False, logging: bool = False,
-                trainer_class: type[SFTTrainer] = SFTTrainer, train_set: Dataset | None = None,
-                packing: bool = False, order: str = "sequential") -> SFTTrainer:
+    def trainer(
+        self,
+        batch_size: int,
+        accumulation: int,
+        *,
+        fixed: bool = False,
+        logging: bool = False,
+        trainer_class: type[SFTTrainer] = SFTTrainer,
+        train_set: Dataset | None = None,
+        packing: bool = False,
+        order: str = "sequential",
+    ) -> SFTTrainer:
         """Today's trainer for batch ``batch_size`` x accumulation ``accumulation``, not yet trained.
 
         ``fixed=True`` applies the core's fix (``trainer.model_accepts_loss_kwargs = True``); ``logging=True``
@@ -80,19 +106,34 @@ class FirstStep:
         them in the seed's random order (the same for every batching, so the first window holds the same rows).
         """
         name = f"step-{trainer_class.__name__}-{batch_size}x{accumulation}{'-packed' * packing}{'-fixed' * fixed}"
-        args = SFTConfig(**{**self.run.trainer_kwargs(name, logging=logging, progress=False), "bf16": False},
-                         per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation,
-                         max_grad_norm=0, train_sampling_strategy=order, max_steps=1,
-                         **({"packing": True, "max_length": self.packing_length} if packing else {}))
-        trainer = trainer_class(model=self.make_model(), args=args, processing_class=self.tokenizer,
-                                train_dataset=self.train_set if train_set is None else train_set)
+        args = SFTConfig(
+            **{**self.run.trainer_kwargs(name, logging=logging, progress=False), "bf16": False},
+            per_device_train_batch_size=batch_size,
+            gradient_accumulation_steps=accumulation,
+            max_grad_norm=0,
+            train_sampling_strategy=order,
+            max_steps=1,
+            **({"packing": True, "max_length": self.packing_length} if packing else {}),
+        )
+        trainer = trainer_class(
+            model=self.make_model(),
+            args=args,
+            processing_class=self.tokenizer,
+            train_dataset=self.train_set if train_set is None else train_set,
+        )
         if fixed:
             trainer.model_accepts_loss_kwargs = True  # the core's fix: the Trainer counts the window's label tokens
         return trainer if logging else quiet(trainer)
 
-    def run_step(self, batch_size: int, accumulation: int, normalisation: str = "today",
-                 trainer_class: type[SFTTrainer] = SFTTrainer, packing: bool = False,
-                 order: str = "sequential") -> tuple[torch.Tensor, float]:
+    def run_step(
+        self,
+        batch_size: int,
+        accumulation: int,
+        normalisation: str = "today",
+        trainer_class: type[SFTTrainer] = SFTTrainer,
+        packing: bool = False,
+        order: str = "sequential",
+    ) -> tuple[torch.Tensor, float]:
         """The deep dive's step: the first gradient and the training loss the Trainer reports for it;
         ``normalisation="old"`` re-creates the pre-4.46 path (``recreate_pre_446_loss``)."""
         trainer = self.trainer(batch_size, accumulation, trainer_class=trainer_class, packing=packing, order=order)
@@ -128,7 +169,9 @@ def weighted_token_gradient(model: PreTrainedModel, batches: Sequence[dict], wei
     for batch, weight in zip(batches, weights):
         logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits[..., :-1, :]
         labels = batch["labels"][..., 1:]
-        token_sum = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=NO_LOSS, reduction="sum")
+        token_sum = F.cross_entropy(
+            logits.flatten(0, 1).float(), labels.flatten(), ignore_index=NO_LOSS, reduction="sum"
+        )
         (weight * token_sum).backward()
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad and p.grad is not None]).double()
 
@@ -142,8 +185,15 @@ def error_by_accumulation(steps: FirstStep, counts: Sequence[int], known: dict[i
             rows.append({"accumulation": k, **known[k]})
             continue
         big = first_step_gradient(steps.trainer(k, 1))
-        rows.append({"accumulation": k, **{name: relative_error(first_step_gradient(steps.trainer(1, k, fixed=fixed)), big)
-                                           for name, fixed in (("without_fix", False), ("with_fix", True))}})
+        rows.append(
+            {
+                "accumulation": k,
+                **{
+                    name: relative_error(first_step_gradient(steps.trainer(1, k, fixed=fixed)), big)
+                    for name, fixed in (("without_fix", False), ("with_fix", True))
+                },
+            }
+        )
     return rows
 
 
@@ -154,19 +204,31 @@ def plot_core(counts: Sequence[int], sweep: Sequence[dict], output_dir: Path) ->
     ratio = max(counts) / min(counts)
     bad, good = [row["without_fix"] for row in sweep], [row["with_fix"] for row in sweep]
     fig, (ax_weight, ax_error) = plotting.figure(
-        2, title=f"Batch 1 x k without the fix: a short answer's tokens weigh {ratio:.0f}x a long one's and the gradient\n"
-                 f"is {min(bad):.0%} to {max(bad):.0%} off; counting the window's tokens, it matches to {max(good):.0e}")
+        2,
+        title=f"Batch 1 x k without the fix: a short answer's tokens weigh {ratio:.0f}x a long one's and the gradient\n"
+        f"is {min(bad):.0%} to {max(bad):.0%} off; counting the window's tokens, it matches to {max(good):.0e}",
+    )
     shown = sorted(set(counts))
     plotting.line(ax_weight, shown, [1 / (n * c) for c in shown], "bad", f"without the fix: 1/({n} n)")
     plotting.line(ax_weight, shown, [1 / sum(counts)] * len(shown), "fixed", f"with it, as one batch: 1/{sum(counts)}")
     ax_weight.set_xscale("log")
-    plotting.label(ax_weight, f"label tokens n in the micro-batch (window of {n})", "weight of one token",
-                   "who gets which weight", log_y=True)
+    plotting.label(
+        ax_weight,
+        f"label tokens n in the micro-batch (window of {n})",
+        "weight of one token",
+        "who gets which weight",
+        log_y=True,
+    )
     ks = [row["accumulation"] for row in sweep]
     plotting.line(ax_error, ks, [row["without_fix"] for row in sweep], "bad", "without the fix")
     plotting.line(ax_error, ks, [max(row["with_fix"], 1e-9) for row in sweep], "fixed", "with the fix")
     ax_error.set_xscale("log", base=2)
     ax_error.set_xticks(ks, [str(k) for k in ks])
-    plotting.label(ax_error, "accumulation steps k (batch 1)", "gradient error vs one batch of k",
-                   "first-step gradient", log_y=True)
+    plotting.label(
+        ax_error,
+        "accumulation steps k (batch 1)",
+        "gradient error vs one batch of k",
+        "first-step gradient",
+        log_y=True,
+    )
     return plotting.save(fig, output_dir, "gradient_accumulation")

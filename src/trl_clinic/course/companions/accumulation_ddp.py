@@ -38,17 +38,31 @@ def rows(run: Run, kind: str = "mixed") -> Dataset:
     return data.instruction_pairs(2 * n, seed=run.subseed("train"), max_people=1).select(range(1, 2 * n, 2))
 
 
-def one_step_trainer(run: Run, name: str, batch_size: int, accumulation: int, train_set: Dataset, **config) -> SFTTrainer:
+def one_step_trainer(
+    run: Run, name: str, batch_size: int, accumulation: int, train_set: Dataset, **config
+) -> SFTTrainer:
     """The real SFTTrainer for one step on ``train_set`` read in order (``sequential``): process p of W gets
     batches p, p + W, ... (accelerate 1.15, ``data_loader.py``, ``BatchSamplerShard`` with ``split_batches=False``),
     so one process with batch W x b x k and no accumulation gets the same rows. ``max_grad_norm=0``: the gradient
     as accumulation left it, not clipped."""
     tokenizer = build_tokenizer()
-    args = SFTConfig(**{**run.trainer_kwargs(name, logging=False, progress=False), "bf16": False},
-                     per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation,
-                     max_grad_norm=0, max_steps=1, train_sampling_strategy="sequential", **config)
-    return quiet(SFTTrainer(model=make_causal_lm(tokenizer, size=run.sizes.model_size, seed=run.seed), args=args,
-                            train_dataset=train_set, processing_class=tokenizer))
+    args = SFTConfig(
+        **{**run.trainer_kwargs(name, logging=False, progress=False), "bf16": False},
+        per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=accumulation,
+        max_grad_norm=0,
+        max_steps=1,
+        train_sampling_strategy="sequential",
+        **config,
+    )
+    return quiet(
+        SFTTrainer(
+            model=make_causal_lm(tokenizer, size=run.sizes.model_size, seed=run.seed),
+            args=args,
+            train_dataset=train_set,
+            processing_class=tokenizer,
+        )
+    )
 
 
 def distributed_gradients(run: Run, spec: dict) -> dict:
@@ -64,8 +78,9 @@ def distributed_gradients(run: Run, spec: dict) -> dict:
     gradients, counts, ran_as, probe = {}, {}, {}, []
     for accumulation in run.sizes.accumulation:
         for setting, config in spec["settings"].items():
-            trainer = one_step_trainer(run, f"ddp-{setting}-{accumulation}".replace(" ", "-"), batch_size, accumulation,
-                                       train_set, **config)
+            trainer = one_step_trainer(
+                run, f"ddp-{setting}-{accumulation}".replace(" ", "-"), batch_size, accumulation, train_set, **config
+            )
             if not probe:
                 probe = [(f.status, f.decided) for f in checkup(trainer, only=["accumulation"]).findings]
             gradients[(setting, accumulation)] = first_step_gradient(trainer)
@@ -85,8 +100,9 @@ def reference_gradients(run: Run, spec: dict) -> dict[int, Reference]:
     accumulation): its first-step gradient and the label tokens its loss saw."""
     train_set, batch_size, references = rows(run, spec.get("rows", "mixed")), spec.get("batch_size", 1), {}
     for accumulation in run.sizes.accumulation:
-        trainer = one_step_trainer(run, f"reference-{accumulation}", run.sizes.processes * batch_size * accumulation, 1,
-                                   train_set)
+        trainer = one_step_trainer(
+            run, f"reference-{accumulation}", run.sizes.processes * batch_size * accumulation, 1, train_set
+        )
         references[accumulation] = Reference(first_step_gradient(trainer), sum(label_counts(trainer, 1)))
     return references
 
@@ -95,8 +111,10 @@ def per_process_weights(run: Run, spec: dict, accumulation: int) -> tuple[list[d
     """The rows of one distributed step as single-row batches, each process's label tokens N_p, and the weight
     each token of a row gets when every process divides by its own label count and DDP averages: 1/(W x N_p)."""
     processes, batch_size = run.sizes.processes, spec.get("batch_size", 1)
-    single = window(one_step_trainer(run, "by-hand", 1, 1, rows(run, spec.get("rows", "mixed"))),
-                    processes * batch_size * accumulation)
+    single = window(
+        one_step_trainer(run, "by-hand", 1, 1, rows(run, spec.get("rows", "mixed"))),
+        processes * batch_size * accumulation,
+    )
     owner = [(i // batch_size) % processes for i in range(len(single))]  # batches dealt to the processes in turn
     tokens = [sum(label_tokens(b) for b, p in zip(single, owner) if p == rank) for rank in range(processes)]
     return single, tokens, [1 / (processes * tokens[p]) for p in owner]
@@ -111,10 +129,17 @@ def per_process_gradient(run: Run, spec: dict, accumulation: int) -> torch.Tenso
 
 def compare(gradients: dict, references: dict[int, Reference], settings) -> dict[str, list[dict]]:
     """Each setting's relative error and cosine against the reference, per accumulation count."""
-    return {setting: [{"accumulation": acc, "relative_error": relative_error(gradients[(setting, acc)], ref.gradient),
-                       "cosine": cosine(gradients[(setting, acc)], ref.gradient)}
-                      for acc, ref in references.items()]
-            for setting in settings}
+    return {
+        setting: [
+            {
+                "accumulation": acc,
+                "relative_error": relative_error(gradients[(setting, acc)], ref.gradient),
+                "cosine": cosine(gradients[(setting, acc)], ref.gradient),
+            }
+            for acc, ref in references.items()
+        ]
+        for setting in settings
+    }
 
 
 def same_label_tokens(counts: dict[int, list[list[int]]], references: dict[int, Reference]) -> bool:
@@ -126,20 +151,34 @@ def plot_errors(run: Run, comparison: dict[str, list[dict]], tokens: list[int], 
     """The lesson's figure: the weight of one token on each process, and the relative error against the big batch."""
     per_process, across = comparison["per-process"], comparison["across processes"]
     fig, (ax_weight, ax_error) = plotting.figure(
-        2, title=f"{run.sizes.processes} processes over {backend}: counting tokens per process is "
-                 f"{min(r['relative_error'] for r in per_process):.0%} to {max(r['relative_error'] for r in per_process):.0%}"
-                 f" off,\ncounting them across processes matches to {max(r['relative_error'] for r in across):.0e}")
+        2,
+        title=f"{run.sizes.processes} processes over {backend}: counting tokens per process is "
+        f"{min(r['relative_error'] for r in per_process):.0%} to {max(r['relative_error'] for r in per_process):.0%}"
+        f" off,\ncounting them across processes matches to {max(r['relative_error'] for r in across):.0e}",
+    )
     ranks = [f"process {p}\n({n} tokens)" for p, n in enumerate(tokens)]
     W = len(tokens)
     ax_weight.bar([r + "\nper process" for r in ranks], [1 / (W * n) for n in tokens], color=plotting.BAD)
     ax_weight.axhline(1 / sum(tokens), color=plotting.FIXED, label=f"across processes: 1/{sum(tokens)}")
     plotting.label(ax_weight, "", "weight of one token", f"accumulation {max(run.sizes.accumulation)}", log_y=True)
     accumulation = run.sizes.accumulation
-    plotting.line(ax_error, accumulation, [r["relative_error"] for r in per_process], "bad", "average_tokens_across_devices=False")
-    plotting.line(ax_error, accumulation, [max(r["relative_error"], 1e-9) for r in across], "fixed",
-                  "average_tokens_across_devices=True")
-    plotting.label(ax_error, "accumulation steps per process (batch 1)", "gradient error vs one process",
-                   "first-step gradient", log_y=True)
+    plotting.line(
+        ax_error, accumulation, [r["relative_error"] for r in per_process], "bad", "average_tokens_across_devices=False"
+    )
+    plotting.line(
+        ax_error,
+        accumulation,
+        [max(r["relative_error"], 1e-9) for r in across],
+        "fixed",
+        "average_tokens_across_devices=True",
+    )
+    plotting.label(
+        ax_error,
+        "accumulation steps per process (batch 1)",
+        "gradient error vs one process",
+        "first-step gradient",
+        log_y=True,
+    )
     ax_error.set_xticks(accumulation, [str(acc) for acc in accumulation])  # accumulation counts are integers
     ax_error.minorticks_off()
     plotting.save(fig, run.output_dir, "ddp_accumulation")

@@ -69,8 +69,12 @@ def fingerprint(trainer) -> dict[str, str]:
         "model config": model.config.to_json_string(),
         "optimizer": None if trainer.optimizer is None else trainer.optimizer.state_dict(),
         "scheduler": None if trainer.lr_scheduler is None else trainer.lr_scheduler.state_dict(),
-        "random generators": [torch.get_rng_state(), repr(random.getstate()), repr(np.random.get_state()),
-                              torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []],
+        "random generators": [
+            torch.get_rng_state(),
+            repr(random.getstate()),
+            repr(np.random.get_state()),
+            torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        ],
         "tokenizer padding side": getattr(trainer.processing_class, "padding_side", None),
         "trainer attributes": {key: repr(value) for key, value in vars(trainer).items()},
         "arguments": {key: repr(value) for key, value in vars(trainer.args).items()},
@@ -85,8 +89,15 @@ def fingerprint(trainer) -> dict[str, str]:
 def finding(report: Report, probe: str) -> dict:
     """The last finding of ``probe`` as plain numbers (section checks read these)."""
     found = report.by_probe(probe)[-1]
-    return {"status": found.status, "decided": found.decided, "value": found.value, "measured": found.measured,
-            "fix": found.fix, "reason": found.reason, "lesson": found.lesson}
+    return {
+        "status": found.status,
+        "decided": found.decided,
+        "value": found.value,
+        "measured": found.measured,
+        "fix": found.fix,
+        "reason": found.reason,
+        "lesson": found.lesson,
+    }
 
 
 def worst(rows: list[tuple[str, str]]) -> dict[str, str]:
@@ -106,8 +117,14 @@ def write_recipe(folder: Path, model, tokenizer, rows: int, seed: int, **setting
     """``local_files`` and a ``trl sft`` recipe pointing at both. ``settings`` are the recipe's own keys (TRL's
     ``SFTConfig`` and ``ModelConfig`` fields)."""
     model_dir, data_file = local_files(folder, model, tokenizer, rows, seed)
-    recipe = {"model_name_or_path": str(model_dir), "dataset_name": str(data_file.parent),
-              "output_dir": str(folder / "out"), "report_to": "none", "seed": seed, **settings}
+    recipe = {
+        "model_name_or_path": str(model_dir),
+        "dataset_name": str(data_file.parent),
+        "output_dir": str(folder / "out"),
+        "report_to": "none",
+        "seed": seed,
+        **settings,
+    }
     path = folder / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
@@ -123,8 +140,9 @@ class Command:
 
 def trl_clinic(*args: str, timeout: int = 600) -> Command:
     """``trl-clinic ARGS`` as a user types it: the installed console script beside this Python, in a child process."""
-    done = subprocess.run([str(Path(sys.executable).with_name("trl-clinic")), *args], capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("trl-clinic")), *args], capture_output=True, text=True, timeout=timeout
+    )
     return Command(["trl-clinic", *args], done.returncode, ANSI.sub("", done.stdout), done.stderr)
 
 
@@ -134,7 +152,7 @@ TABLE_ROW = re.compile(r"^\W\s*([a-z0-9_]+)\s*\W\s*(ok|warn|fail|skipped|error)\
 
 def json_findings(command: Command) -> list[dict]:
     """The findings of a ``--json`` command's report (the JSON object is the last thing it prints)."""
-    return json.loads(command.stdout[command.stdout.index("{"):])["findings"]
+    return json.loads(command.stdout[command.stdout.index("{") :])["findings"]
 
 
 def command_numbers(command: Command) -> dict:
@@ -147,9 +165,14 @@ def command_numbers(command: Command) -> dict:
     return {"returncode": command.returncode, "statuses": worst(rows)}
 
 
-UNITS = {"packing": "largest logit change vs alone", "fp16_adamw": "fp16 tensors inf/NaN after a step",
-         "accumulation": "relative gradient error", "reward_head": "trainable head tensors",
-         "padding_cache": "right-padded forwards with a cache", "equal_rewards": "share of groups all equal"}
+UNITS = {
+    "packing": "largest logit change vs alone",
+    "fp16_adamw": "fp16 tensors inf/NaN after a step",
+    "accumulation": "relative gradient error",
+    "reward_head": "trainable head tensors",
+    "padding_cache": "right-padded forwards with a cache",
+    "equal_rewards": "share of groups all equal",
+}
 
 
 def verdict_text(probe: str, found: dict) -> str:
@@ -166,8 +189,13 @@ def plot_verdicts(rows: dict[str, tuple[dict, dict]], title: str, output_dir: Pa
     coloured by status (fail red, ok green, warn orange, skipped grey) and labelled with the probe's number."""
     from trl_clinic.course import plotting
 
-    colours = {"fail": plotting.BAD, "ok": plotting.FIXED, "warn": "#ff7f0e", "skipped": plotting.REFERENCE,
-               "error": "#9467bd"}
+    colours = {
+        "fail": plotting.BAD,
+        "ok": plotting.FIXED,
+        "warn": "#ff7f0e",
+        "skipped": plotting.REFERENCE,
+        "error": "#9467bd",
+    }
     fig, [ax] = plotting.figure(1, title, width=8.0, height=0.75 * len(rows) + 1.2)
     ax.grid(False)
     for y, (label, pair) in enumerate(rows.items()):
@@ -196,15 +224,36 @@ def plot_deeper(families: dict[str, dict], accumulation: dict[str, dict], output
     from trl_clinic.course import plotting
 
     bad_families = [f for f, found in families.items() if found["status"] == "fail"]
-    fig, (pack, grad) = plotting.figure(2, f"Padding-free fails on {', '.join(bad_families) or 'no family'}; a forward "
-                                        "without **kwargs fails accumulation")
-    plotting.bars(pack, list(families), [f["value"] for f in families.values()],
-                  ["bad" if f["status"] == "fail" else "fixed" for f in families.values()])
-    plotting.label(pack, "model family, padding_free=True", "later sequences' logit change vs alone",
-                   "packing probe (lesson 01)", log_y=True)
-    plotting.bars(grad, list(accumulation), [f["value"] for f in accumulation.values()],
-                  ["bad" if f["status"] == "fail" else "fixed" for f in accumulation.values()])
+    fig, (pack, grad) = plotting.figure(
+        2,
+        f"Padding-free fails on {', '.join(bad_families) or 'no family'}; a forward "
+        "without **kwargs fails accumulation",
+    )
+    plotting.bars(
+        pack,
+        list(families),
+        [f["value"] for f in families.values()],
+        ["bad" if f["status"] == "fail" else "fixed" for f in families.values()],
+    )
+    plotting.label(
+        pack,
+        "model family, padding_free=True",
+        "later sequences' logit change vs alone",
+        "packing probe (lesson 01)",
+        log_y=True,
+    )
+    plotting.bars(
+        grad,
+        list(accumulation),
+        [f["value"] for f in accumulation.values()],
+        ["bad" if f["status"] == "fail" else "fixed" for f in accumulation.values()],
+    )
     grad.axhline(1e-3, color=plotting.REFERENCE, linestyle=":", label="fails above 1e-3")
-    plotting.label(grad, "the model's forward", "relative gradient error vs one big batch",
-                   "accumulation probe (lesson 02)", log_y=True)
+    plotting.label(
+        grad,
+        "the model's forward",
+        "relative gradient error vs one big batch",
+        "accumulation probe (lesson 02)",
+        log_y=True,
+    )
     return plotting.save(fig, output_dir, "checkup_deeper_families_and_forward")

@@ -32,8 +32,17 @@ from trl_clinic.probes.recording import StepRecorder
 SCRIPT = Path(train_grpo.__file__)
 # The report's training settings the user changed from the documentation's example, in the report's
 # order; the others size the run (generations, lengths, epochs) or only log, and are set per profile.
-USER_SETTINGS = ("learning_rate", "adam_beta1", "adam_beta2", "weight_decay", "warmup_steps", "lr_scheduler_type",
-                 "bf16", "gradient_accumulation_steps", "max_grad_norm")
+USER_SETTINGS = (
+    "learning_rate",
+    "adam_beta1",
+    "adam_beta2",
+    "weight_decay",
+    "warmup_steps",
+    "lr_scheduler_type",
+    "bf16",
+    "gradient_accumulation_steps",
+    "max_grad_norm",
+)
 # What the deep dive's fork server imports once, so that each GRPO trial forked from it skips Python's start-up
 PRELOAD = (__name__,)
 # transformers 5.23 warns on TRL's default gradient_checkpointing=True in every GRPOConfig the walk builds
@@ -51,11 +60,15 @@ def in_todays_names(reported: dict) -> dict:
 def grpo_sizes(run: Run, prompts: int = 1) -> dict:
     """What sizes a GRPO run here: the profile's generations and completion length, ``prompts`` groups per
     optimizer step (the generation batch is ``prompts * num_generations`` completions)."""
-    return {"num_generations": run.sizes.generations, "max_completion_length": run.sizes.max_completion_length,
-            "per_device_train_batch_size": prompts * run.sizes.generations}
+    return {
+        "num_generations": run.sizes.generations,
+        "max_completion_length": run.sizes.max_completion_length,
+        "per_device_train_batch_size": prompts * run.sizes.generations,
+    }
 
 
 # ---- the policy --------------------------------------------------------------------------------------------
+
 
 def policy(run: Run, name: str = "random", model=None, tokenizer=None) -> Path:
     """A folder GRPO loads its policy (and tokenizer) from. The profile's ``model_size`` says which: a
@@ -74,16 +87,29 @@ def policy(run: Run, name: str = "random", model=None, tokenizer=None) -> Path:
 
 # ---- the user's script -------------------------------------------------------------------------------------
 
+
 def user_spec(run: Run, name: str, settings: dict, steps: int, h20_stand_in: bool = False) -> Path:
     """Write the spec of the user's script (``train_grpo.py``): the lesson's GRPO run with ``settings`` on
     top, the progress bar a user sees, and ``h20_stand_in`` (the injected fault). Returns its path."""
     folder = run.output_dir / "user"
     folder.mkdir(exist_ok=True)
     # per-device batch = num_generations: with the report's accumulation 4, four prompts' groups a step
-    config = {**run.trainer_kwargs(f"user-{name}"), **grpo_sizes(run), "max_steps": steps, "disable_tqdm": False,
-              **settings}
-    spec = {"config": config, "policy": str(policy(run)), "reward": "category_reward", "seed": run.subseed("prompts"),
-            "threads": torch.get_num_threads(), "h20_stand_in": h20_stand_in, "log": str(folder / f"{name}.log.json")}
+    config = {
+        **run.trainer_kwargs(f"user-{name}"),
+        **grpo_sizes(run),
+        "max_steps": steps,
+        "disable_tqdm": False,
+        **settings,
+    }
+    spec = {
+        "config": config,
+        "policy": str(policy(run)),
+        "reward": "category_reward",
+        "seed": run.subseed("prompts"),
+        "threads": torch.get_num_threads(),
+        "h20_stand_in": h20_stand_in,
+        "log": str(folder / f"{name}.log.json"),
+    }
     path = folder / f"{name}.json"
     path.write_text(json.dumps(spec, indent=1))
     return path
@@ -91,8 +117,14 @@ def user_spec(run: Run, name: str, settings: dict, steps: int, h20_stand_in: boo
 
 def from_shell(run: Run, spec: Path) -> child.Outcome:
     """``python train_grpo.py SPEC`` started from bash, as the user started theirs (no faulthandler)."""
-    return child.run_child([str(SCRIPT), str(spec)], faulthandler=False, shell=True, cwd=spec.parent,
-                           timeout=run.sizes.child_timeout_s, env=child.child_env(run))
+    return child.run_child(
+        [str(SCRIPT), str(spec)],
+        faulthandler=False,
+        shell=True,
+        cwd=spec.parent,
+        timeout=run.sizes.child_timeout_s,
+        env=child.child_env(run),
+    )
 
 
 def terminal_tail(text: str, lines: int = 3) -> str:
@@ -110,20 +142,29 @@ def logged_steps(spec: Path) -> list[dict]:
 # ---- the config walk and the rule -------------------------------------------------------------------------
 
 FIXES = [  # (what the error names, the fix, how it changes the config)
-    ("warmup_ratio", "warmup_ratio is gone: warmup_steps takes a float in [0, 1) as a ratio",
-     lambda c: {**{k: v for k, v in c.items() if k != "warmup_ratio"}, "warmup_steps": c["warmup_ratio"]}),
-    ("max_prompt_length", "max_prompt_length is gone from GRPOConfig, which truncates no prompt: shorten them "
-     "in the dataset",
-     lambda c: {k: v for k, v in c.items() if k != "max_prompt_length"}),
-    ("divisible by num_generations", "the per-device batch counts completions: per-device x accumulation x "
-     "processes must hold whole groups, so per_device_train_batch_size = num_generations // accumulation",
-     lambda c: {**c, "per_device_train_batch_size": c["num_generations"] // c["gradient_accumulation_steps"]}),
+    (
+        "warmup_ratio",
+        "warmup_ratio is gone: warmup_steps takes a float in [0, 1) as a ratio",
+        lambda c: {**{k: v for k, v in c.items() if k != "warmup_ratio"}, "warmup_steps": c["warmup_ratio"]},
+    ),
+    (
+        "max_prompt_length",
+        "max_prompt_length is gone from GRPOConfig, which truncates no prompt: shorten them in the dataset",
+        lambda c: {k: v for k, v in c.items() if k != "max_prompt_length"},
+    ),
+    (
+        "divisible by num_generations",
+        "the per-device batch counts completions: per-device x accumulation x "
+        "processes must hold whole groups, so per_device_train_batch_size = num_generations // accumulation",
+        lambda c: {**c, "per_device_train_batch_size": c["num_generations"] // c["gradient_accumulation_steps"]},
+    ),
 ]
 
 
 @dataclass
 class Walk:
     """Each config tried on today's TRL, the error it met (None: accepted) and the fix applied."""
+
     configs: list[dict] = field(default_factory=list)
     steps: list[dict] = field(default_factory=list)
 
@@ -132,8 +173,9 @@ class Walk:
         return [seen for seen, step in zip(self.configs, self.steps) if step["error"]][-1]
 
 
-def walk_config(config: dict, fixes: list[tuple[str, str, Callable[[dict], dict]]],
-                build: Callable[[dict], object]) -> Walk:
+def walk_config(
+    config: dict, fixes: list[tuple[str, str, Callable[[dict], dict]]], build: Callable[[dict], object]
+) -> Walk:
     """Build the config; on an error, apply the fix whose key the message names, and try again.
 
     Stops when the config is accepted or an error has no known fix.
@@ -159,8 +201,9 @@ def walk_config(config: dict, fixes: list[tuple[str, str, Callable[[dict], dict]
 
 def walk_report(run: Run, reported: dict) -> Walk:
     """The report's config, verbatim, through today's ``GRPOConfig`` (``use_cpu`` on the cpu profile)."""
-    return walk_config(reported, FIXES, lambda c: GRPOConfig(output_dir=str(run.output_dir / "runs" / "walk"),
-                                                             **run.cpu_flags(), **c))
+    return walk_config(
+        reported, FIXES, lambda c: GRPOConfig(output_dir=str(run.output_dir / "runs" / "walk"), **run.cpu_flags(), **c)
+    )
 
 
 def rule_lines() -> list[str]:
@@ -168,39 +211,59 @@ def rule_lines() -> list[str]:
     ``generation_batch_size`` nor ``steps_per_generation`` is set, and check it against ``num_generations``
     (TRL 1.16.0 ``trl/trainer/grpo_config.py``, lines 1098-1101 and 1131)."""
     source = inspect.getsource(GRPOConfig.__post_init__)
-    keep = ("if self.generation_batch_size is None and self.steps_per_generation is None",
-            "self.steps_per_generation = self.gradient_accumulation_steps",
-            "self.generation_batch_size = self.per_device_train_batch_size * num_processes * self.steps",
-            "if self.generation_batch_size % self.num_generations != 0")
+    keep = (
+        "if self.generation_batch_size is None and self.steps_per_generation is None",
+        "self.steps_per_generation = self.gradient_accumulation_steps",
+        "self.generation_batch_size = self.per_device_train_batch_size * num_processes * self.steps",
+        "if self.generation_batch_size % self.num_generations != 0",
+    )
     return list(dict.fromkeys(line.strip() for line in source.splitlines() if any(k in line for k in keep)))
 
 
 def verdicts(run: Run, num_generations: int, accumulation: int, batches, **extra) -> dict[int, str | None]:
     """Today's ``GRPOConfig`` on each per-device batch: None where it accepts it, else its error."""
+
     def build(batch: int):
-        return in_process(lambda: GRPOConfig(**run.trainer_kwargs("verdicts", logging=False), num_generations=num_generations,
-                                             gradient_accumulation_steps=accumulation,
-                                             per_device_train_batch_size=batch, **extra))
+        return in_process(
+            lambda: GRPOConfig(
+                **run.trainer_kwargs("verdicts", logging=False),
+                num_generations=num_generations,
+                gradient_accumulation_steps=accumulation,
+                per_device_train_batch_size=batch,
+                **extra,
+            )
+        )
+
     return {batch: build(batch).message for batch in batches}
 
 
 def generation_shape(run: Run, num_generations: int, accumulation: int, batch: int, **extra) -> dict:
     """The generation batch and the steps it feeds, as today's ``GRPOConfig`` sizes them (None where it raises)."""
     try:
-        built = GRPOConfig(**run.trainer_kwargs("shape", logging=False), num_generations=num_generations,
-                           gradient_accumulation_steps=accumulation, per_device_train_batch_size=batch, **extra)
+        built = GRPOConfig(
+            **run.trainer_kwargs("shape", logging=False),
+            num_generations=num_generations,
+            gradient_accumulation_steps=accumulation,
+            per_device_train_batch_size=batch,
+            **extra,
+        )
     except ValueError:
         built = None
     return {key: getattr(built, key, None) for key in ("generation_batch_size", "steps_per_generation")}
 
 
-def draw_groups(run: Run, num_generations: int, accumulation: int, batches: tuple[int, int],
-                said: dict[int, str | None]) -> None:
+def draw_groups(
+    run: Run, num_generations: int, accumulation: int, batches: tuple[int, int], said: dict[int, str | None]
+) -> None:
     """The mechanism: the generation batch (per-device batch x accumulation, one process) laid out as the
     completions of each micro-batch, each lettered by the prompt whose group it belongs to; a group
     cut short is red. ``said``: today's GRPOConfig on each batch (``verdicts``)."""
-    fig, axes = plotting.figure(2, title=f"Groups of num_generations={num_generations}: a generation batch that "
-                                "cuts one short is rejected", width=4.8, height=2.8)
+    fig, axes = plotting.figure(
+        2,
+        title=f"Groups of num_generations={num_generations}: a generation batch that cuts one short is rejected",
+        width=4.8,
+        height=2.8,
+    )
     for ax, batch in zip(axes, batches):
         total = batch * accumulation
         for slot in range(total):
@@ -208,44 +271,71 @@ def draw_groups(run: Run, num_generations: int, accumulation: int, batches: tupl
             whole = (group + 1) * num_generations <= total
             color = plotting.OTHER if whole and group % 2 == 0 else "#9ecae1" if whole else plotting.BAD
             ax.add_patch(Rectangle((col, row), 0.92, 0.92, color=color))
-            ax.text(col + 0.46, row + 0.46, "ABCDEFGH"[group], ha="center", va="center", color="white",
-                    fontweight="bold")
+            ax.text(
+                col + 0.46, row + 0.46, "ABCDEFGH"[group], ha="center", va="center", color="white", fontweight="bold"
+            )
         ax.set_xlim(0, max(batches))
         ax.set_ylim(accumulation, 0)
         ax.set_xticks([i + 0.46 for i in range(batch)], [str(i + 1) for i in range(batch)])
         ax.set_yticks([i + 0.46 for i in range(accumulation)], [f"micro-batch {i + 1}" for i in range(accumulation)])
         ax.grid(False)
         verdict = "accepted" if said[batch] is None else "ValueError"
-        plotting.label(ax, "completion", "", f"per-device {batch} x accumulation {accumulation} "
-                       f"= {total}\n{total / num_generations:g} groups: {verdict}")
+        plotting.label(
+            ax,
+            "completion",
+            "",
+            f"per-device {batch} x accumulation {accumulation} "
+            f"= {total}\n{total / num_generations:g} groups: {verdict}",
+        )
     plotting.save(fig, run.output_dir, "generation_batch_groups")
 
 
 # ---- the core's figure -------------------------------------------------------------------------------------
 
+
 def figure(run: Run, died: child.Outcome, fixed_rows: list[dict], steps: int, walk: Walk) -> None:
     """Bad against fixed: where each run of the user's script ended, and the report's config on today's TRL
     (each attempt of the walk: red where it raised, green where it was accepted)."""
-    fig, (ax_run, ax_walk) = plotting.figure(2, title=(
-        f"bf16=True: killed by {died.signal} before step 1 (injected stand-in); bf16=False: {len(fixed_rows)} of "
-        f"{steps} steps.\nToday's TRL rejects the report's config {sum(bool(s['error']) for s in walk.steps)} times "
-        f"before per-device batch {walk.configs[-1]['per_device_train_batch_size']}"), width=5.4)
-    plotting.line(ax_run, [row["step"] for row in fixed_rows], [row["reward"] for row in fixed_rows], "fixed",
-                  "bf16=False: mean reward of the step")
-    ax_run.plot([1], [0], marker="X", markersize=12, color=plotting.BAD, linestyle="none",
-                label=f"bf16=True: killed by {died.signal}")
+    fig, (ax_run, ax_walk) = plotting.figure(
+        2,
+        title=(
+            f"bf16=True: killed by {died.signal} before step 1 (injected stand-in); bf16=False: {len(fixed_rows)} of "
+            f"{steps} steps.\nToday's TRL rejects the report's config "
+            f"{sum(bool(s['error']) for s in walk.steps)} times "
+            f"before per-device batch {walk.configs[-1]['per_device_train_batch_size']}"
+        ),
+        width=5.4,
+    )
+    plotting.line(
+        ax_run,
+        [row["step"] for row in fixed_rows],
+        [row["reward"] for row in fixed_rows],
+        "fixed",
+        "bf16=False: mean reward of the step",
+    )
+    ax_run.plot(
+        [1],
+        [0],
+        marker="X",
+        markersize=12,
+        color=plotting.BAD,
+        linestyle="none",
+        label=f"bf16=True: killed by {died.signal}",
+    )
     ax_run.set_xlim(0, steps + 1)
     plotting.label(ax_run, "optimizer step", "mean reward", "the user's settings, two runs")
-    names = ["as written", "warmup renamed", "prompt length\ndropped", "per-device\nbatch fixed"][:len(walk.steps)]
+    names = ["as written", "warmup renamed", "prompt length\ndropped", "per-device\nbatch fixed"][: len(walk.steps)]
     errors = [step["error"].split(":")[0] if step["error"] else "accepted" for step in walk.steps]
-    plotting.bars(ax_walk, names, [1] * len(names), ["bad" if step["error"] else "fixed" for step in walk.steps],
-                  texts=errors)
+    plotting.bars(
+        ax_walk, names, [1] * len(names), ["bad" if step["error"] else "fixed" for step in walk.steps], texts=errors
+    )
     ax_walk.set_yticks([])
     plotting.label(ax_walk, "the report's config, fix after fix", "", "today's GRPOConfig")
     plotting.save(fig, run.output_dir, "grpo_sigfpe")
 
 
 # ---- the deep dive: GRPO trials forked from a server -------------------------------------------------------
+
 
 def train_grpo_in_child(run: Run, spec: dict) -> list[dict]:
     """A GRPO run in a child process: returns the per-step history (``StepRecorder``).
@@ -254,20 +344,33 @@ def train_grpo_in_child(run: Run, spec: dict) -> list[dict]:
     loads its reference model from it), ``reward`` (a function of ``trl_clinic.course.data``) and
     ``h20_stand_in`` (attach the INJECTED stand-in for the H20 crash).
     """
-    trainer = train_grpo.build({**run.trainer_kwargs(spec["name"], progress=False), **spec["config"]}, spec["policy"],
-                               spec["reward"], 4096, run.subseed("prompts"), spec["h20_stand_in"])
+    trainer = train_grpo.build(
+        {**run.trainer_kwargs(spec["name"], progress=False), **spec["config"]},
+        spec["policy"],
+        spec["reward"],
+        4096,
+        run.subseed("prompts"),
+        spec["h20_stand_in"],
+    )
     recorder = StepRecorder().watch(trainer)
     trainer.train()
     return recorder.history
 
 
-def grpo_trial(run: Run, name: str, config: dict, policy_path: Path, reward: str = "category_reward",
-               h20_stand_in: bool = False) -> child.ChildRun:
+def grpo_trial(
+    run: Run, name: str, config: dict, policy_path: Path, reward: str = "category_reward", h20_stand_in: bool = False
+) -> child.ChildRun:
     """Every GRPO run of the deep dive: ``train_grpo_in_child`` in a child forked from a server that imported
     TRL once (``child.forked``), so a native crash kills the child, not the notebook's kernel."""
     spec = {"name": name, "config": config, "policy": str(policy_path), "reward": reward, "h20_stand_in": h20_stand_in}
-    return child.forked(run, f"{__name__}:train_grpo_in_child", spec, name=f"grpo_{name}",
-                        timeout=run.sizes.child_timeout_s, preload=PRELOAD)
+    return child.forked(
+        run,
+        f"{__name__}:train_grpo_in_child",
+        spec,
+        name=f"grpo_{name}",
+        timeout=run.sizes.child_timeout_s,
+        preload=PRELOAD,
+    )
 
 
 def warm_start(run: Run) -> tuple[Path, list[float]]:
@@ -281,8 +384,12 @@ def warm_start(run: Run) -> tuple[Path, list[float]]:
     steps = run.sizes.warm_start_steps
     trainer = SFTTrainer(
         model=model,
-        args=SFTConfig(**run.trainer_kwargs("warm-start", progress=False), per_device_train_batch_size=16,
-                       learning_rate=run.sizes.warm_start_learning_rate, max_steps=steps),
+        args=SFTConfig(
+            **run.trainer_kwargs("warm-start", progress=False),
+            per_device_train_batch_size=16,
+            learning_rate=run.sizes.warm_start_learning_rate,
+            max_steps=steps,
+        ),
         train_dataset=data.word_lists(16 * steps, seed=run.subseed("warm start")),
         processing_class=tokenizer,
     )
@@ -294,19 +401,22 @@ def warm_start(run: Run) -> tuple[Path, list[float]]:
 def reward_ends(rows: list[dict]) -> tuple[float, float, int]:
     """Mean reward over the first and the last tenth of a run, and how many steps a tenth is."""
     window = max(1, len(rows) // 10)
-    return (sum(r["reward"] for r in rows[:window]) / window, sum(r["reward"] for r in rows[-window:]) / window,
-            window)
+    return (sum(r["reward"] for r in rows[:window]) / window, sum(r["reward"] for r in rows[-window:]) / window, window)
 
 
 def try_suspects(run: Run, suspects: dict[str, dict], config: dict, policy_path: Path) -> dict[str, dict]:
     """One short real GRPO run per suspect setting, added to ``config`` on its own."""
     rows = {}
     for name, change in suspects.items():
-        tried = grpo_trial(run, f"suspect-{name}", {**config, **change, "max_steps": run.sizes.suspect_steps},
-                           policy_path)
+        tried = grpo_trial(
+            run, f"suspect-{name}", {**config, **change, "max_steps": run.sizes.suspect_steps}, policy_path
+        )
         start, end, _ = reward_ends(tried.result) if tried.result else (None, None, None)
-        rows[name] = {"change": change, "status": tried.outcome.status,
-                      "reward_gain": end - start if tried.result else None}
+        rows[name] = {
+            "change": change,
+            "status": tried.outcome.status,
+            "reward_gain": end - start if tried.result else None,
+        }
         gain = f"; reward gain {end - start:+.3f}" if tried.result else ""
         print(f"{name:>14} {change}: {tried.outcome.describe()}{gain}")
     return rows
@@ -317,15 +427,22 @@ def then_numbers(then) -> dict:
     numbers = {"status": then.status}
     if then.finished:
         result = then.result
-        numbers.update(accepted=result["config_accepted_as_written"], error=result["error"],
-                       optimizer_steps=result["optimizer_steps"], changed=result["changed_for_the_run"],
-                       default_bf16=result["default_bf16"], completions_per_call=result["completions_per_call"],
-                       batch_help=result["batch_help"])
-        print(f"TRL 0.14.0 accepts the report's config as written: {result['config_accepted_as_written']}; "
-              f"{result['optimizer_steps']} real GRPO steps ran (changed for the run: {result['changed_for_the_run']})\n"
-              f"completions per reward call: {sorted(set(result['completions_per_call']))} with "
-              f"per_device_train_batch_size={result['reported']['per_device_train_batch_size']}; its help: "
-              f"{result['batch_help']!r}\na GRPOConfig that does not name bf16 has bf16={result['default_bf16']}")
+        numbers.update(
+            accepted=result["config_accepted_as_written"],
+            error=result["error"],
+            optimizer_steps=result["optimizer_steps"],
+            changed=result["changed_for_the_run"],
+            default_bf16=result["default_bf16"],
+            completions_per_call=result["completions_per_call"],
+            batch_help=result["batch_help"],
+        )
+        print(
+            f"TRL 0.14.0 accepts the report's config as written: {result['config_accepted_as_written']}; "
+            f"{result['optimizer_steps']} real GRPO steps ran (changed for the run: {result['changed_for_the_run']})\n"
+            f"completions per reward call: {sorted(set(result['completions_per_call']))} with "
+            f"per_device_train_batch_size={result['reported']['per_device_train_batch_size']}; its help: "
+            f"{result['batch_help']!r}\na GRPOConfig that does not name bf16 has bf16={result['default_bf16']}"
+        )
     return numbers
 
 
@@ -333,52 +450,111 @@ def deep_figure(run: Run, bisection: Bisection, healthy_rows: list[dict], silent
     """The injected bisection's trials in order, and the healthy and the silent runs' reward."""
     start, end, _ = reward_ends(healthy_rows)
     flat = sum(r["reward"] for r in silent_rows) / max(1, len(silent_rows))
-    fig, (ax_trials, ax_reward) = plotting.figure(2, title=(
-        f"Child processes name {', '.join(bisection.culprits or ['nothing'])} in {len(bisection.trials)} trials "
-        f"(injected fault).\nPartial credit: reward {start:.2f} -> {end:.2f}; all-or-nothing: {flat:.2f} a step"),
-        width=5.4)
+    fig, (ax_trials, ax_reward) = plotting.figure(
+        2,
+        title=(
+            f"Child processes name {', '.join(bisection.culprits or ['nothing'])} in {len(bisection.trials)} trials "
+            f"(injected fault).\nPartial credit: reward {start:.2f} -> {end:.2f}; all-or-nothing: {flat:.2f} a step"
+        ),
+        width=5.4,
+    )
     labels = [" + ".join(t.settings) if t.settings else "minimal" for t in bisection.trials]
     labels = [label if len(label) < 40 else "..." + label[-37:] for label in labels]
-    ax_trials.barh(range(len(labels)), [1] * len(labels),
-                   color=[plotting.BAD if t.outcome.crashed else plotting.FIXED for t in bisection.trials])
+    ax_trials.barh(
+        range(len(labels)),
+        [1] * len(labels),
+        color=[plotting.BAD if t.outcome.crashed else plotting.FIXED for t in bisection.trials],
+    )
     ax_trials.set_yticks(range(len(labels)), labels, fontsize=7)
     ax_trials.invert_yaxis()
     ax_trials.set_xticks([])
     for i, trial in enumerate(bisection.trials):
-        ax_trials.text(0.02, i, f"{trial.phase}: {trial.outcome.signal or trial.outcome.status}", va="center",
-                       fontsize=7, color="white")
+        ax_trials.text(
+            0.02,
+            i,
+            f"{trial.phase}: {trial.outcome.signal or trial.outcome.status}",
+            va="center",
+            fontsize=7,
+            color="white",
+        )
     plotting.label(ax_trials, "red: killed, green: finished", "", "bisection, in order")
-    plotting.line(ax_reward, [r["step"] for r in healthy_rows], [r["reward"] for r in healthy_rows], "fixed",
-                  "partial credit, warm policy", markersize=0)
-    plotting.line(ax_reward, [r["step"] for r in silent_rows], [r["reward"] for r in silent_rows], "bad",
-                  "all-or-nothing reward, policy before warm start")
+    plotting.line(
+        ax_reward,
+        [r["step"] for r in healthy_rows],
+        [r["reward"] for r in healthy_rows],
+        "fixed",
+        "partial credit, warm policy",
+        markersize=0,
+    )
+    plotting.line(
+        ax_reward,
+        [r["step"] for r in silent_rows],
+        [r["reward"] for r in silent_rows],
+        "bad",
+        "all-or-nothing reward, policy before warm start",
+    )
     plotting.label(ax_reward, "optimizer step", "mean reward", "reward")
     plotting.save(fig, run.output_dir, "grpo_sigfpe_deeper")
 
 
-def deep_numbers(*, shell: child.Outcome, traced: child.Outcome, by_zero: child.Outcome, settable: dict,
-                 config_bisection: Bisection, full_error: child.Outcome, bisection: Bisection, healthy_rows: list[dict],
-                 reward_ends: tuple[float, float], suspects: dict, silent_rows: list[dict], then: dict) -> dict:
+def deep_numbers(
+    *,
+    shell: child.Outcome,
+    traced: child.Outcome,
+    by_zero: child.Outcome,
+    settable: dict,
+    config_bisection: Bisection,
+    full_error: child.Outcome,
+    bisection: Bisection,
+    healthy_rows: list[dict],
+    reward_ends: tuple[float, float],
+    suspects: dict,
+    silent_rows: list[dict],
+    then: dict,
+) -> dict:
     """The deep dive's numbers, gathered from every section's results (what ``metrics.json`` stores)."""
     equal = [row for row in silent_rows if row["frac_reward_zero_std"] == 1.0]
     return {
-        "native_crash": {"returncode": traced.returncode, "signal": traced.signal,
-                         "stderr_with_faulthandler": traced.stderr, "shell_returncode": shell.returncode,
-                         "shell_says": shell.message, "by_zero": by_zero.message,
-                         "shell_stderr_is_bash_only": shell.stderr.strip().startswith("bash:")
-                         and "Fatal Python error" not in shell.stderr and "Traceback" not in shell.stderr},
+        "native_crash": {
+            "returncode": traced.returncode,
+            "signal": traced.signal,
+            "stderr_with_faulthandler": traced.stderr,
+            "shell_returncode": shell.returncode,
+            "shell_says": shell.message,
+            "by_zero": by_zero.message,
+            "shell_stderr_is_bash_only": shell.stderr.strip().startswith("bash:")
+            and "Fatal Python error" not in shell.stderr
+            and "Traceback" not in shell.stderr,
+        },
         "settable": settable,
-        "config_bisection": {"culprits": config_bisection.culprits, "trials": len(config_bisection.trials),
-                             "message": full_error.message},
-        "bisection": [{"settings": t.settings, "phase": t.phase, "status": t.outcome.status,
-                       "signal": t.outcome.signal, "seconds": t.outcome.seconds} for t in bisection.trials],
+        "config_bisection": {
+            "culprits": config_bisection.culprits,
+            "trials": len(config_bisection.trials),
+            "message": full_error.message,
+        },
+        "bisection": [
+            {
+                "settings": t.settings,
+                "phase": t.phase,
+                "status": t.outcome.status,
+                "signal": t.outcome.signal,
+                "seconds": t.outcome.seconds,
+            }
+            for t in bisection.trials
+        ],
         "culprits": bisection.culprits,
-        "reward_start": reward_ends[0], "reward_end": reward_ends[1],
+        "reward_start": reward_ends[0],
+        "reward_end": reward_ends[1],
         "healthy_steps": len(healthy_rows),
-        "healthy_median_grad_norm": statistics.median(row["grad_norm"] for row in healthy_rows) if healthy_rows else None,
+        "healthy_median_grad_norm": statistics.median(row["grad_norm"] for row in healthy_rows)
+        if healthy_rows
+        else None,
         "suspects": suspects,
-        "silent": {"steps": len(silent_rows), "equal_steps": len(equal),
-                   "mean_frac_reward_zero_std": sum(r["frac_reward_zero_std"] for r in silent_rows) / max(1, len(silent_rows)),
-                   "max_equal_grad_norm": max((row["grad_norm"] for row in equal), default=None)},
+        "silent": {
+            "steps": len(silent_rows),
+            "equal_steps": len(equal),
+            "mean_frac_reward_zero_std": sum(r["frac_reward_zero_std"] for r in silent_rows) / max(1, len(silent_rows)),
+            "max_equal_grad_norm": max((row["grad_norm"] for row in equal), default=None),
+        },
         "then": then,
     }

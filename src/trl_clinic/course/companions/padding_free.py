@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from matplotlib.colors import to_rgb
 from datasets import Dataset, concatenate_datasets
+from matplotlib.colors import to_rgb
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -36,6 +36,7 @@ from trl_clinic.course.handshake import neutral_config
 from trl_clinic.course.models import make_causal_lm, model_config
 from trl_clinic.course.parameters import Run
 from trl_clinic.course.runtime import peak_memory_mib, reset_peak_memory
+
 # the copy task's vocabulary, response template and tokenizer are the era script's, so both sides agree
 from trl_clinic.course.then.then_01_padding_free import TEMPLATE, VOCAB
 from trl_clinic.course.then.then_01_padding_free import tiny_tokenizer as copy_tokenizer
@@ -49,6 +50,7 @@ COPIER_LAYERS = 2
 
 
 # ---- the copy task: a model that must read its own prompt -----------------------------------------------
+
 
 def copy_examples(count: int, seed: int) -> Dataset:
     """``k`` random tokens, the template, the same ``k`` tokens again, eos; the loss is on the copy and eos
@@ -81,20 +83,29 @@ def train_copier(run: Run) -> Path:
     model.save_pretrained(folder)
     copy_tokenizer().save_pretrained(folder)
     partial = weights.with_suffix(".partial")  # an era waits for the file: it appears whole or not at all
-    torch.save({name: tensor.detach().float().cpu().contiguous() for name, tensor in model.state_dict().items()},
-               partial)
+    torch.save(
+        {name: tensor.detach().float().cpu().contiguous() for name, tensor in model.state_dict().items()}, partial
+    )
     partial.rename(weights)
-    print(f"copy-task model: {run.sizes.copier_steps} padded SFT steps, loss {losses[0]:.2f} -> {losses[-1]:.2f}; "
-          f"saved in {folder.name}/")
+    print(
+        f"copy-task model: {run.sizes.copier_steps} padded SFT steps, loss {losses[0]:.2f} -> {losses[-1]:.2f}; "
+        f"saved in {folder.name}/"
+    )
     return folder
 
 
 def _train_copier(run: Run) -> tuple[PreTrainedModel, list[float]]:
     sizes = run.sizes
     model = make_causal_lm(copy_tokenizer(), size=sizes.model_size, seed=run.seed, num_hidden_layers=COPIER_LAYERS)
-    args = SFTConfig(**run.trainer_kwargs("copier", progress=False), max_length=None, completion_only_loss=True,
-                     per_device_train_batch_size=sizes.copier_batch_size, max_steps=sizes.copier_steps,
-                     learning_rate=sizes.copier_learning_rate, lr_scheduler_type="constant")
+    args = SFTConfig(
+        **run.trainer_kwargs("copier", progress=False),
+        max_length=None,
+        completion_only_loss=True,
+        per_device_train_batch_size=sizes.copier_batch_size,
+        max_steps=sizes.copier_steps,
+        learning_rate=sizes.copier_learning_rate,
+        lr_scheduler_type="constant",
+    )
     examples = copy_examples(sizes.copier_batch_size * sizes.copier_steps, run.subseed("copier"))
     trainer = quiet(SFTTrainer(model=model, args=args, train_dataset=examples, processing_class=copy_tokenizer()))
     trainer.train()
@@ -104,6 +115,7 @@ def _train_copier(run: Run) -> tuple[PreTrainedModel, list[float]]:
 
 # ---- the eras: the same model and examples on the old libraries -----------------------------------------
 
+
 def start_era(run: Run, era: str, examples: Dataset) -> Future:
     """``then_01_padding_free.py`` in ``era``, in a background thread (on the core the lesson's one torch thread
     leaves free). It loads the old libraries at once, then waits for ``train_copier`` to hand over the copy-task
@@ -112,11 +124,19 @@ def start_era(run: Run, era: str, examples: Dataset) -> Future:
     weights = handed_over(run)
     for stale in (weights, weights.with_suffix(".failed")):
         stale.unlink(missing_ok=True)
-    spec = {"seed": run.subseed("then"), "threads": 1, "loss_batch_sizes": list(run.sizes.batch_sizes),
-            "mask_lengths": list(run.sizes.mask_lengths), "examples": examples.to_dict(),
-            "model": {"config": neutral_config(model_config(copy_tokenizer(), size=run.sizes.model_size,
-                                                            num_hidden_layers=COPIER_LAYERS)),
-                      "weights": str(handed_over(run))}}
+    spec = {
+        "seed": run.subseed("then"),
+        "threads": 1,
+        "loss_batch_sizes": list(run.sizes.batch_sizes),
+        "mask_lengths": list(run.sizes.mask_lengths),
+        "examples": examples.to_dict(),
+        "model": {
+            "config": neutral_config(
+                model_config(copy_tokenizer(), size=run.sizes.model_size, num_hidden_layers=COPIER_LAYERS)
+            ),
+            "weights": str(handed_over(run)),
+        },
+    }
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=era)
     future = pool.submit(eras.run_in_era, era, "then_01_padding_free", spec, run.output_dir / "then")
     pool.shutdown(wait=False)
@@ -134,8 +154,10 @@ def show_logs(then: eras.EraRun) -> None:
         print(f"  {label}, batch {losses['batch_sizes'][-1]}, the trainer's log lines:")
         for entry in losses["log"][name]:
             print("   ", {key: entry[key] for key in ("loss", "grad_norm", "learning_rate", "epoch")})
-    print("  mean logged loss, padding-free / padded: " + ", ".join(
-        f"batch {b}: {r:.2f}" for b, r in zip(losses["batch_sizes"], losses["ratio"])))
+    print(
+        "  mean logged loss, padding-free / padded: "
+        + ", ".join(f"batch {b}: {r:.2f}" for b, r in zip(losses["batch_sizes"], losses["ratio"]))
+    )
 
 
 def era_numbers(then: eras.EraRun) -> dict:
@@ -143,14 +165,20 @@ def era_numbers(then: eras.EraRun) -> dict:
     numbers = {"status": then.status}
     if then.finished:
         result, losses = then.result, then.result["loss_by_batch_size"]
-        numbers.update(collator=result["collator"], differences=result["max_abs_logit_difference"],
-                       attention_pattern=result["attention_pattern"],
-                       losses={key: losses[key] for key in ("batch_sizes", "padded", "padding_free", "ratio",
-                                                            "attn_implementation", "warnings")})
+        numbers.update(
+            collator=result["collator"],
+            differences=result["max_abs_logit_difference"],
+            attention_pattern=result["attention_pattern"],
+            losses={
+                key: losses[key]
+                for key in ("batch_sizes", "padded", "padding_free", "ratio", "attn_implementation", "warnings")
+            },
+        )
     return numbers
 
 
 # ---- the mechanism: which key each query may attend to ------------------------------------------------
+
 
 @torch.no_grad()
 def attention_pattern(checkpoint: Path, lengths: list[int], **forward: object) -> list[list[int]]:
@@ -164,7 +192,8 @@ def attention_pattern(checkpoint: Path, lengths: list[int], **forward: object) -
 
 
 def old_pattern(then: eras.EraRun) -> list[list[int]] | None:
-    """The era's pattern for the row as the padding-free collator sends it (no mask, no cache); None if it did not run."""
+    """The era's pattern for the row as the padding-free collator sends it (no mask, no cache); None if it did
+    not run."""
     return then.result["attention_pattern"]["eval, use_cache=False, no mask"] if then.finished else None
 
 
@@ -179,18 +208,29 @@ def foreign_counts(masks: dict[str, list[list[int]] | None], lengths: list[int])
     return {name: foreign_cells(mask, lengths) for name, mask in masks.items() if mask is not None}
 
 
-def plot_masks(run: Run, masks: dict[str, list[list[int]] | None], lengths: list[int],
-               file: str = "attention_masks") -> None:
+def plot_masks(
+    run: Run, masks: dict[str, list[list[int]] | None], lengths: list[int], file: str = "attention_masks"
+) -> None:
     """One panel per pattern: a key of the query's own sequence green, of another sequence red, none white."""
     masks = {name: mask for name, mask in masks.items() if mask is not None}
     owner = [i for i, n in enumerate(lengths) for _ in range(n)]
     positions = [str(i) for n in lengths for i in range(n)]
     counts = foreign_counts(masks, lengths)
-    fig, axes = plotting.figure(len(masks), width=4.2, height=4.4, title="One packed row: which keys each query reads "
-                                f"({' vs '.join(str(c) for c in counts.values())} across sequences, red)")
+    fig, axes = plotting.figure(
+        len(masks),
+        width=4.2,
+        height=4.4,
+        title="One packed row: which keys each query reads "
+        f"({' vs '.join(str(c) for c in counts.values())} across sequences, red)",
+    )
     for ax, (name, mask) in zip(axes, masks.items()):
-        colours = [[(1, 1, 1) if not allowed else to_rgb(plotting.STYLE["fixed" if owner[q] == owner[k] else "bad"])
-                    for k, allowed in enumerate(row)] for q, row in enumerate(mask)]
+        colours = [
+            [
+                (1, 1, 1) if not allowed else to_rgb(plotting.STYLE["fixed" if owner[q] == owner[k] else "bad"])
+                for k, allowed in enumerate(row)
+            ]
+            for q, row in enumerate(mask)
+        ]
         ax.imshow(colours)
         ax.set_xticks(range(len(positions)), positions)
         ax.set_yticks(range(len(positions)), positions)
@@ -203,6 +243,7 @@ def plot_masks(run: Run, masks: dict[str, list[list[int]] | None], lengths: list
 
 
 # ---- the fix, measured: the notebook's trainer over batch sizes at learning rate 0 ------------------------
+
 
 def kernel_dtype(attention: str) -> str:
     """FlashAttention takes half-precision weights; sdpa and eager keep fp32 (bf16 autocast on a GPU)."""
@@ -242,8 +283,11 @@ def loss_by_batch_size(make_trainer: Callable[[int, bool], SFTTrainer], batch_si
             out["attention"] = trainer.model.config._attn_implementation
             out[name].append(mean_logged(trainer))
     out["ratio"] = [free / padded for free, padded in zip(out["padding_free"], out["padded"])]
-    print("today, mean logged loss, padding-free / padded: " + ", ".join(
-        f"batch {b}: {r:.4f}" for b, r in zip(batch_sizes, out["ratio"])) + f" (the model runs {out['attention']})")
+    print(
+        "today, mean logged loss, padding-free / padded: "
+        + ", ".join(f"batch {b}: {r:.4f}" for b, r in zip(batch_sizes, out["ratio"]))
+        + f" (the model runs {out['attention']})"
+    )
     return out
 
 
@@ -251,16 +295,23 @@ def plot_bad_vs_fixed(run: Run, then: eras.EraRun, today: dict) -> None:
     """The figure of the lesson: padding-free over padded loss by batch size, the report's libraries and today's."""
     old = then.result["loss_by_batch_size"] if then.finished else None
     worst = f"{old['ratio'][-1]:.1f}x on TRL 0.14, " if old else ""
-    fig, (ax,) = plotting.figure(1, width=8, title=f"Padding-free / padded loss at batch {today['batch_sizes'][-1]}: "
-                                 f"{worst}{today['ratio'][-1]:.2f}x today")
+    fig, (ax,) = plotting.figure(
+        1,
+        width=8,
+        title=f"Padding-free / padded loss at batch {today['batch_sizes'][-1]}: {worst}{today['ratio'][-1]:.2f}x today",
+    )
     if old:
         plotting.line(ax, old["batch_sizes"], old["ratio"], "bad", "TRL 0.14 + transformers 4.48.3 (sdpa)")
     plotting.line(ax, today["batch_sizes"], today["ratio"], "fixed", f"today's TRL, {today['attention']}")
     ax.axhline(1, color=plotting.REFERENCE, linestyle="--", linewidth=1)
     ax.set_xscale("log", base=2)
     ax.set_xticks(today["batch_sizes"], [str(b) for b in today["batch_sizes"]])
-    plotting.label(ax, "per-device batch size (sequences packed into one row)",
-                   "mean logged loss, padding-free / padded", "copy task, learning rate 0, one epoch")
+    plotting.label(
+        ax,
+        "per-device batch size (sequences packed into one row)",
+        "mean logged loss, padding-free / padded",
+        "copy task, learning rate 0, one epoch",
+    )
     plotting.save(fig, run.output_dir, "padding_free_vs_padded")
 
 
@@ -271,6 +322,7 @@ def checkup_status(report) -> str:
 
 # ---- deep dive: TRL 0.21 + transformers 4.55 in their era ------------------------------------------------
 
+
 def describe_late(then: eras.EraRun) -> None:
     """The era's padding-free batch as its SFTTrainer builds it on sdpa, its warning, its loss by batch size
     and the packed-vs-alone logit table (with and without the config's cache)."""
@@ -278,12 +330,16 @@ def describe_late(then: eras.EraRun) -> None:
     if not then.finished:
         return
     result, losses = then.result, then.result["loss_by_batch_size"]
-    print(f"  collator: {result['collator']['collator']}\n    -> keys {result['collator']['keys']}, attention mask all "
-          f"ones: {result['collator']['attention_mask_all_ones']}")
+    print(
+        f"  collator: {result['collator']['collator']}\n    -> keys {result['collator']['keys']}, attention mask all "
+        f"ones: {result['collator']['attention_mask_all_ones']}"
+    )
     for warning in losses["warnings"]:
         print(f"  the trainer warned: {warning[:150]}...")
-    print("  real SFTTrainer at lr 0, padding-free / padded loss: " + ", ".join(
-        f"batch {b}: {r:.2f}" for b, r in zip(losses["batch_sizes"], losses["ratio"])))
+    print(
+        "  real SFTTrainer at lr 0, padding-free / padded loss: "
+        + ", ".join(f"batch {b}: {r:.2f}" for b, r in zip(losses["batch_sizes"], losses["ratio"]))
+    )
     for implementation, rows in result["max_abs_logit_difference"].items():
         for mode, difference in rows.items():
             verdict = "isolated" if difference < result["isolated_below"] else "CONTAMINATED"
@@ -296,12 +352,33 @@ def describe_late(then: eras.EraRun) -> None:
 # loss measurably without training (at 0.02, Bloom's packed/alone difference was 2e-5, under the probe's 1e-4).
 WIDE_INIT = 0.2
 FAMILY_CONFIGS = {
-    "llama": {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "max_position_embeddings": 4096, "initializer_range": WIDE_INIT},
-    "qwen2": {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "max_position_embeddings": 4096, "initializer_range": WIDE_INIT},
-    "opt": {"hidden_size": 128, "ffn_dim": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "word_embed_proj_dim": 128, "max_position_embeddings": 4096, "init_std": WIDE_INIT},
+    "llama": {
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "initializer_range": WIDE_INIT,
+    },
+    "qwen2": {
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "initializer_range": WIDE_INIT,
+    },
+    "opt": {
+        "hidden_size": 128,
+        "ffn_dim": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "word_embed_proj_dim": 128,
+        "max_position_embeddings": 4096,
+        "init_std": WIDE_INIT,
+    },
     "falcon": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "initializer_range": WIDE_INIT},
     "bloom": {"hidden_size": 128, "n_layer": 2, "n_head": 4, "initializer_range": WIDE_INIT},
     "mpt": {"d_model": 128, "n_layers": 2, "n_heads": 4, "max_seq_len": 4096},
@@ -315,9 +392,15 @@ def as_sequence(tokenizer: PreTrainedTokenizerBase, row: dict) -> list[int]:
 
 def family_model(tokenizer: PreTrainedTokenizerBase, family: str, seed: int) -> PreTrainedModel:
     """A tiny random ``family`` model (``FAMILY_CONFIGS``) on sdpa where the family has it, else eager."""
-    config = AutoConfig.for_model(family, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                                  eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=True,
-                                  **FAMILY_CONFIGS[family])
+    config = AutoConfig.for_model(
+        family,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+        **FAMILY_CONFIGS[family],
+    )
     for implementation in ("sdpa", "eager"):
         try:
             torch.manual_seed(seed)
@@ -327,8 +410,9 @@ def family_model(tokenizer: PreTrainedTokenizerBase, family: str, seed: int) -> 
     raise ValueError(f"{family} has neither sdpa nor eager attention")
 
 
-def family_probe(tokenizer: PreTrainedTokenizerBase, family: str, seed: int,
-                 sequences: list[list[int]]) -> dict[str, object]:
+def family_probe(
+    tokenizer: PreTrainedTokenizerBase, family: str, seed: int, sequences: list[list[int]]
+) -> dict[str, object]:
     """``packed_vs_separate`` with today's padding-free inputs (``position_ids``, no mask, no cache)."""
     model = family_model(tokenizer, family, seed)
     return {"attention": model.config._attn_implementation, **packed_vs_separate(model, sequences)}
@@ -339,7 +423,9 @@ def describe_probes(probes: dict[str, dict]) -> None:
     for name, result in probes.items():
         verdict = "isolated" if result["isolated"] else "CONTAMINATED"
         where = f", {result['attention']}" if "attention" in result else ""
-        print(f"{name:>34}: {verdict} (largest relative loss difference {result['max_relative_difference']:.1e}{where})")
+        print(
+            f"{name:>34}: {verdict} (largest relative loss difference {result['max_relative_difference']:.1e}{where})"
+        )
 
 
 def verdicts(probes: dict[str, dict]) -> dict[str, dict]:
@@ -351,15 +437,25 @@ def verdicts(probes: dict[str, dict]) -> dict[str, dict]:
 def plot_families(run: Run, probes: dict[str, dict]) -> None:
     """Packed/alone loss per family with today's padding-free inputs."""
     contaminated = [name for name, r in probes.items() if not r["isolated"]]
-    fig, (ax,) = plotting.figure(1, width=7, title=f"Today's padding-free inputs: {len(contaminated)} of {len(probes)} "
-                                 f"families still mix packed sequences")
+    fig, (ax,) = plotting.figure(
+        1,
+        width=7,
+        title=f"Today's padding-free inputs: {len(contaminated)} of {len(probes)} families still mix packed sequences",
+    )
     names = list(probes)
-    ax.barh(names, [max(probes[name]["max_relative_difference"], 1e-9) for name in names],
-            color=[plotting.STYLE["fixed" if probes[name]["isolated"] else "bad"] for name in names])
+    ax.barh(
+        names,
+        [max(probes[name]["max_relative_difference"], 1e-9) for name in names],
+        color=[plotting.STYLE["fixed" if probes[name]["isolated"] else "bad"] for name in names],
+    )
     ax.axvline(1e-4, color=plotting.REFERENCE, linestyle="--")
     ax.set_xscale("log")
-    plotting.label(ax, "largest relative loss difference, packed vs alone", "",
-                   "position_ids, no mask, no cache; left of the dashed line: kept apart")
+    plotting.label(
+        ax,
+        "largest relative loss difference, packed vs alone",
+        "",
+        "position_ids, no mask, no cache; left of the dashed line: kept apart",
+    )
     plotting.save(fig, run.output_dir, "families")
 
 
@@ -384,46 +480,76 @@ class Bench:
         model = make_causal_lm(self.tokenizer, family, size=sizes.opt_size, seed=self.run.seed)
         if family not in self.weights:
             half = sizes.warmup_batch_size * sizes.warmup_steps // 2
-            warm = concatenate_datasets([data.mrc_samples(half, seed=self.run.subseed("warm-up"),
-                                                          max_sentences=sizes.max_sentences),
-                                         data.instruction_pairs(half, seed=self.run.subseed("warm-up"), max_people=2)])
-            args = SFTConfig(**self.run.trainer_kwargs(f"warmup-{family}", progress=False), max_length=None,
-                             completion_only_loss=False, per_device_train_batch_size=sizes.warmup_batch_size, max_steps=sizes.warmup_steps,
-                             learning_rate=sizes.warmup_learning_rate)
-            trainer = SFTTrainer(model=model, args=args, processing_class=self.tokenizer,
-                                 train_dataset=warm.shuffle(seed=self.run.subseed("warm-up order")))
+            warm = concatenate_datasets(
+                [
+                    data.mrc_samples(half, seed=self.run.subseed("warm-up"), max_sentences=sizes.max_sentences),
+                    data.instruction_pairs(half, seed=self.run.subseed("warm-up"), max_people=2),
+                ]
+            )
+            args = SFTConfig(
+                **self.run.trainer_kwargs(f"warmup-{family}", progress=False),
+                max_length=None,
+                completion_only_loss=False,
+                per_device_train_batch_size=sizes.warmup_batch_size,
+                max_steps=sizes.warmup_steps,
+                learning_rate=sizes.warmup_learning_rate,
+            )
+            trainer = SFTTrainer(
+                model=model,
+                args=args,
+                processing_class=self.tokenizer,
+                train_dataset=warm.shuffle(seed=self.run.subseed("warm-up order")),
+            )
             losses = logged(trainer)["loss"]
             print(f"{family} warm-up ({sizes.warmup_steps} steps, padded): loss {losses[0]:.2f} -> {losses[-1]:.2f}")
             self.weights[family] = copy.deepcopy(model.state_dict())
         model.load_state_dict(self.weights[family])
         return model
 
-    def measure(self, make_trainer: Callable[..., SFTTrainer], padding_free: bool, batch_size: int, dataset: Dataset,
-                **kwargs) -> dict[str, float]:
+    def measure(
+        self, make_trainer: Callable[..., SFTTrainer], padding_free: bool, batch_size: int, dataset: Dataset, **kwargs
+    ) -> dict[str, float]:
         """Mean logged loss and grad norm over one epoch at lr 0 (the weights never change, only the batching
         does). The same run asked twice is measured once."""
         key = (padding_free, batch_size, dataset._fingerprint, tuple(sorted(kwargs.items())))
         if key not in self._measured:
-            trainer = make_trainer(batch_size, padding_free, dataset, learning_rate=0.0,
-                                   max_steps=len(dataset) // batch_size, **kwargs)
+            trainer = make_trainer(
+                batch_size, padding_free, dataset, learning_rate=0.0, max_steps=len(dataset) // batch_size, **kwargs
+            )
             log = logged(trainer)
             self._measured[key] = {name: sum(values) / len(values) for name, values in log.items()}
         return self._measured[key]
 
-    def sweep(self, make_trainer: Callable[..., SFTTrainer], settings: dict[str, tuple[Dataset, bool]],
-              batch_sizes: list[int]) -> dict:
+    def sweep(
+        self, make_trainer: Callable[..., SFTTrainer], settings: dict[str, tuple[Dataset, bool]], batch_sizes: list[int]
+    ) -> dict:
         """Every setting x mode x batch size at lr 0, and one line per setting."""
         sweep = {}
         for name, (dataset, completion_only) in settings.items():
-            sweep[name] = {mode: [self.measure(make_trainer, padding_free, b, dataset, completion_only_loss=completion_only)
-                                  for b in batch_sizes] for mode, padding_free in MODES.items()}
-            print(f"{name:>30}: padding-free/padded loss " + ", ".join(f"{r:.2f}" for r in ratios(sweep[name]))
-                  + "; grad norm " + ", ".join(f"{r:.1f}" for r in ratios(sweep[name], "grad_norm"))
-                  + f" at batch {', '.join(map(str, batch_sizes))}")
+            sweep[name] = {
+                mode: [
+                    self.measure(make_trainer, padding_free, b, dataset, completion_only_loss=completion_only)
+                    for b in batch_sizes
+                ]
+                for mode, padding_free in MODES.items()
+            }
+            print(
+                f"{name:>30}: padding-free/padded loss "
+                + ", ".join(f"{r:.2f}" for r in ratios(sweep[name]))
+                + "; grad norm "
+                + ", ".join(f"{r:.1f}" for r in ratios(sweep[name], "grad_norm"))
+                + f" at batch {', '.join(map(str, batch_sizes))}"
+            )
         return sweep
 
-    def training(self, make_trainer: Callable[..., SFTTrainer], padding_free: bool, dataset: Dataset,
-                 held_out: list[list[int]], **config) -> dict:
+    def training(
+        self,
+        make_trainer: Callable[..., SFTTrainer],
+        padding_free: bool,
+        dataset: Dataset,
+        held_out: list[list[int]],
+        **config,
+    ) -> dict:
         """A short real training from the warmed-up weights (loss and grad norm per step), then the held-out
         packed/alone loss ratio on the weights it left (``packed_vs_separate``, today's padding-free inputs)."""
         sizes = self.run.sizes
@@ -431,8 +557,12 @@ class Bench:
         trainer = make_trainer(sizes.train_batch_size, padding_free, dataset, **config)
         log = logged(trainer)
         probe = packed_vs_separate(trainer.model, held_out)
-        return {**log, "mean_loss": sum(log["loss"]) / len(log["loss"]),
-                "final_loss": sum(log["loss"][-EARLY:]) / EARLY, "held_out_ratio": probe["ratio"]}
+        return {
+            **log,
+            "mean_loss": sum(log["loss"]) / len(log["loss"]),
+            "final_loss": sum(log["loss"][-EARLY:]) / EARLY,
+            "held_out_ratio": probe["ratio"],
+        }
 
 
 def logged(trainer: SFTTrainer) -> dict[str, list[float]]:
@@ -454,14 +584,16 @@ def ratios(runs: dict[str, list[dict[str, float]]], key: str = "loss") -> list[f
 def length_grouped(dataset: Dataset, size: int) -> Dataset:
     """The ``size`` samples in the middle of the length order: one batch of balanced lengths."""
     order = sorted(range(len(dataset)), key=lambda i: len(dataset[i]["prompt"]))
-    return dataset.select(order[(len(order) - size) // 2:][:size])
+    return dataset.select(order[(len(order) - size) // 2 :][:size])
 
 
 def plot_sweep(run: Run, sweep: dict, batch_sizes: list[int]) -> None:
     """Every setting's padding-free/padded loss and grad-norm ratio by batch size (the worst setting in red)."""
     worst = max(sweep, key=lambda name: ratios(sweep[name])[-1])
-    fig, (ax_loss, ax_grad) = plotting.figure(2, title=f"OPT today: padding-free up to {ratios(sweep[worst])[-1]:.2f}x "
-                                              "the padded loss, more at bigger batches")
+    fig, (ax_loss, ax_grad) = plotting.figure(
+        2,
+        title=f"OPT today: padding-free up to {ratios(sweep[worst])[-1]:.2f}x the padded loss, more at bigger batches",
+    )
     for name, runs in sweep.items():
         style = {"linestyle": "-" if name.startswith("MRC") else ":", "marker": "o" if "completion" in name else "s"}
         kind = "bad" if name == worst else "other"
@@ -478,16 +610,20 @@ def plot_sweep(run: Run, sweep: dict, batch_sizes: list[int]) -> None:
 def describe_training(training: dict[str, dict]) -> None:
     for mode, t in training.items():
         norms = t["grad_norm"]
-        print(f"{mode:>26}: loss {t['loss'][0]:.2f} -> {sum(t['loss'][-EARLY:]) / EARLY:.2f} (last {EARLY} steps); grad norm "
-              f"at step 1 {norms[0]:.2f}, largest {max(norms):.2f} (step {norms.index(max(norms)) + 1})"
-              + (f"; held-out packed/alone loss {t['held_out_ratio']:.3f}" if "held_out_ratio" in t else ""))
+        print(
+            f"{mode:>26}: loss {t['loss'][0]:.2f} -> {sum(t['loss'][-EARLY:]) / EARLY:.2f} (last {EARLY} steps); "
+            "grad norm "
+            f"at step 1 {norms[0]:.2f}, largest {max(norms):.2f} (step {norms.index(max(norms)) + 1})"
+            + (f"; held-out packed/alone loss {t['held_out_ratio']:.3f}" if "held_out_ratio" in t else "")
+        )
 
 
 def plot_training(run: Run, training: dict[str, dict]) -> None:
     """Per-step logged loss and grad norm of the short trainings."""
     spike = training["OPT, padding-free"]["grad_norm"][0] / training["OPT, padded"]["grad_norm"][0]
-    fig, (ax_loss, ax_grad) = plotting.figure(2, title=f"OPT training: padding-free starts at {spike:.1f}x the padded "
-                                              "grad norm and logs a higher loss")
+    fig, (ax_loss, ax_grad) = plotting.figure(
+        2, title=f"OPT training: padding-free starts at {spike:.1f}x the padded grad norm and logs a higher loss"
+    )
     kinds = {"OPT, padded": "reference", "OPT, padding-free": "bad"}
     for mode, t in training.items():
         if mode in kinds:
@@ -502,16 +638,21 @@ def plot_training(run: Run, training: dict[str, dict]) -> None:
 def describe_remedies(remedies: dict[str, dict]) -> None:
     for name, r in remedies.items():
         trained = f"; held-out packed/alone after training {r['held_out_ratio']:.3f}" if "held_out_ratio" in r else ""
-        print(f"{name:>30}: loss {r['over_padded']:.2f}x padded; logged loss {r['loss']:.2f} against {r['baseline']:.2f} "
-              f"without it{trained}")
+        print(
+            f"{name:>30}: loss {r['over_padded']:.2f}x padded; logged loss {r['loss']:.2f} against {r['baseline']:.2f} "
+            f"without it{trained}"
+        )
 
 
 def plot_remedies(run: Run, remedies: dict[str, dict]) -> None:
     """Each remedy's loss against padded (1: cured) and its logged loss against no remedy (below 1: hidden)."""
     hidden = [name for name, r in remedies.items() if r["loss"] < r["baseline"]]
     fig, (ax_cure, ax_logged) = plotting.figure(
-        2, width=6.5, height=3.6, title=f"Remedies: {len(hidden)} of {len(remedies)} lower the logged loss, none brings "
-                                        "it back to padded")
+        2,
+        width=6.5,
+        height=3.6,
+        title=f"Remedies: {len(hidden)} of {len(remedies)} lower the logged loss, none brings it back to padded",
+    )
     names = list(remedies)
     ax_cure.barh(names, [remedies[name]["over_padded"] for name in names], color=plotting.BAD)
     ax_cure.axvline(1, color=plotting.REFERENCE, linestyle="--")
@@ -525,6 +666,7 @@ def plot_remedies(run: Run, remedies: dict[str, dict]) -> None:
 
 
 # ---- deep dive: why bother (padding share, throughput, memory) ----------------------------------------
+
 
 class _StepClock(TrainerCallback):
     """The time at the end of every optimizer step (after the device finished it)."""
@@ -545,31 +687,48 @@ def throughput(trainer: SFTTrainer, warm_steps: int) -> dict[str, float | None]:
     # the same seeded sampler feeds train(): these are the batches it will see
     batches = [batch for batch, _ in zip(trainer.get_train_dataloader(), range(steps))]
     slots = [batch["input_ids"].numel() for batch in batches]  # positions the model computes
-    real = [int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
-            for batch in batches]  # a padding-free row holds no pad token
+    real = [
+        int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+        for batch in batches
+    ]  # a padding-free row holds no pad token
     clock = _StepClock(trainer.model.device)
     trainer.add_callback(clock)
     reset_peak_memory(trainer.model.device)
     trainer.train()
     seconds = clock.ends[-1] - clock.ends[warm_steps - 1]
-    return {"padding_share": 1 - sum(real) / sum(slots), "tokens_per_second": sum(real[warm_steps:]) / seconds,
-            "mean_row_tokens": sum(slots) / len(slots), "peak_memory_mib": peak_memory_mib(trainer.model.device)}
+    return {
+        "padding_share": 1 - sum(real) / sum(slots),
+        "tokens_per_second": sum(real[warm_steps:]) / seconds,
+        "mean_row_tokens": sum(slots) / len(slots),
+        "peak_memory_mib": peak_memory_mib(trainer.model.device),
+    }
 
 
 def describe_throughput(speed: dict[str, dict]) -> None:
     for name, numbers in speed.items():
         memory = f"{numbers['peak_memory_mib']:.0f} MiB" if numbers["peak_memory_mib"] else "not measured on CPU"
-        print(f"{name:>13}: padding share {numbers['padding_share']:.0%}, {numbers['tokens_per_second']:.0f} real tokens/s, "
-              f"peak memory {memory}")
-    print(f"padding-free / padded throughput: "
-          f"{speed['padding-free']['tokens_per_second'] / speed['padded']['tokens_per_second']:.2f}x")
+        print(
+            f"{name:>13}: padding share {numbers['padding_share']:.0%}, "
+            f"{numbers['tokens_per_second']:.0f} real tokens/s, "
+            f"peak memory {memory}"
+        )
+    print(
+        f"padding-free / padded throughput: "
+        f"{speed['padding-free']['tokens_per_second'] / speed['padded']['tokens_per_second']:.2f}x"
+    )
 
 
 def plot_throughput(run: Run, speed: dict[str, dict], attention: str) -> None:
     share = speed["padded"]["padding_share"]
-    fig, (ax,) = plotting.figure(1, width=7, title=f"{share:.0%} of the padded slots were padding; padding-free: "
-                                 f"{speed['padding-free']['tokens_per_second'] / speed['padded']['tokens_per_second']:.2f}x "
-                                 "the real tokens/s")
-    plotting.bars(ax, list(speed), [s["tokens_per_second"] for s in speed.values()], ["reference", "fixed"], fmt="{:.0f}")
+    fig, (ax,) = plotting.figure(
+        1,
+        width=7,
+        title=f"{share:.0%} of the padded slots were padding; padding-free: "
+        f"{speed['padding-free']['tokens_per_second'] / speed['padded']['tokens_per_second']:.2f}x "
+        "the real tokens/s",
+    )
+    plotting.bars(
+        ax, list(speed), [s["tokens_per_second"] for s in speed.values()], ["reference", "fixed"], fmt="{:.0f}"
+    )
     plotting.label(ax, f"batch {run.sizes.speed_batch_size}, {attention}, {run.device.type}", "real tokens / second")
     plotting.save(fig, run.output_dir, "throughput")

@@ -23,24 +23,39 @@ from trl_clinic.course.eras import EraRun
 from trl_clinic.course.models import MODEL_SIZES, make_causal_lm, trained_model
 from trl_clinic.course.parameters import Run
 from trl_clinic.course.runtime import no_activation_checkpointing
-from trl_clinic.course.then.then_04_padding_side import guard_families  # read in today's transformers as the era script reads its own
 from trl_clinic.probes.padding import completion_logprob
 from trl_clinic.probes.recording import StepRecorder, quiet
 
 # the core's run of the report's era; the deep dive runs the rest (padding_free, the direct forwards)
-CORE_SCENARIOS = ["as_reported", "train_defaults", "train_checkpointing", "tokenizer_left", "use_cache_false",
-                  "path_model_init_kwargs", "explicit_ref_path", "explicit_ref_path_fixed"]
+CORE_SCENARIOS = [
+    "as_reported",
+    "train_defaults",
+    "train_checkpointing",
+    "tokenizer_left",
+    "use_cache_false",
+    "path_model_init_kwargs",
+    "explicit_ref_path",
+    "explicit_ref_path_fixed",
+]
 GRID_PROMPTS = ["A, B, C,", "A, B,"]  # the mechanism: one row two tokens shorter than the other
 # chat questions of different lengths for SmolLM2 (the longest is the one that gets no padding)
-QUESTIONS = ["What is the capital of France?", "Name a colour.",
-             "In one short sentence, what does a baker make every morning?", "Say hello.",
-             "Which animal says moo?", "What is two plus two? Answer with a number."]
-VERDICTS = {"guard": "raises the padding_side='right' ValueError",
-            "missing_flash_kernel": "gets past the check; then {error} (flash-attn is not installed on this CPU)",
-            "finished": "gets past the check and finishes"}
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name a colour.",
+    "In one short sentence, what does a baker make every morning?",
+    "Say hello.",
+    "Which animal says moo?",
+    "What is two plus two? Answer with a number.",
+]
+VERDICTS = {
+    "guard": "raises the padding_side='right' ValueError",
+    "missing_flash_kernel": "gets past the check; then {error} (flash-attn is not installed on this CPU)",
+    "finished": "gets past the check and finishes",
+}
 
 
 # ---- the eras --------------------------------------------------------------------------------------------
+
 
 def descriptions(era: EraRun, group: str) -> dict[str, str]:
     """What each of the era script's runs did, in words (``scenarios`` or ``direct_forward``)."""
@@ -70,7 +85,10 @@ def show_scenarios(era: EraRun, names: list[str] | None = None, group: str = "sc
     for name in names or list(era.result[group]):
         outcome = era.result[group][name]
         print(f"{descriptions(era, group).get(name, name)}:\n    {said(outcome)}")
-        for step, what in (("then_evaluate", "then evaluate()"), ("reference_forward", "the reference model's forward")):
+        for step, what in (
+            ("then_evaluate", "then evaluate()"),
+            ("reference_forward", "the reference model's forward"),
+        ):
             if step in outcome:
                 print(f"    {what}: {said(outcome[step])}")
 
@@ -89,14 +107,19 @@ def era_record(era: EraRun) -> dict:
             row["use_cache"] = outcome["use_cache"]
         return row
 
-    record.update(transformers=era.result["era_versions"]["transformers"], trl=era.result["era_versions"]["trl"],
-                  guard_function=era.result["guard_function"], guard_families=era.result["guard_families"],
-                  scenarios={name: brief(row) for name, row in era.result["scenarios"].items()},
-                  direct_forward={name: brief(row) for name, row in era.result["direct_forward"].items()})
+    record.update(
+        transformers=era.result["era_versions"]["transformers"],
+        trl=era.result["era_versions"]["trl"],
+        guard_function=era.result["guard_function"],
+        guard_families=era.result["guard_families"],
+        scenarios={name: brief(row) for name, row in era.result["scenarios"].items()},
+        direct_forward={name: brief(row) for name, row in era.result["direct_forward"].items()},
+    )
     return record
 
 
 # ---- the models and trainers -----------------------------------------------------------------------------
+
 
 def qwen2_checkpoint(run: Run, tokenizer: PreTrainedTokenizerBase) -> Path:
     """The core's Qwen2 (random init: padding and the cache need no trained model), saved so that DPO loads
@@ -113,10 +136,15 @@ def sft_checkpoint(run: Run, tokenizer: PreTrainedTokenizerBase) -> tuple[PreTra
     sizes = run.sizes
     sft = SFTTrainer(
         model=make_causal_lm(tokenizer, "qwen2", size=sizes.model_size, seed=run.seed),
-        args=SFTConfig(**run.trainer_kwargs("sft"), per_device_train_batch_size=sizes.sft_batch_size,
-                       learning_rate=3e-3, max_steps=sizes.sft_steps),
-        train_dataset=data.instruction_pairs(sizes.sft_batch_size * sizes.sft_steps, seed=run.subseed("sft"),
-                                             max_people=2),
+        args=SFTConfig(
+            **run.trainer_kwargs("sft"),
+            per_device_train_batch_size=sizes.sft_batch_size,
+            learning_rate=3e-3,
+            max_steps=sizes.sft_steps,
+        ),
+        train_dataset=data.instruction_pairs(
+            sizes.sft_batch_size * sizes.sft_steps, seed=run.subseed("sft"), max_people=2
+        ),
         processing_class=tokenizer,
     )
     log = StepRecorder().watch(sft)
@@ -129,19 +157,34 @@ def sft_checkpoint(run: Run, tokenizer: PreTrainedTokenizerBase) -> tuple[PreTra
     return model, checkpoint
 
 
-def dpo_trainer(run: Run, checkpoint: Path, tokenizer: PreTrainedTokenizerBase, eval_batch_size: int,
-                **config) -> DPOTrainer:
+def dpo_trainer(
+    run: Run, checkpoint: Path, tokenizer: PreTrainedTokenizerBase, eval_batch_size: int, **config
+) -> DPOTrainer:
     """Today's real DPOTrainer on ``checkpoint`` (a path: TRL loads the policy and the reference model),
     with activation checkpointing on (TRL's default), evaluating once at the end of ``dpo_steps`` steps."""
     sizes = run.sizes
     args = DPOConfig(
-        **{**run.trainer_kwargs(f"dpo-{eval_batch_size}", logging=False),
-           **{key: True for key in no_activation_checkpointing()}},
-        per_device_train_batch_size=4, per_device_eval_batch_size=eval_batch_size, max_steps=sizes.dpo_steps,
-        eval_strategy="steps", eval_steps=sizes.dpo_steps, learning_rate=1e-4, **config)
-    return quiet(DPOTrainer(model=str(checkpoint), args=args, processing_class=tokenizer,
-                            train_dataset=data.preference_pairs(4 * sizes.dpo_steps, seed=run.subseed("dpo train")),
-                            eval_dataset=data.preference_pairs(sizes.dpo_eval_pairs, seed=run.subseed("dpo eval"))))
+        **{
+            **run.trainer_kwargs(f"dpo-{eval_batch_size}", logging=False),
+            **{key: True for key in no_activation_checkpointing()},
+        },
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=eval_batch_size,
+        max_steps=sizes.dpo_steps,
+        eval_strategy="steps",
+        eval_steps=sizes.dpo_steps,
+        learning_rate=1e-4,
+        **config,
+    )
+    return quiet(
+        DPOTrainer(
+            model=str(checkpoint),
+            args=args,
+            processing_class=tokenizer,
+            train_dataset=data.preference_pairs(4 * sizes.dpo_steps, seed=run.subseed("dpo train")),
+            eval_dataset=data.preference_pairs(sizes.dpo_eval_pairs, seed=run.subseed("dpo eval")),
+        )
+    )
 
 
 def llama_sft_trainer(run: Run, tokenizer: PreTrainedTokenizerBase) -> SFTTrainer:
@@ -149,32 +192,50 @@ def llama_sft_trainer(run: Run, tokenizer: PreTrainedTokenizerBase) -> SFTTraine
     eval-batch comparison. The eval rows alternate one-word answers and biographies
     (``data.instruction_pairs``), so every batch of 2 holds rows of different lengths."""
     sizes = run.sizes
-    return quiet(SFTTrainer(
-        model=make_causal_lm(tokenizer, "llama", size=sizes.model_size, seed=run.seed),
-        args=SFTConfig(**{**run.trainer_kwargs("llama-sft", logging=False), "bf16": False}, learning_rate=3e-3,
-                       per_device_train_batch_size=sizes.sft_batch_size, max_steps=sizes.llama_sft_steps),
-        train_dataset=data.instruction_pairs(sizes.sft_batch_size * sizes.llama_sft_steps,
-                                             seed=run.subseed("llama sft"), max_people=2),
-        eval_dataset=data.instruction_pairs(sizes.sft_eval_rows, seed=run.subseed("llama eval"), max_people=2),
-        processing_class=tokenizer,
-    ))
+    return quiet(
+        SFTTrainer(
+            model=make_causal_lm(tokenizer, "llama", size=sizes.model_size, seed=run.seed),
+            args=SFTConfig(
+                **{**run.trainer_kwargs("llama-sft", logging=False), "bf16": False},
+                learning_rate=3e-3,
+                per_device_train_batch_size=sizes.sft_batch_size,
+                max_steps=sizes.llama_sft_steps,
+            ),
+            train_dataset=data.instruction_pairs(
+                sizes.sft_batch_size * sizes.llama_sft_steps, seed=run.subseed("llama sft"), max_people=2
+            ),
+            eval_dataset=data.instruction_pairs(sizes.sft_eval_rows, seed=run.subseed("llama eval"), max_people=2),
+            processing_class=tokenizer,
+        )
+    )
 
 
 def tiny_gpt2(run: Run, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     """Deep dive: a GPT-2 of the lesson's size (random init), a family that adds learned absolute position
     embeddings to the tokens instead of rotating queries and keys."""
     size = MODEL_SIZES[run.sizes.model_size]
-    config = GPT2Config(vocab_size=len(tokenizer), n_embd=size["hidden_size"], n_layer=size["num_hidden_layers"],
-                        n_head=size["num_attention_heads"], n_positions=4096, pad_token_id=tokenizer.pad_token_id,
-                        eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_embd=size["hidden_size"],
+        n_layer=size["num_hidden_layers"],
+        n_head=size["num_attention_heads"],
+        n_positions=4096,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(run.seed)
     return AutoModelForCausalLM.from_config(config).to(run.device).eval()
 
 
 def chat_prompts(tokenizer: PreTrainedTokenizerBase, n: int) -> list[str]:
     """The first ``n`` questions as SmolLM2's chat template writes them (it adds a default system prompt)."""
-    return [tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                          add_generation_prompt=True) for question in QUESTIONS[:n]]
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+        )
+        for question in QUESTIONS[:n]
+    ]
 
 
 @contextlib.contextmanager
@@ -194,9 +255,11 @@ def warnings_of(logger_name: str) -> Iterator[list[str]]:
 
 # ---- the mechanism: one batched generate(), slot by slot -------------------------------------------------
 
+
 @torch.no_grad()
-def padding_grid(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], side: str,
-                 shown: int = 3) -> list[dict]:
+def padding_grid(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], side: str, shown: int = 3
+) -> list[dict]:
     """One batched greedy ``generate()`` of ``prompts`` padded on ``side``, as the model saw it, per row: each
     slot's token, whether it is a pad, the position the model was given (the prompt's forward, then each new
     token's forward), the slot whose logits gave the first new token (the cache-free forward of the same
@@ -205,26 +268,41 @@ def padding_grid(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pro
     batch = tokenizer(prompts, padding=True, padding_side=side, return_tensors="pt").to(model.device)
     positions = []
     handle = model.base_model.register_forward_pre_hook(
-        lambda module, args, kwargs: positions.append(kwargs.get("position_ids")), with_kwargs=True)
+        lambda module, args, kwargs: positions.append(kwargs.get("position_ids")), with_kwargs=True
+    )
     try:
-        out = model.generate(**batch, max_new_tokens=shown + 1, do_sample=False, output_logits=True,
-                             return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)
+        out = model.generate(
+            **batch,
+            max_new_tokens=shown + 1,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=tokenizer.pad_token_id,
+        )
     finally:
         handle.remove()
     if any(p is None for p in positions):
         raise RuntimeError("generate() passed no position_ids to the model: this grid reads them")
-    slots = (model(**batch, position_ids=positions[0], use_cache=False).logits.float()
-             - out.logits[0].float()[:, None, :]).abs().amax(-1)  # rows x slots
+    slots = (
+        (model(**batch, position_ids=positions[0], use_cache=False).logits.float() - out.logits[0].float()[:, None, :])
+        .abs()
+        .amax(-1)
+    )  # rows x slots
     width = batch["input_ids"].shape[1]
     rows = []
     for r in range(len(prompts)):
         best = slots[r].min().item()
-        rows.append({"tokens": [tokenizer.decode([t]) for t in batch["input_ids"][r].tolist()],
-                     "pad": (batch["attention_mask"][r] == 0).tolist(), "positions": positions[0][r].tolist(),
-                     "new_tokens": [tokenizer.decode([t]) for t in out.sequences[r, width:width + shown].tolist()],
-                     "new_positions": [p[r, -1].item() for p in positions[1:shown + 1]],
-                     "predicted_from": max(i for i in range(width) if slots[r, i].item() <= best + 1e-3),
-                     "match_gap": best})
+        rows.append(
+            {
+                "tokens": [tokenizer.decode([t]) for t in batch["input_ids"][r].tolist()],
+                "pad": (batch["attention_mask"][r] == 0).tolist(),
+                "positions": positions[0][r].tolist(),
+                "new_tokens": [tokenizer.decode([t]) for t in out.sequences[r, width : width + shown].tolist()],
+                "new_positions": [p[r, -1].item() for p in positions[1 : shown + 1]],
+                "predicted_from": max(i for i in range(width) if slots[r, i].item() <= best + 1e-3),
+                "match_gap": best,
+            }
+        )
     return rows
 
 
@@ -233,18 +311,24 @@ def explain_grid(grid: dict[str, list[dict]]) -> None:
     for side, rows in grid.items():
         row = rows[-1]
         slot = row["predicted_from"]
-        print(f"{side} padding, row 2: first new token {row['new_tokens'][0]!r} predicted from slot {slot} "
-              f"({'a pad' if row['pad'][slot] else repr(row['tokens'][slot])}); new tokens at positions "
-              f"{row['new_positions']}, its prompt's real tokens at {[p for p, pad in zip(row['positions'], row['pad']) if not pad]}")
+        real = [p for p, pad in zip(row["positions"], row["pad"]) if not pad]
+        print(
+            f"{side} padding, row 2: first new token {row['new_tokens'][0]!r} predicted from slot {slot} "
+            f"({'a pad' if row['pad'][slot] else repr(row['tokens'][slot])}); new tokens at positions "
+            f"{row['new_positions']}, its prompt's real tokens at {real}"
+        )
 
 
 def draw_grid(run: Run, grid: dict[str, list[dict]]) -> None:
     """The mechanism: both padded batches as grids of slots (pads grey, new tokens blue), each slot with its
     position, and the slot each row's first new token was predicted from framed (red when it is a pad)."""
     right, left = grid["right"][-1], grid["left"][-1]
-    fig, axes = plotting.figure(2, title=f"Right padding: the short row's first new token comes from a pad "
-                                         f"({right['new_tokens'][0]!r} instead of {left['new_tokens'][0]!r})",
-                                height=2.6)
+    fig, axes = plotting.figure(
+        2,
+        title=f"Right padding: the short row's first new token comes from a pad "
+        f"({right['new_tokens'][0]!r} instead of {left['new_tokens'][0]!r})",
+        height=2.6,
+    )
     for ax, (side, rows) in zip(axes, grid.items()):
         for y, row in enumerate(rows):
             cells = [(t, p, pad, False) for t, p, pad in zip(row["tokens"], row["positions"], row["pad"])]
@@ -253,9 +337,16 @@ def draw_grid(run: Run, grid: dict[str, list[dict]]) -> None:
                 x += new  # a gap between the prompt's slots and the new tokens
                 framed = not new and x == row["predicted_from"]
                 edge = (plotting.BAD if pad else plotting.FIXED) if framed else plotting.REFERENCE
-                ax.add_patch(plotting.plt.Rectangle((x, -y), 0.95, 0.9, facecolor="#dddddd" if pad else
-                                                    ("#cfe3f5" if new else "white"), edgecolor=edge,
-                                                    linewidth=3 if framed else 0.8))
+                ax.add_patch(
+                    plotting.plt.Rectangle(
+                        (x, -y),
+                        0.95,
+                        0.9,
+                        facecolor="#dddddd" if pad else ("#cfe3f5" if new else "white"),
+                        edgecolor=edge,
+                        linewidth=3 if framed else 0.8,
+                    )
+                )
                 ax.text(x + 0.47, -y + 0.55, "pad" if pad else token.strip() or repr(token), ha="center", fontsize=9)
                 ax.text(x + 0.47, -y + 0.15, f"pos {position}", ha="center", fontsize=7, color=plotting.REFERENCE)
             ax.text(-0.15, -y + 0.45, f"row {y + 1}", ha="right", va="center", fontsize=8)
@@ -268,11 +359,14 @@ def draw_grid(run: Run, grid: dict[str, list[dict]]) -> None:
 
 def print_generation(questions: list[str], generation: dict, lengths: list[int]) -> None:
     """Each prompt's answer one at a time and in the right- and left-padded batches."""
-    for i, question in enumerate(questions[:len(lengths)]):
+    for i, question in enumerate(questions[: len(lengths)]):
         shift = {side: generation[side]["first_token_logit_shift"][i] for side in ("right", "left")}
-        print(f"[{lengths[i]} tokens] {question}\n    alone: {generation['single']['outputs'][i]!r}\n"
-              f"    right-padded batch: {generation['right']['outputs'][i]!r} (first-token logits moved {shift['right']:.2g})"
-              f"\n    left-padded batch:  {generation['left']['outputs'][i]!r} (moved {shift['left']:.2g})")
+        print(
+            f"[{lengths[i]} tokens] {question}\n    alone: {generation['single']['outputs'][i]!r}\n"
+            f"    right-padded batch: {generation['right']['outputs'][i]!r} "
+            f"(first-token logits moved {shift['right']:.2g})"
+            f"\n    left-padded batch:  {generation['left']['outputs'][i]!r} (moved {shift['left']:.2g})"
+        )
 
 
 def shorter_rows(generation: dict, lengths: list[int], side: str = "right") -> dict:
@@ -282,19 +376,26 @@ def shorter_rows(generation: dict, lengths: list[int], side: str = "right") -> d
     shift, changed = generation[side]["first_token_logit_shift"], generation[side]["changed"]
     padded = [i for i, n in enumerate(lengths) if n < longest]
     full = [i for i, n in enumerate(lengths) if n == longest]
-    return {"padded_rows": len(padded), "min_shift_padded": min((shift[i] for i in padded), default=None),
-            "max_shift_unpadded": max(shift[i] for i in full),
-            "changed_unpadded": sum(changed[i] for i in full), "changed_padded": sum(changed[i] for i in padded)}
+    return {
+        "padded_rows": len(padded),
+        "min_shift_padded": min((shift[i] for i in padded), default=None),
+        "max_shift_unpadded": max(shift[i] for i in full),
+        "changed_unpadded": sum(changed[i] for i in full),
+        "changed_padded": sum(changed[i] for i in padded),
+    }
 
 
 # ---- the deep dive's tables ---------------------------------------------------------------------------------
+
 
 def print_audit(name: str, summary: dict) -> None:
     """One line per model and mode of a ``ForwardAudit.summary()``, then who asked for what."""
     for model, modes in summary.items():
         for mode, row in modes.items():
-            print(f"{name} | {model:>9} {mode:>5}: {row['forwards']:>3} forwards, {row['right_padded']:>3} right-padded, "
-                  f"{row['cache_built']:>3} built a cache, {row['right_padded_with_cache']:>3} right-padded with a cache")
+            print(
+                f"{name} | {model:>9} {mode:>5}: {row['forwards']:>3} forwards, {row['right_padded']:>3} right-padded, "
+                f"{row['cache_built']:>3} built a cache, {row['right_padded_with_cache']:>3} right-padded with a cache"
+            )
             for asked, count in row["asked"].items():
                 print(f"{'':>24}{count:>3} x {asked}")
 
@@ -304,26 +405,39 @@ def explain_batch_effect(sft_eval: dict, predicted: dict, gap: dict) -> None:
     effect = sft_eval[2]["eval_loss"] - sft_eval[1]["eval_loss"]
     padding_changes_nothing = gap[2] < 1e-5
     print(f"eval batch 2 vs 1: {effect:+.2e}; predicted from rows scored alone: {predicted[2] - predicted[1]:+.2e}")
-    print(f"evaluate() vs the prediction: batch 1 off by {gap[1]:.1e}, batch 2 (right-padded) off by {gap[2]:.1e}: "
-          f"the padding changes {'nothing' if padding_changes_nothing else 'the loss'}; the {abs(effect):.1e} "
-          f"difference is {'how evaluate() weights rows' if padding_changes_nothing else 'not explained by the weighting'}")
+    print(
+        f"evaluate() vs the prediction: batch 1 off by {gap[1]:.1e}, batch 2 (right-padded) off by {gap[2]:.1e}: "
+        f"the padding changes {'nothing' if padding_changes_nothing else 'the loss'}; the {abs(effect):.1e} "
+        "difference is "
+        + ("how evaluate() weights rows" if padding_changes_nothing else "not explained by the weighting")
+    )
 
 
 def explain_rounding(worst: dict, bf16_error: float, typical_logprob: float) -> None:
     """The batching differences against each precision's unit roundoff and bf16's own error."""
-    print(f"largest batching difference: fp32 {worst['fp32']:.1e} nats, bf16 {worst['bf16']:.1e} nats "
-          f"({worst['bf16'] / max(worst['fp32'], 1e-12):.0f}x more), on completions of {typical_logprob:.1f} nats")
-    print(f"relative to the completion's log-prob: fp32 {worst['fp32'] / typical_logprob:.1e} (unit roundoff "
-          f"{2**-24:.1e}), bf16 {worst['bf16'] / typical_logprob:.1e} (unit roundoff {2**-8:.1e})")
-    print(f"bf16 vs fp32, the same sequences one at a time: up to {bf16_error:.1e} nats; batching moves bf16 "
-          f"log-probs by {worst['bf16'] / bf16_error:.1f}x that: "
-          + ("the size of bf16's own rounding, not a padding bug" if worst["bf16"] <= 2 * bf16_error
-             else "more than bf16's own rounding explains"))
+    print(
+        f"largest batching difference: fp32 {worst['fp32']:.1e} nats, bf16 {worst['bf16']:.1e} nats "
+        f"({worst['bf16'] / max(worst['fp32'], 1e-12):.0f}x more), on completions of {typical_logprob:.1f} nats"
+    )
+    print(
+        f"relative to the completion's log-prob: fp32 {worst['fp32'] / typical_logprob:.1e} (unit roundoff "
+        f"{2**-24:.1e}), bf16 {worst['bf16'] / typical_logprob:.1e} (unit roundoff {2**-8:.1e})"
+    )
+    print(
+        f"bf16 vs fp32, the same sequences one at a time: up to {bf16_error:.1e} nats; batching moves bf16 "
+        f"log-probs by {worst['bf16'] / bf16_error:.1f}x that: "
+        + (
+            "the size of bf16's own rounding, not a padding bug"
+            if worst["bf16"] <= 2 * bf16_error
+            else "more than bf16's own rounding explains"
+        )
+    )
 
 
 @torch.no_grad()
-def tokenizer_batch_logprobs(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str],
-                             completions: list[str], side: str) -> tuple[list[float], list[list[int]]]:
+def tokenizer_batch_logprobs(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], completions: list[str], side: str
+) -> tuple[list[float], list[list[int]]]:
     """Each completion's summed log-prob from one batch padded by the tokenizer on ``side`` and scored with
     ``model(**batch, use_cache=False)``, no ``position_ids``: what a hand-written scoring loop does. Also the
     positions the model used (read where they enter it: the rotary embedding, or GPT-2's position embedding)."""
@@ -332,16 +446,19 @@ def tokenizer_batch_logprobs(model: PreTrainedModel, tokenizer: PreTrainedTokeni
     batch = tokenizer.pad({"input_ids": full}, padding=True, padding_side=side, return_tensors="pt").to(model.device)
     seen = []
     entry = getattr(model.base_model, "rotary_emb", None) or model.base_model.wpe
-    handle = entry.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs.get("position_ids", args[-1])),
-                                           with_kwargs=True)
+    handle = entry.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs.get("position_ids", args[-1])), with_kwargs=True
+    )
     try:
         logits = model(**batch, use_cache=False).logits
     finally:
         handle.remove()
     width = batch["input_ids"].shape[1]
     offsets = [width - len(ids) if side == "left" else 0 for ids in full]
-    scores = [completion_logprob(logits[i, o:o + len(ids)], ids, len(p))
-              for i, (ids, p, o) in enumerate(zip(full, prompt_ids, offsets))]
+    scores = [
+        completion_logprob(logits[i, o : o + len(ids)], ids, len(p))
+        for i, (ids, p, o) in enumerate(zip(full, prompt_ids, offsets))
+    ]
     first_positions = [seen[0].expand(len(full), -1)[i, o].item() for i, o in enumerate(offsets)]
     return scores, first_positions
 
@@ -358,18 +475,32 @@ def summary(n: dict) -> str:
     report = n["then"]
     if report["status"] == "finished":
         s = report["scenarios"]
-        sentences.append(f"On transformers {report['transformers']} + TRL {report['trl']}, DPOTrainer.evaluate() "
-                     + ("raised the real padding_side='right' ValueError" if s["as_reported"]["verdict"] == "guard"
-                        else "did not raise the padding_side='right' ValueError")
-                     + f"; the first training step with DPOConfig's defaults {'raised it too' if s['train_defaults']['verdict'] == 'guard' else 'did not'}, "
-                     f"and with gradient checkpointing training {'got past it' if s['train_checkpointing']['verdict'] == 'missing_flash_kernel' else 'did not get past it'}.")
+        sentences.append(
+            f"On transformers {report['transformers']} + TRL {report['trl']}, DPOTrainer.evaluate() "
+            + (
+                "raised the real padding_side='right' ValueError"
+                if s["as_reported"]["verdict"] == "guard"
+                else "did not raise the padding_side='right' ValueError"
+            )
+            + "; the first training step with DPOConfig's defaults "
+            + ("raised it too" if s["train_defaults"]["verdict"] == "guard" else "did not")
+            + ", and with gradient checkpointing training "
+            + (
+                "got past it"
+                if s["train_checkpointing"]["verdict"] == "missing_flash_kernel"
+                else "did not get past it"
+            )
+            + "."
+        )
     else:
         sentences.append("The report's era did not run (run `make eras`).")
     g = n["generation"]
-    sentences.append(f"Today SmolLM2's batched generate() changed {g['changed']['right']}/{g['prompts']} answers with right "
-                 f"padding and {g['changed']['left']}/{g['prompts']} with left; DPO evaluation made "
-                 f"{n['portable']['DPO evaluate(), policy']['right_padded']} right-padded policy forwards, "
-                 f"{n['portable']['DPO evaluate(), policy']['right_padded_with_cache']} with a KV cache.")
+    sentences.append(
+        f"Today SmolLM2's batched generate() changed {g['changed']['right']}/{g['prompts']} answers with right "
+        f"padding and {g['changed']['left']}/{g['prompts']} with left; DPO evaluation made "
+        f"{n['portable']['DPO evaluate(), policy']['right_padded']} right-padded policy forwards, "
+        f"{n['portable']['DPO evaluate(), policy']['right_padded_with_cache']} with a KV cache."
+    )
     return " ".join(sentences)
 
 
@@ -378,15 +509,19 @@ def summary_deeper(n: dict) -> str:
     sentences = []
     first = n["then"]["4.40"]
     if first["status"] == "finished":
-        sentences.append(f"On transformers {first['transformers']} a right-padded forward with the cache "
-                     f"{'raised' if first['direct_forward']['right']['verdict'] == 'guard' else 'did not raise'} the "
-                     f"error, while TRL {first['trl']}'s DPO evaluation "
-                     f"{'got past it' if first['scenarios']['as_reported']['verdict'] == 'missing_flash_kernel' else 'did not'}.")
+        sentences.append(
+            f"On transformers {first['transformers']} a right-padded forward with the cache "
+            f"{'raised' if first['direct_forward']['right']['verdict'] == 'guard' else 'did not raise'} the "
+            f"error, while TRL {first['trl']}'s DPO evaluation "
+            f"{'got past it' if first['scenarios']['as_reported']['verdict'] == 'missing_flash_kernel' else 'did not'}."
+        )
     eval_rows = [audit[model]["eval"] for audit in n["audits"].values() for model in ("policy", "reference")]
-    sentences.append(f"Today DPO evaluation made {sum(row['right_padded'] for row in eval_rows)} right-padded forwards "
-                 f"(policy and reference) and built {sum(row['cache_built'] for row in eval_rows)} KV caches; "
-                 f"cache-free scoring agreed to {max(n['scoring']['fp32'].values()):.1e} nats in fp32, and the SFT "
-                 f"eval_loss at batch 2 matched its prediction from rows scored alone to {n['sft_eval_gap']['2']:.1e}.")
+    sentences.append(
+        f"Today DPO evaluation made {sum(row['right_padded'] for row in eval_rows)} right-padded forwards "
+        f"(policy and reference) and built {sum(row['cache_built'] for row in eval_rows)} KV caches; "
+        f"cache-free scoring agreed to {max(n['scoring']['fp32'].values()):.1e} nats in fp32, and the SFT "
+        f"eval_loss at batch 2 matched its prediction from rows scored alone to {n['sft_eval_gap']['2']:.1e}."
+    )
     return " ".join(sentences)
 
 
@@ -395,20 +530,46 @@ def figure(run: Run, generation: dict, lengths: list[int], portable: dict) -> No
     changed = {side: sum(generation[side]["changed"]) for side in ("right", "left")}
     policy = portable["DPO evaluate(), policy"]
     fig, (ax_shift, ax_hook) = plotting.figure(
-        2, title=f"Right padding changed {changed['right']}/{len(lengths)} answers, left {changed['left']}/{len(lengths)}\n"
-                 f"DPO evaluation today: {policy['right_padded']} right-padded forwards, "
-                 f"{policy['right_padded_with_cache']} with a cache", height=4.0)
+        2,
+        title=f"Right padding changed {changed['right']}/{len(lengths)} answers, "
+        f"left {changed['left']}/{len(lengths)}\n"
+        f"DPO evaluation today: {policy['right_padded']} right-padded forwards, "
+        f"{policy['right_padded_with_cache']} with a cache",
+        height=4.0,
+    )
     for side, kind, size in (("right", "bad", 10), ("left", "fixed", 5)):
-        plotting.line(ax_shift, lengths, [max(v, 1e-6) for v in generation[side]["first_token_logit_shift"]],
-                      kind, f"{side} padding", linestyle="none", markersize=size)
-    plotting.label(ax_shift, "prompt length (tokens; the longest gets no pad)", "first-token max |logit shift|",
-                   "batched generate() vs one prompt at a time", log_y=True)
+        plotting.line(
+            ax_shift,
+            lengths,
+            [max(v, 1e-6) for v in generation[side]["first_token_logit_shift"]],
+            kind,
+            f"{side} padding",
+            linestyle="none",
+            markersize=size,
+        )
+    plotting.label(
+        ax_shift,
+        "prompt length (tokens; the longest gets no pad)",
+        "first-token max |logit shift|",
+        "batched generate() vs one prompt at a time",
+        log_y=True,
+    )
     names = list(portable)
     x = range(len(names))
-    ax_hook.bar([i - 0.2 for i in x], [portable[n]["right_padded"] for n in names], width=0.4,
-                color=plotting.REFERENCE, label="right-padded forwards")
-    ax_hook.bar([i + 0.2 for i in x], [portable[n]["right_padded_with_cache"] for n in names], width=0.4,
-                color=plotting.BAD, label="... that built a KV cache")
+    ax_hook.bar(
+        [i - 0.2 for i in x],
+        [portable[n]["right_padded"] for n in names],
+        width=0.4,
+        color=plotting.REFERENCE,
+        label="right-padded forwards",
+    )
+    ax_hook.bar(
+        [i + 0.2 for i in x],
+        [portable[n]["right_padded_with_cache"] for n in names],
+        width=0.4,
+        color=plotting.BAD,
+        label="... that built a KV cache",
+    )
     ax_hook.set_xticks(list(x), [n.replace(", ", "\n") for n in names], fontsize=7)
     plotting.label(ax_hook, "", "forwards", "the portable hook on each run")
     plotting.save(fig, run.output_dir, "padding_side")
@@ -418,19 +579,32 @@ def figure_deeper(run: Run, scoring: dict, generation: dict, audits: dict) -> No
     """Deep dive: cache-free scoring differences by batching mode and precision, first-token logit shifts by
     padding side on the trained Qwen2, and today's DPO evaluation forwards (policy and reference)."""
     fig, (ax_score, ax_shift, ax_audit) = plotting.figure(
-        3, title="Padding side: harmless for cache-free scoring, harmful for cached generation")
+        3, title="Padding side: harmless for cache-free scoring, harmful for cached generation"
+    )
     modes = list(scoring["fp32"])
     x = range(len(modes))
     for offset, precision, kind in ((-0.2, "fp32", plotting.FIXED), (0.2, "bf16", plotting.OTHER)):
-        ax_score.bar([i + offset for i in x], [max(scoring[precision][m], 1e-9) for m in modes], width=0.4,
-                     color=kind, label=precision)
+        ax_score.bar(
+            [i + offset for i in x],
+            [max(scoring[precision][m], 1e-9) for m in modes],
+            width=0.4,
+            color=kind,
+            label=precision,
+        )
     ax_score.set_xticks(list(x), [m.replace("_", "\n") for m in modes], fontsize=8)
-    plotting.label(ax_score, "batching (no cache)", "max |log-prob difference| (nats)", "scoring vs one at a time",
-                   log_y=True)
+    plotting.label(
+        ax_score, "batching (no cache)", "max |log-prob difference| (nats)", "scoring vs one at a time", log_y=True
+    )
     prompts = range(len(generation["single"]["outputs"]))
     for side, kind in (("right", "bad"), ("left", "fixed")):
-        plotting.line(ax_shift, list(prompts), [max(v, 1e-9) for v in generation[side]["first_token_logit_shift"]],
-                      kind, f"{side} padding", linestyle="none")
+        plotting.line(
+            ax_shift,
+            list(prompts),
+            [max(v, 1e-9) for v in generation[side]["first_token_logit_shift"]],
+            kind,
+            f"{side} padding",
+            linestyle="none",
+        )
     plotting.label(ax_shift, "prompt", "first-token max |logit shift|", "batched greedy generate()", log_y=True)
     labels, values, kinds = [], [], []
     for batch, audit in audits.items():

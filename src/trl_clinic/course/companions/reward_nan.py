@@ -19,8 +19,13 @@ import torch
 from datasets import Dataset
 from peft import LoraConfig, PeftModel
 from safetensors import safe_open
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, PrinterCallback, PreTrainedModel
-from transformers import PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PrinterCallback,
+)
 from trl import RewardConfig, RewardTrainer
 
 from trl_clinic.course import data, plotting
@@ -59,16 +64,23 @@ def preference_data(run: Run) -> Pairs:
     """The profile's tokenizer (the clinic's for a random-init model, SmolLM2's own for SmolLM2) and the pairs:
     ``train_steps`` steps of batch x 32 for training, ``eval_pairs`` held out."""
     sizes = run.sizes
-    tokenizer = (AutoTokenizer.from_pretrained(dequantized_smollm2(), local_files_only=True)
-                 if sizes.model_size == "smollm2" else build_tokenizer())
+    tokenizer = (
+        AutoTokenizer.from_pretrained(dequantized_smollm2(), local_files_only=True)
+        if sizes.model_size == "smollm2"
+        else build_tokenizer()
+    )
     train = data.preference_pairs(sizes.train_steps * sizes.batch_size * 32, seed=run.subseed("train"))
     held_out = data.preference_pairs(sizes.eval_pairs, seed=run.subseed("eval"))
-    return Pairs(tokenizer, with_passage(train, sizes.context_people, run.subseed("train passages")),
-                 with_passage(held_out, sizes.context_people, run.subseed("eval passages")))
+    return Pairs(
+        tokenizer,
+        with_passage(train, sizes.context_people, run.subseed("train passages")),
+        with_passage(held_out, sizes.context_people, run.subseed("eval passages")),
+    )
 
 
-def reward_model(run: Run, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype,
-                 head_seed: int | None = None) -> PreTrainedModel:
+def reward_model(
+    run: Run, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype, head_seed: int | None = None
+) -> PreTrainedModel:
     """A sequence-classification model with one output (the reward head is ``score``) in ``dtype``.
 
     "smollm2" loads SmolLM2-135M-Instruct's pretrained body into ``AutoModelForSequenceClassification``, which
@@ -77,28 +89,47 @@ def reward_model(run: Run, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtyp
     one lesson start from the same model and a reload can draw another head."""
     head_seed = run.seed if head_seed is None else head_seed
     if run.sizes.model_size != "smollm2":
-        return make_reward_model(tokenizer, size=run.sizes.model_size, seed=run.seed, head_seed=head_seed,
-                                 dtype=dtype, attn_implementation=run.attention)
+        return make_reward_model(
+            tokenizer,
+            size=run.sizes.model_size,
+            seed=run.seed,
+            head_seed=head_seed,
+            dtype=dtype,
+            attn_implementation=run.attention,
+        )
     torch.manual_seed(head_seed)  # from_pretrained draws the missing score head from torch's generator
-    return AutoModelForSequenceClassification.from_pretrained(dequantized_smollm2(), num_labels=1, dtype=dtype,
-                                                              attn_implementation=run.attention, local_files_only=True)
+    return AutoModelForSequenceClassification.from_pretrained(
+        dequantized_smollm2(), num_labels=1, dtype=dtype, attn_implementation=run.attention, local_files_only=True
+    )
 
 
-def reward_trainer(run: Run, pairs: Pairs, dtype: torch.dtype, name: str, task_type: str | None = "SEQ_CLS",
-                   **settings: object) -> RewardTrainer:
+def reward_trainer(
+    run: Run, pairs: Pairs, dtype: torch.dtype, name: str, task_type: str | None = "SEQ_CLS", **settings: object
+) -> RewardTrainer:
     """``RewardTrainer`` on the profile's model in ``dtype`` with LoRA r=8 (peft's default targets for Llama,
     ``q_proj`` and ``v_proj``) and the ``RewardConfig`` ``settings`` the notebook passes. Here, not shown: the run's
     folder, seed and logging, the profile's mixed precision (bf16 autocast on the gpu profile; the report's run
     passes ``bf16=False``) and the learning rate. A new ``LoraConfig`` per trainer: peft's SEQ_CLS model appends
     ``score`` to the config's ``modules_to_save``, so a shared one would carry it into a run meant to go without."""
-    args = RewardConfig(**{**run.trainer_kwargs(name), "learning_rate": run.sizes.learning_rate,
-                           "per_device_eval_batch_size": 64, **settings})
+    args = RewardConfig(
+        **{
+            **run.trainer_kwargs(name),
+            "learning_rate": run.sizes.learning_rate,
+            "per_device_eval_batch_size": 64,
+            **settings,
+        }
+    )
     # the pairs the steps will read, in order: RewardTrainer tokenizes its whole train set when it is built
     needed = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
     train = pairs.train.select(range(needed)) if 0 < needed < len(pairs.train) else pairs.train
-    return RewardTrainer(model=reward_model(run, pairs.tokenizer, dtype), args=args, train_dataset=train,
-                         eval_dataset=pairs.eval, processing_class=pairs.tokenizer,
-                         peft_config=LoraConfig(task_type=task_type, r=8, lora_alpha=16))
+    return RewardTrainer(
+        model=reward_model(run, pairs.tokenizer, dtype),
+        args=args,
+        train_dataset=train,
+        eval_dataset=pairs.eval,
+        processing_class=pairs.tokenizer,
+        peft_config=LoraConfig(task_type=task_type, r=8, lora_alpha=16),
+    )
 
 
 def keep_log(trainer: RewardTrainer) -> StepRecorder:
@@ -121,12 +152,15 @@ def plot_bad_vs_fixed(report: StepRecorder, fixed: StepRecorder, accuracy: dict[
     steps, raw = report.series("raw_loss")
     bad_from = first_nonfinite_step(raw)
     log_steps, logged = report.series("loss")
-    title = (f"fp16 weights: loss NaN from step {bad_from}, logged as {logged[0]:.0e} then {logged[-1]:g}; "
-             f"float32: finite, {accuracy['float32 (fixed)']:.0%} of held-out pairs ranked right")
+    title = (
+        f"fp16 weights: loss NaN from step {bad_from}, logged as {logged[0]:.0e} then {logged[-1]:g}; "
+        f"float32: finite, {accuracy['float32 (fixed)']:.0%} of held-out pairs ranked right"
+    )
     fig, (ax_log, ax_raw) = plotting.figure(2, title=title, width=5.5)
     for (steps_logged, values), kind, label, offset in (
-            (report.series("loss"), "bad", "fp16 weights (the report)", (8, -12)),
-            (fixed.series("loss"), "fixed", "float32 weights (the fix)", (8, 4))):
+        (report.series("loss"), "bad", "fp16 weights (the report)", (8, -12)),
+        (fixed.series("loss"), "fixed", "float32 weights (the fix)", (8, 4)),
+    ):
         plotting.line(ax_log, steps_logged, values, kind, label, linestyle="none", markersize=8)
         for step, value in zip(steps_logged, values):
             ax_log.annotate(f"{value:.2g}", (step, value), textcoords="offset points", xytext=offset, fontsize=8)
@@ -139,13 +173,20 @@ def plot_bad_vs_fixed(report: StepRecorder, fixed: StepRecorder, accuracy: dict[
     if finite:
         plotting.line(ax_raw, *zip(*finite), "bad", "fp16 weights (finite steps)")
     bad = [s for s, v in zip(steps, raw) if not math.isfinite(v)]
-    ax_raw.scatter(bad, [max(fixed.series("raw_loss")[1]) * 1.05] * len(bad), marker="x", s=12,
-                   color=plotting.BAD, label="fp16 weights: NaN")
+    ax_raw.scatter(
+        bad,
+        [max(fixed.series("raw_loss")[1]) * 1.05] * len(bad),
+        marker="x",
+        s=12,
+        color=plotting.BAD,
+        label="fp16 weights: NaN",
+    )
     plotting.label(ax_raw, "optimizer step", "loss the model returned", "what the model returned")
     return plotting.save(fig, output_dir, "reward_nan")
 
 
 # ---- the deep dive ---------------------------------------------------------------------------------------------
+
 
 def save_checkpoints(run: Run, pairs: Pairs, dtypes: Iterable[torch.dtype]) -> dict[torch.dtype, Path]:
     """The profile's reward model saved locally once per stored dtype, so that TRL loads it from a path
@@ -163,8 +204,13 @@ def load_outcome(run: Run, checkpoint: Path, pairs: Pairs, model_init_kwargs: di
     reward head ends up in, or the ``ValueError`` it raises."""
     args = RewardConfig(**run.trainer_kwargs("spelling"), model_init_kwargs=model_init_kwargs)
     try:
-        trainer = RewardTrainer(model=str(checkpoint), args=args, train_dataset=pairs.train,
-                                processing_class=pairs.tokenizer, peft_config=LoraConfig(task_type="SEQ_CLS"))
+        trainer = RewardTrainer(
+            model=str(checkpoint),
+            args=args,
+            train_dataset=pairs.train,
+            processing_class=pairs.tokenizer,
+            peft_config=LoraConfig(task_type="SEQ_CLS"),
+        )
     except ValueError as error:
         return f"ValueError: {error}"
     return f"loads with weights in {trainer.model.get_base_model().score.weight.dtype}"
@@ -183,14 +229,20 @@ def adam_state(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict:
     m_zero, v_zero = state["exp_avg"] == 0, state["exp_avg_sq"] == 0
     gradient = state["exp_avg"].float().abs() / (1 - beta1)  # |g| read back from the first moment
     underflowed, kept = gradient[v_zero & ~m_zero], gradient[~v_zero]
-    return {"state_dtype": str(state["exp_avg_sq"].dtype), "weights": param.numel(),
-            "v_underflowed": int(v_zero.sum()), "m_underflowed": int(m_zero.sum()),
-            "inf_weights": int(param.isinf().sum()), "nan_weights": int(param.isnan().sum()),
-            "inf_where_only_v_underflowed": torch.equal(param.isinf(), v_zero & ~m_zero),
-            "nan_where_m_underflowed_too": torch.equal(param.isnan(), v_zero & m_zero),
-            "v_threshold": (2.0 ** -25 / (1 - beta2)) ** 0.5, "m_threshold": 2.0 ** -25 / (1 - beta1),
-            "largest_underflowed_gradient": underflowed.max().item() if underflowed.numel() else None,
-            "smallest_kept_gradient": kept.min().item() if kept.numel() else None}
+    return {
+        "state_dtype": str(state["exp_avg_sq"].dtype),
+        "weights": param.numel(),
+        "v_underflowed": int(v_zero.sum()),
+        "m_underflowed": int(m_zero.sum()),
+        "inf_weights": int(param.isinf().sum()),
+        "nan_weights": int(param.isnan().sum()),
+        "inf_where_only_v_underflowed": torch.equal(param.isinf(), v_zero & ~m_zero),
+        "nan_where_m_underflowed_too": torch.equal(param.isnan(), v_zero & m_zero),
+        "v_threshold": (2.0**-25 / (1 - beta2)) ** 0.5,
+        "m_threshold": 2.0**-25 / (1 - beta1),
+        "largest_underflowed_gradient": underflowed.max().item() if underflowed.numel() else None,
+        "smallest_kept_gradient": kept.min().item() if kept.numel() else None,
+    }
 
 
 def accumulation_run(trainer: RewardTrainer) -> dict:
@@ -199,9 +251,13 @@ def accumulation_run(trainer: RewardTrainer) -> dict:
     recorder = StepRecorder().watch(trainer)  # watch() quiets the trainer itself
     trainer.train()
     raw = recorder.series("raw_loss")[1]
-    return {"first_nonfinite_step": first_nonfinite_step(raw), "raw_loss": raw,
-            "logged": recorder.series("loss")[1], "logged_grad_norm": recorder.series("grad_norm")[1],
-            "replayed": replay_nan_filter(raw, trainer.args.gradient_accumulation_steps, trainer.args.logging_steps)}
+    return {
+        "first_nonfinite_step": first_nonfinite_step(raw),
+        "raw_loss": raw,
+        "logged": recorder.series("loss")[1],
+        "logged_grad_norm": recorder.series("grad_norm")[1],
+        "replayed": replay_nan_filter(raw, trainer.args.gradient_accumulation_steps, trainer.args.logging_steps),
+    }
 
 
 def head_report(run: Run, trainer: RewardTrainer, name: str, pairs: Pairs) -> dict:
@@ -218,9 +274,13 @@ def head_report(run: Run, trainer: RewardTrainer, name: str, pairs: Pairs) -> di
     before = rewards(trained_model(trainer), pairs.tokenizer, texts)
     base = reward_model(run, pairs.tokenizer, torch.float32, head_seed=run.subseed("reload head")).to(run.device)
     after = rewards(PeftModel.from_pretrained(base, str(adapter_dir)), pairs.tokenizer, texts)
-    return {"trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
-            "head_trainable": head_trainable, "score_saved": any("score" in k for k in keys),
-            "saved_tensors": len(keys), "reload_max_reward_change": (after - before).abs().max().item()}
+    return {
+        "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+        "head_trainable": head_trainable,
+        "score_saved": any("score" in k for k in keys),
+        "saved_tensors": len(keys),
+        "reload_max_reward_change": (after - before).abs().max().item(),
+    }
 
 
 def plot_deeper(sweep: dict[int, dict], accuracy: dict[str, float], output_dir: Path) -> Path:
@@ -228,12 +288,19 @@ def plot_deeper(sweep: dict[int, dict], accuracy: dict[str, float], output_dir: 
     accuracy of the fp16, frozen-head and fixed runs."""
     counts = sorted(sweep)
     logged = [sweep[k]["logged"][0] for k in counts]
-    title = (f"The NaN filter logs {logged[0]:.0e} to {logged[-1]:.0e} as accumulation grows from {counts[0]} to "
-             f"{counts[-1]}; a frozen head still ranks pairs, from a random head")
+    title = (
+        f"The NaN filter logs {logged[0]:.0e} to {logged[-1]:.0e} as accumulation grows from {counts[0]} to "
+        f"{counts[-1]}; a frozen head still ranks pairs, from a random head"
+    )
     fig, (ax_log, ax_acc) = plotting.figure(2, title=title, width=5.5)
     plotting.line(ax_log, counts, [max(v, 1e-3) for v in logged], "bad", "logged (fp16 weights)")
-    plotting.line(ax_log, counts, [max(sweep[k]["replayed"][0], 1e-3) for k in counts], "reference",
-                  "replayed from the raw losses")
+    plotting.line(
+        ax_log,
+        counts,
+        [max(sweep[k]["replayed"][0], 1e-3) for k in counts],
+        "reference",
+        "replayed from the raw losses",
+    )
     ax_log.set_xscale("log", base=2)
     plotting.label(ax_log, "gradient accumulation steps", "first logged loss", "one log after the NaN", log_y=True)
     plotting.bars(ax_acc, list(accuracy), list(accuracy.values()), ["bad", "other", "fixed"], fmt="{:.0%}")

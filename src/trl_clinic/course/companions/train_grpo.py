@@ -47,5 +47,6 @@ def main(spec_path: str) -> None:
     trainer.train()
     Path(spec["log"]).write_text(json.dumps(trainer.state.log_history))
 
+
 if __name__ == "__main__":
     main(sys.argv[1])

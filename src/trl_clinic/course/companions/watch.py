@@ -26,8 +26,11 @@ def reward_pairs(run: Run) -> Pairs:
     """The profile's tokenizer and the (prompt, chosen, rejected) pairs of ``train_steps`` steps of ``batch_size``,
     drawn from the seed. Nothing is evaluated, so there is no held-out set."""
     sizes = run.sizes
-    tokenizer = (AutoTokenizer.from_pretrained(dequantized_smollm2(), local_files_only=True)
-                 if sizes.model_size == "smollm2" else build_tokenizer())
+    tokenizer = (
+        AutoTokenizer.from_pretrained(dequantized_smollm2(), local_files_only=True)
+        if sizes.model_size == "smollm2"
+        else build_tokenizer()
+    )
     train = data.preference_pairs(sizes.train_steps * sizes.batch_size, seed=run.subseed("train"))
     return Pairs(tokenizer, with_passage(train, sizes.context_people, run.subseed("train passages")), eval=None)
 
@@ -35,15 +38,22 @@ def reward_pairs(run: Run) -> Pairs:
 def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     """Every parameter of ``a`` and ``b`` equal bit for bit (NaN bytes included: ``==`` would call NaN unequal)."""
     pairs = list(zip(a.named_parameters(), b.named_parameters(), strict=True))
-    return all(na == nb and torch.equal(pa.detach().contiguous().view(torch.uint8).flatten(),
-                                        pb.detach().contiguous().view(torch.uint8).flatten())
-               for (na, pa), (nb, pb) in pairs)
+    return all(
+        na == nb
+        and torch.equal(
+            pa.detach().contiguous().view(torch.uint8).flatten(), pb.detach().contiguous().view(torch.uint8).flatten()
+        )
+        for (na, pa), (nb, pb) in pairs
+    )
 
 
 def log_rows(trainer) -> list[dict]:
     """The training log rows (those with a ``loss``): step, logged loss, grad norm, and the watch's ``clinic/`` keys."""
-    return [{k: v for k, v in row.items() if k in ("step", "loss", "grad_norm") or k.startswith("clinic/")}
-            for row in trainer.state.log_history if "loss" in row]
+    return [
+        {k: v for k, v in row.items() if k in ("step", "loss", "grad_norm") or k.startswith("clinic/")}
+        for row in trainer.state.log_history
+        if "loss" in row
+    ]
 
 
 def plot_watched(bad, fixed, bad_rows: list[dict], fixed_rows: list[dict], output_dir: Path) -> Path:
@@ -53,23 +63,53 @@ def plot_watched(bad, fixed, bad_rows: list[dict], fixed_rows: list[dict], outpu
     nan_grad = next(r["step"] for r in bad_rows if math.isnan(r["grad_norm"]))
     zero = next(r["step"] for r in bad_rows if r["loss"] == 0.0)
     found = {f.key: f.step for f in bad.findings}
-    title = (f"fp16 head: the watch says nonfinite at step {found['nonfinite']}; the log shows grad_norm nan at step "
-             f"{nan_grad}\nand loss 0 at step {zero}. float32 weights: {len(fixed.findings)} findings")
+    title = (
+        f"fp16 head: the watch says nonfinite at step {found['nonfinite']}; the log shows grad_norm nan at step "
+        f"{nan_grad}\nand loss 0 at step {zero}. float32 weights: {len(fixed.findings)} findings"
+    )
     fig, [ax] = plotting.figure(1, title=title, width=9.0, height=4.8)
-    plotting.line(ax, [r["step"] for r in fixed.steps], [r["raw_loss"] for r in fixed.steps], "fixed",
-                  "float32: loss at each step", markersize=0, linewidth=1)
+    plotting.line(
+        ax,
+        [r["step"] for r in fixed.steps],
+        [r["raw_loss"] for r in fixed.steps],
+        "fixed",
+        "float32: loss at each step",
+        markersize=0,
+        linewidth=1,
+    )
     finite = [(s, v) for s, v in zip(steps, raw) if math.isfinite(v)]
     plotting.line(ax, *zip(*finite), "bad", "fp16: loss at each step (finite)", markersize=5, linestyle="none")
     top = max(r["raw_loss"] for r in fixed.steps) * 1.04
-    ax.scatter([s for s, v in zip(steps, raw) if not math.isfinite(v)], [top] * (len(steps) - len(finite)),
-               marker="|", color=plotting.BAD, label="fp16: loss NaN at this step")
+    ax.scatter(
+        [s for s, v in zip(steps, raw) if not math.isfinite(v)],
+        [top] * (len(steps) - len(finite)),
+        marker="|",
+        color=plotting.BAD,
+        label="fp16: loss NaN at this step",
+    )
     for rows, kind, label in ((bad_rows, "bad", "fp16: logged loss"), (fixed_rows, "fixed", "float32: logged loss")):
-        plotting.line(ax, [r["step"] for r in rows], [r["loss"] for r in rows], kind, label, marker="s",
-                      markersize=7, linestyle="none", markerfacecolor="none")
+        plotting.line(
+            ax,
+            [r["step"] for r in rows],
+            [r["loss"] for r in rows],
+            kind,
+            label,
+            marker="s",
+            markersize=7,
+            linestyle="none",
+            markerfacecolor="none",
+        )
     for key, step in found.items():
         ax.axvline(step, color=plotting.BAD, linestyle=":", linewidth=1)
-        ax.annotate(f"watch: {key}\n(step {step})", (step, 0.1), xycoords=("data", "axes fraction"),
-                    xytext=(3, 0), textcoords="offset points", fontsize=8, color=plotting.BAD)
+        ax.annotate(
+            f"watch: {key}\n(step {step})",
+            (step, 0.1),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, 0),
+            textcoords="offset points",
+            fontsize=8,
+            color=plotting.BAD,
+        )
     plotting.label(ax, "optimizer step", "reward-model loss")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
     return plotting.save(fig, output_dir, "watch_your_run")

@@ -63,9 +63,20 @@ WAIT_FOR_WEIGHTS = 300  # seconds: today's side trains the copy-task model while
 def tiny_llama(seed: int, attn_implementation: str, hidden_size: int = 32):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=None, use_cache=True)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+        use_cache=True,
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, torch_dtype=torch.float32)
 
@@ -85,8 +96,10 @@ def sequences(seed: int, lengths: list[int]) -> list[list[int]]:
 
 def flattened(seqs: list[list[int]]) -> dict:
     """What a padding-free collator without a mask sends: one row, restarting position ids."""
-    return {"input_ids": torch.tensor([sum(seqs, [])]),
-            "position_ids": torch.tensor([sum((list(range(len(ids))) for ids in seqs), [])])}
+    return {
+        "input_ids": torch.tensor([sum(seqs, [])]),
+        "position_ids": torch.tensor([sum((list(range(len(ids))) for ids in seqs), [])]),
+    }
 
 
 def contamination(model, batch: dict, seqs: list[list[int]], *, use_cache: bool | None) -> float:
@@ -101,7 +114,7 @@ def contamination(model, batch: dict, seqs: list[list[int]], *, use_cache: bool 
         for i, ids in enumerate(seqs):
             alone = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
             if i > 0:
-                worst = max(worst, (packed[start:start + len(ids)] - alone).abs().max().item())
+                worst = max(worst, (packed[start : start + len(ids)] - alone).abs().max().item())
             start += len(ids)
     return worst
 
@@ -144,13 +157,20 @@ def real_collator(seqs: list[list[int]]) -> tuple[dict, dict]:
 
         # SFTTrainer passes return_position_ids=use_flash_attention (trl 0.21.0 sft_trainer.py, __init__)
         collator = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True, return_position_ids=False)
-        name = ("trl.trainer.sft_trainer.DataCollatorForLanguageModeling(pad_token_id, padding_free=True, "
-                "return_position_ids=False), as SFTTrainer builds it on sdpa/eager")
+        name = (
+            "trl.trainer.sft_trainer.DataCollatorForLanguageModeling(pad_token_id, padding_free=True, "
+            "return_position_ids=False), as SFTTrainer builds it on sdpa/eager"
+        )
     batch = collator(examples)
     mask = batch.get("attention_mask")
-    about = {"collator": name, "keys": sorted(batch.keys()), "has_attention_mask": mask is not None,
-             "attention_mask_all_ones": bool(mask is not None and bool((mask == 1).all())),
-             "has_position_ids": "position_ids" in batch, "shape": list(batch["input_ids"].shape)}
+    about = {
+        "collator": name,
+        "keys": sorted(batch.keys()),
+        "has_attention_mask": mask is not None,
+        "attention_mask_all_ones": bool(mask is not None and bool((mask == 1).all())),
+        "has_position_ids": "position_ids" in batch,
+        "shape": list(batch["input_ids"].shape),
+    }
     return batch, about
 
 
@@ -173,21 +193,37 @@ def copier_from_spec(spec: dict):
     return model
 
 
-def sft_trainer(folder: Path, examples: dict[str, list[list[int]]], batch_size: int, padding_free: bool, seed: int,
-                output_dir: Path):
+def sft_trainer(
+    folder: Path, examples: dict[str, list[list[int]]], batch_size: int, padding_free: bool, seed: int, output_dir: Path
+):
     """The era's real SFTTrainer on the saved model, loaded by path with no model_init_kwargs, at lr 0."""
     import datasets
     import trl
 
-    common = dict(output_dir=str(output_dir), learning_rate=0.0, per_device_train_batch_size=batch_size,
-                  num_train_epochs=1, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-                  disable_tqdm=True, seed=seed, dataloader_num_workers=0)
+    common = dict(
+        output_dir=str(output_dir),
+        learning_rate=0.0,
+        per_device_train_batch_size=batch_size,
+        num_train_epochs=1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=seed,
+        dataloader_num_workers=0,
+    )
     if old_trl():  # trl 0.14: the report's collator
         dataset = datasets.Dataset.from_dict({"input_ids": examples["input_ids"]})  # it finds the template itself
         collator = trl.DataCollatorForCompletionOnlyLM(TEMPLATE, tokenizer=tiny_tokenizer(), padding_free=padding_free)
         args = trl.SFTConfig(**common, max_seq_length=64)
-        return trl.SFTTrainer(model=str(folder), args=args, train_dataset=dataset, processing_class=tiny_tokenizer(),
-                              data_collator=collator)
+        return trl.SFTTrainer(
+            model=str(folder),
+            args=args,
+            train_dataset=dataset,
+            processing_class=tiny_tokenizer(),
+            data_collator=collator,
+        )
     dataset = datasets.Dataset.from_dict(examples)  # input_ids and completion_mask
     args = trl.SFTConfig(**common, padding_free=padding_free, completion_only_loss=True, max_length=64)
     return trl.SFTTrainer(model=str(folder), args=args, train_dataset=dataset, processing_class=tiny_tokenizer())
@@ -212,7 +248,9 @@ def loss_by_batch_size(spec: dict, folder: Path) -> dict:
         for name, padding_free in (("padded", False), ("padding_free", True)):
             with warnings.catch_warnings(record=True) as seen:
                 warnings.simplefilter("always")
-                trainer = sft_trainer(folder, spec["examples"], size, padding_free, seed, workdir / f"sft_{name}_{size}")
+                trainer = sft_trainer(
+                    folder, spec["examples"], size, padding_free, seed, workdir / f"sft_{name}_{size}"
+                )
             caught += [str(w.message) for w in seen if "attention implementation" in str(w.message)]
             attention.add(trainer.model.config._attn_implementation)
             trainer.remove_callback(PrinterCallback)  # disable_tqdm's printer: the losses are read from log_history
@@ -222,13 +260,25 @@ def loss_by_batch_size(spec: dict, folder: Path) -> dict:
             if size == batch_sizes[-1]:
                 log[name] = entries[:LOG_LINES]
     shutil.rmtree(workdir, ignore_errors=True)
-    return {"batch_sizes": batch_sizes, "padded": means["padded"], "padding_free": means["padding_free"],
-            "ratio": [free / padded for free, padded in zip(means["padding_free"], means["padded"])],
-            "attn_implementation": sorted(attention), "log": log, "warnings": sorted(set(caught)),
-            "examples": len(spec["examples"]["input_ids"]), "learning_rate": 0.0,
-            "trainer": ("trl.SFTTrainer(model=<folder>, args=SFTConfig(learning_rate=0.0, ...), "
-                        + ("data_collator=DataCollatorForCompletionOnlyLM(response_template, tokenizer, "
-                           "padding_free=...))" if old_trl() else "SFTConfig(padding_free=..., completion_only_loss=True))"))}
+    return {
+        "batch_sizes": batch_sizes,
+        "padded": means["padded"],
+        "padding_free": means["padding_free"],
+        "ratio": [free / padded for free, padded in zip(means["padding_free"], means["padded"])],
+        "attn_implementation": sorted(attention),
+        "log": log,
+        "warnings": sorted(set(caught)),
+        "examples": len(spec["examples"]["input_ids"]),
+        "learning_rate": 0.0,
+        "trainer": (
+            "trl.SFTTrainer(model=<folder>, args=SFTConfig(learning_rate=0.0, ...), "
+            + (
+                "data_collator=DataCollatorForCompletionOnlyLM(response_template, tokenizer, padding_free=...))"
+                if old_trl()
+                else "SFTConfig(padding_free=..., completion_only_loss=True))"
+            )
+        ),
+    }
 
 
 def main(spec_path: str, result_path: str) -> None:
@@ -253,16 +303,19 @@ def main(spec_path: str, result_path: str) -> None:
         table[implementation] = rows
     eager = tiny_llama(seed, "eager")
     small = sequences(seed, spec.get("mask_lengths", [3, 2, 3]))
-    patterns = {"eval, use_cache=False, no mask": attention_pattern(eager.eval(), small, use_cache=False),
-                "train, config use_cache=True, no mask": attention_pattern(eager.train(), small, use_cache=None)}
+    patterns = {
+        "eval, use_cache=False, no mask": attention_pattern(eager.eval(), small, use_cache=False),
+        "train, config use_cache=True, no mask": attention_pattern(eager.train(), small, use_cache=None),
+    }
     folder = Path(tempfile.mkdtemp(prefix="then_01_model_"))
     copier_from_spec(spec).save_pretrained(folder)  # with this era's transformers: the trainer loads it by path
     tiny_tokenizer().save_pretrained(folder)
     losses = loss_by_batch_size(spec, folder)
     shutil.rmtree(folder, ignore_errors=True)
     result = {
-        "era_versions": {name: importlib.metadata.version(name)
-                         for name in ("torch", "transformers", "trl", "peft", "accelerate")},
+        "era_versions": {
+            name: importlib.metadata.version(name) for name in ("torch", "transformers", "trl", "peft", "accelerate")
+        },
         "lengths": [len(ids) for ids in seqs],
         "collator": collator,
         "max_abs_logit_difference": table,

@@ -38,8 +38,9 @@ def build_model(spec: dict) -> torch.nn.Module:
 
     config = dict(spec["config"])
     config = AutoConfig.for_model(config.pop("model_type"), **config)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=spec.get("attn_implementation", "eager"),
-                                             torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(
+        config, attn_implementation=spec.get("attn_implementation", "eager"), torch_dtype=torch.float32
+    )
     state = torch.load(spec["weights"], map_location="cpu", weights_only=True)
     model.load_state_dict(state, strict=True)
     return model
@@ -55,8 +56,9 @@ def tiny_tokenizer(vocab_size: int, pad_id: int, eos_id: int):
 
     tokenizer = Tokenizer(WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token=f"t{pad_id}"))
     tokenizer.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=f"t{pad_id}", eos_token=f"t{eos_id}",
-                                   unk_token=f"t{pad_id}")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token=f"t{pad_id}", eos_token=f"t{eos_id}", unk_token=f"t{pad_id}"
+    )
 
 
 class Collator:
@@ -74,8 +76,11 @@ class Collator:
 
 
 def flat_gradient(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.grad.detach().flatten() for p in model.parameters() if p.requires_grad and p.grad is not None]
-                     ).double().cpu()
+    return (
+        torch.cat([p.grad.detach().flatten() for p in model.parameters() if p.requires_grad and p.grad is not None])
+        .double()
+        .cpu()
+    )
 
 
 def trainer_gradient(spec: dict, trainer_kind: str, workdir: Path) -> torch.Tensor:
@@ -93,10 +98,21 @@ def trainer_gradient(spec: dict, trainer_kind: str, workdir: Path) -> torch.Tens
 
     model = build_model(spec)
     rows = [{"input_ids": row["input_ids"], "labels": row["labels"]} for row in spec["examples"]]
-    common = dict(output_dir=str(workdir / trainer_kind), per_device_train_batch_size=1,
-                  gradient_accumulation_steps=spec["accumulation"], max_steps=1, max_grad_norm=0,
-                  learning_rate=1e-3, report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no",
-                  disable_tqdm=True, seed=spec.get("seed", 0), dataloader_num_workers=0)
+    common = dict(
+        output_dir=str(workdir / trainer_kind),
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=spec["accumulation"],
+        max_steps=1,
+        max_grad_norm=0,
+        learning_rate=1e-3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        seed=spec.get("seed", 0),
+        dataloader_num_workers=0,
+    )
     collator = Collator(spec["pad_token_id"])
     if trainer_kind == "trainer":
         trainer = Trainer(model=model, args=TrainingArguments(**common), train_dataset=rows, data_collator=collator)
@@ -105,8 +121,9 @@ def trainer_gradient(spec: dict, trainer_kind: str, workdir: Path) -> torch.Tens
 
         tokenizer = tiny_tokenizer(spec["config"]["vocab_size"], spec["pad_token_id"], spec["eos_token_id"])
         args = SFTConfig(**common, dataset_kwargs={"skip_prepare_dataset": True}, max_seq_length=4096)
-        trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), data_collator=collator,
-                             tokenizer=tokenizer)
+        trainer = SFTTrainer(
+            model=model, args=args, train_dataset=Dataset.from_list(rows), data_collator=collator, tokenizer=tokenizer
+        )
     trainer.add_callback(Capture())
     trainer.train()
     return captured["gradient"]
@@ -165,18 +182,22 @@ def main(spec_path: str, result_path: str) -> None:
     paths = {}
     for kind in ("trainer", "sft_trainer"):
         gradient = gradients[kind]
-        paths[kind] = {"vs_mean_of_means": relative_error(gradient, gradients["mean_of_means"]),
-                       "vs_full_batch": relative_error(gradient, gradients["full_batch"]),
-                       "cosine_full_batch": cosine(gradient, gradients["full_batch"])}
+        paths[kind] = {
+            "vs_mean_of_means": relative_error(gradient, gradients["mean_of_means"]),
+            "vs_full_batch": relative_error(gradient, gradients["full_batch"]),
+            "cosine_full_batch": cosine(gradient, gradients["full_batch"]),
+        }
     result = {
-        "era_versions": {name: importlib.metadata.version(name)
-                         for name in ("torch", "transformers", "trl", "peft", "accelerate")},
+        "era_versions": {
+            name: importlib.metadata.version(name) for name in ("torch", "transformers", "trl", "peft", "accelerate")
+        },
         "accumulation": spec["accumulation"],
         "label_counts": manual["label_counts"].tolist(),
         "paths": paths,
         "mean_of_means_vs_full_batch": {
             "relative_error": relative_error(gradients["mean_of_means"], gradients["full_batch"]),
-            "cosine": cosine(gradients["mean_of_means"], gradients["full_batch"])},
+            "cosine": cosine(gradients["mean_of_means"], gradients["full_batch"]),
+        },
         # the evidence in the library's own code: the old training_step has no token count to divide by
         "training_step_knows_num_items_in_batch": "num_items_in_batch" in inspect.getsource(Trainer.training_step),
         "trainer_file": inspect.getsourcefile(Trainer),

@@ -52,19 +52,23 @@ import torch
 
 GUARD = "You are attempting to perform batched generation with padding_side='right'"
 FLASH_ATTN_INSTALLED = importlib.util.find_spec("flash_attn") is not None
-WORDS = ("the cat dog sat ran on mat rug a big small red blue fast slow and then home park tree "
-         "good bad yes no it is was very").split()
+WORDS = (
+    "the cat dog sat ran on mat rug a big small red blue fast slow and then home park tree "
+    "good bad yes no it is was very"
+).split()
 # chosen and rejected of different lengths: the stacked batch of one pair is right-padded
-PAIRS = [("the cat sat on", "the mat and then", "a dog"),
-         ("a big dog ran to", "the park", "home and then the tree was very big"),
-         ("is it", "yes it is", "no"),
-         ("the red cat", "was very fast and good", "slow")]
+PAIRS = [
+    ("the cat sat on", "the mat and then", "a dog"),
+    ("a big dog ran to", "the park", "home and then the tree was very big"),
+    ("is it", "yes it is", "no"),
+    ("the red cat", "was very fast and good", "slow"),
+]
 # what each scenario changes from the report's setup (trl 0.17: DPOConfig defaults, a model instance)
 SCENARIOS = {
     "as_reported": "evaluate(), DPOConfig defaults",
     "train_defaults": "train(), DPOConfig defaults: the first training step",
     "train_checkpointing": "train() with DPOConfig(gradient_checkpointing=True): the first training step, then "
-                           "evaluate() on the same trainer (checkpointing on, the model in eval mode)",
+    "evaluate() on the same trainer (checkpointing on, the model in eval mode)",
     "tokenizer_left": "evaluate(), tokenizer.padding_side = 'left' (the message's advice)",
     "use_cache_false": "evaluate(), model.config.use_cache = False on the model instance",
     "path_model_init_kwargs": "evaluate(), a model path and DPOConfig(model_init_kwargs={'use_cache': False})",
@@ -72,9 +76,11 @@ SCENARIOS = {
     "explicit_ref_path_fixed": "evaluate(), the same and ref_model=<path>, ref_model_init_kwargs={'use_cache': False}",
     "padding_free": "evaluate(), DPOConfig(padding_free=True)",
 }
-DIRECT = {"right": "one forward of a stacked pair, right-padded, use_cache=True",
-          "right_no_cache": "the same forward with use_cache=False",
-          "left": "the same pair left-padded, use_cache=True"}
+DIRECT = {
+    "right": "one forward of a stacked pair, right-padded, use_cache=True",
+    "right_no_cache": "the same forward with use_cache=False",
+    "left": "the same pair left-padded, use_cache=True",
+}
 NEEDS_DPO_CONFIG = set(SCENARIOS) - {"as_reported", "tokenizer_left", "use_cache_false"}
 
 
@@ -89,8 +95,14 @@ def tiny_tokenizer(bos: bool = False):
     vocab = {token: i for i, token in enumerate(["<pad>", "<eos>", "<unk>", *(["<bos>"] if bos else []), *WORDS])}
     tokenizer = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<eos>",
-                                   unk_token="<unk>", padding_side="right", **({"bos_token": "<bos>"} if bos else {}))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="right",
+        **({"bos_token": "<bos>"} if bos else {}),
+    )
 
 
 def as_flash_attention_2(model):
@@ -112,13 +124,24 @@ def tiny_qwen2(tokenizer, seed: int, use_cache: bool = True):
     """A two-layer Qwen2 with the config's default ``use_cache=True`` (or the one asked), then FlashAttention-2."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=None, tie_word_embeddings=True, use_cache=use_cache)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+        use_cache=use_cache,
+    )
     torch.manual_seed(seed)
-    return as_flash_attention_2(AutoModelForCausalLM.from_config(config, attn_implementation="eager",
-                                                                 torch_dtype=torch.float32))
+    return as_flash_attention_2(
+        AutoModelForCausalLM.from_config(config, attn_implementation="eager", torch_dtype=torch.float32)
+    )
 
 
 def site_relative(filename: str) -> str:
@@ -131,18 +154,26 @@ def describe_error(error: BaseException) -> dict:
     last = frames[-1] if frames else None
     message = str(error)
     library = [frame for frame in frames if "site-packages" in frame.filename]
-    shown = traceback.format_list([traceback.FrameSummary(site_relative(f.filename), f.lineno, f.name, line=f.line)
-                                   for f in library])
-    return {"raised": True, "error_type": type(error).__name__, "message": message,
-            "error": f"{type(error).__name__}: {message}", "padding_guard": GUARD in message,
-            "missing_name": getattr(error, "name", None) if isinstance(error, NameError) else None,
-            "file": last.filename if last else None, "function": last.name if last else None,
-            "line": last.lineno if last else None,
-            "in_training_step": any(frame.name == "training_step" for frame in frames),
-            "library_frames": [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in library][-8:],
-            "user_traceback": "Traceback (most recent call last):\n" + "".join(shown)
-                              + f"{type(error).__name__}: {message}",
-            "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))[-6000:]}
+    shown = traceback.format_list(
+        [traceback.FrameSummary(site_relative(f.filename), f.lineno, f.name, line=f.line) for f in library]
+    )
+    return {
+        "raised": True,
+        "error_type": type(error).__name__,
+        "message": message,
+        "error": f"{type(error).__name__}: {message}",
+        "padding_guard": GUARD in message,
+        "missing_name": getattr(error, "name", None) if isinstance(error, NameError) else None,
+        "file": last.filename if last else None,
+        "function": last.name if last else None,
+        "line": last.lineno if last else None,
+        "in_training_step": any(frame.name == "training_step" for frame in frames),
+        "library_frames": [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in library][-8:],
+        "user_traceback": "Traceback (most recent call last):\n"
+        + "".join(shown)
+        + f"{type(error).__name__}: {message}",
+        "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))[-6000:],
+    }
 
 
 def verdict(result: dict) -> str:
@@ -153,8 +184,7 @@ def verdict(result: dict) -> str:
         return "finished"
     if result["padding_guard"]:
         return "guard"
-    if (result["error_type"] == "NameError" and not FLASH_ATTN_INSTALLED
-            and "flash" in (result["missing_name"] or "")):
+    if result["error_type"] == "NameError" and not FLASH_ATTN_INSTALLED and "flash" in (result["missing_name"] or ""):
         return "missing_flash_kernel"
     return "other"
 
@@ -166,9 +196,15 @@ def outcome(call) -> dict:
     except Exception as error:
         result = describe_error(error)
     else:
-        result = {"raised": False, "padding_guard": False, "error": None, "message": None, "file": None,
-                  "function": None, "value": {k: float(v) for k, v in (value or {}).items()
-                                              if isinstance(v, (int, float))}}
+        result = {
+            "raised": False,
+            "padding_guard": False,
+            "error": None,
+            "message": None,
+            "file": None,
+            "function": None,
+            "value": {k: float(v) for k, v in (value or {}).items() if isinstance(v, (int, float))},
+        }
     result["verdict"] = verdict(result)
     result["passed_guard"] = result["verdict"] in ("missing_flash_kernel", "finished")
     return result
@@ -184,25 +220,46 @@ def has_dpo_config() -> bool:
 def dpo_trainer(spec: dict, workdir: Path, model, tokenizer, ref_model=None, **config):
     """The era's real DPOTrainer: trl 0.17's takes a DPOConfig (``config`` goes into it); trl 0.8.6's takes
     TrainingArguments and its DPO settings as arguments."""
-    from datasets import Dataset
     import trl
+    from datasets import Dataset
 
     rows = Dataset.from_list([{"prompt": p, "chosen": c, "rejected": r} for p, c, r in PAIRS])
-    common = dict(output_dir=str(workdir), per_device_eval_batch_size=spec.get("eval_batch_size", 1),
-                  per_device_train_batch_size=1, report_to=[], use_cpu=True, save_strategy="no",
-                  logging_strategy="no", disable_tqdm=True, bf16=False, seed=spec.get("seed", 0),
-                  dataloader_num_workers=0)
+    common = dict(
+        output_dir=str(workdir),
+        per_device_eval_batch_size=spec.get("eval_batch_size", 1),
+        per_device_train_batch_size=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        bf16=False,
+        seed=spec.get("seed", 0),
+        dataloader_num_workers=0,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if has_dpo_config():
             args = trl.DPOConfig(**common, max_length=64, max_prompt_length=32, **config)
-            return trl.DPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=rows,
-                                  eval_dataset=rows, processing_class=tokenizer)
+            return trl.DPOTrainer(
+                model=model,
+                ref_model=ref_model,
+                args=args,
+                train_dataset=rows,
+                eval_dataset=rows,
+                processing_class=tokenizer,
+            )
         from transformers import TrainingArguments
 
-        return trl.DPOTrainer(model=model, args=TrainingArguments(**common, remove_unused_columns=False),
-                              train_dataset=rows, eval_dataset=rows, tokenizer=tokenizer, max_length=64,
-                              max_prompt_length=32)
+        return trl.DPOTrainer(
+            model=model,
+            args=TrainingArguments(**common, remove_unused_columns=False),
+            train_dataset=rows,
+            eval_dataset=rows,
+            tokenizer=tokenizer,
+            max_length=64,
+            max_prompt_length=32,
+        )
 
 
 def reference_forward(trainer) -> dict:
@@ -221,12 +278,16 @@ def from_path(spec: dict, workdir: Path, tokenizer, explicit_ref: bool, **config
         model.config._attn_implementation = "eager"  # saved as a plain checkpoint
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
-    trainer = dpo_trainer(spec, workdir, str(folder), tokenizer, ref_model=str(folder) if explicit_ref else None,
-                          **config)
+    trainer = dpo_trainer(
+        spec, workdir, str(folder), tokenizer, ref_model=str(folder) if explicit_ref else None, **config
+    )
     for model in (trainer.model, trainer.ref_model):
         as_flash_attention_2(model)
-    return {**outcome(trainer.evaluate), "reference_forward": reference_forward(trainer),
-            "use_cache": {"policy": trainer.model.config.use_cache, "reference": trainer.ref_model.config.use_cache}}
+    return {
+        **outcome(trainer.evaluate),
+        "reference_forward": reference_forward(trainer),
+        "use_cache": {"policy": trainer.model.config.use_cache, "reference": trainer.ref_model.config.use_cache},
+    }
 
 
 def run_scenario(name: str, spec: dict, workdir: Path) -> dict:
@@ -236,8 +297,14 @@ def run_scenario(name: str, spec: dict, workdir: Path) -> dict:
         tokenizer.padding_side = "left"
     if name.startswith("path") or name.startswith("explicit_ref"):
         ref_kwargs = {"ref_model_init_kwargs": {"use_cache": False}} if name.endswith("fixed") else {}
-        return from_path(spec, workdir, tokenizer, explicit_ref=name.startswith("explicit_ref"),
-                         model_init_kwargs={"use_cache": False}, **ref_kwargs)
+        return from_path(
+            spec,
+            workdir,
+            tokenizer,
+            explicit_ref=name.startswith("explicit_ref"),
+            model_init_kwargs={"use_cache": False},
+            **ref_kwargs,
+        )
     model = tiny_qwen2(tokenizer, seed, use_cache=name != "use_cache_false")
     config = {"padding_free": True} if name == "padding_free" else {}
     if name.startswith("train"):
@@ -264,8 +331,12 @@ def direct_forward(spec: dict) -> dict:
         tokenizer.padding_side = side
         batch = tokenizer(texts, padding=True, return_tensors="pt")
         with torch.no_grad():
-            results[name] = outcome(lambda: (model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                                   use_cache=use_cache), {})[1])
+            results[name] = outcome(
+                lambda: (  # called here, within this iteration
+                    model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=use_cache),  # noqa: B023
+                    {},
+                )[1]
+            )
         results[name]["attention_mask"] = batch["attention_mask"].tolist()
     return results
 
@@ -301,8 +372,10 @@ def main(spec_path: str, result_path: str) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scenarios = {name: run_scenario(name, spec, Path(scratch) / name) for name in asked}
     result = {
-        "era_versions": {name: importlib.metadata.version(name)
-                         for name in ("torch", "transformers", "trl", "peft", "accelerate", "datasets")},
+        "era_versions": {
+            name: importlib.metadata.version(name)
+            for name in ("torch", "transformers", "trl", "peft", "accelerate", "datasets")
+        },
         "flash_attn_installed": FLASH_ATTN_INSTALLED,
         "guard_function": guard_function(modeling_qwen2),
         "guard_file": inspect.getsourcefile(modeling_qwen2),

@@ -6,8 +6,8 @@ TRL #2906 was written against trl 0.14.0, the first release with ``GRPOTrainer``
 (today's TRL rejects it three times). This script builds ``trl.GRPOConfig`` from the report's
 arguments exactly (adding only ``output_dir`` and ``use_cpu``), records the ``bf16`` of a
 ``GRPOConfig`` that does not name it (0.14.0's ``grpo_config.py`` has no ``bf16`` field of its own) and
-the help of its ``per_device_train_batch_size`` ("Number of prompts sampled per device"), then trains a tiny random Qwen2 policy
-with the real ``trl.GRPOTrainer`` of 0.14.0 for a few optimizer steps with that config. For the run
+the help of its ``per_device_train_batch_size`` ("Number of prompts sampled per device"), then trains a tiny
+random Qwen2 policy with the real ``trl.GRPOTrainer`` of 0.14.0 for a few optimizer steps with that config. For the run
 only ``max_steps`` (a few steps instead of an epoch) and ``report_to`` (tensorboard is not installed
 in the era) are changed; everything else, ``bf16=True`` and 16 generations of up to 200 tokens
 included, runs as written; the reward function records how many completions each call scored (the
@@ -49,18 +49,32 @@ def tiny_tokenizer():
     tokenizer = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = WhitespaceSplit()
     tokenizer.decoder = WordPiece(prefix="##")  # joins words with spaces
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<eos>",
-                                   unk_token="<unk>", padding_side="left",
-                                   model_input_names=["input_ids", "attention_mask"])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="left",
+        model_input_names=["input_ids", "attention_mask"],
+    )
 
 
 def tiny_policy(tokenizer, seed: int):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=None, tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", torch_dtype=torch.float32)
 
@@ -101,24 +115,31 @@ def main(spec_path: str, result_path: str) -> None:
             args = dataclasses.replace(config, output_dir=str(Path(scratch) / "run"), **changed)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                trainer = GRPOTrainer(model=tiny_policy(tokenizer, seed), reward_funcs=yes_share, args=args,
-                                      train_dataset=Dataset.from_dict({"prompt": prompts}),
-                                      processing_class=tokenizer)
+                trainer = GRPOTrainer(
+                    model=tiny_policy(tokenizer, seed),
+                    reward_funcs=yes_share,
+                    args=args,
+                    train_dataset=Dataset.from_dict({"prompt": prompts}),
+                    processing_class=tokenizer,
+                )
                 trainer.train()
-            log = [{k: v for k, v in entry.items() if isinstance(v, (int, float))}
-                   for entry in trainer.state.log_history]
+            log = [
+                {k: v for k, v in entry.items() if isinstance(v, (int, float))} for entry in trainer.state.log_history
+            ]
             steps = [entry for entry in log if "loss" in entry]
     result = {
-        "era_versions": {name: importlib.metadata.version(name)
-                         for name in ("torch", "transformers", "trl", "peft", "accelerate")},
+        "era_versions": {
+            name: importlib.metadata.version(name) for name in ("torch", "transformers", "trl", "peft", "accelerate")
+        },
         "config_accepted_as_written": accepted,
         "default_bf16": default_bf16,
         "batch_help": GRPOConfig.__dataclass_fields__["per_device_train_batch_size"].metadata["help"],
         "completions_per_call": COMPLETIONS_PER_CALL,
         "error": error_text,
         "reported": reported,
-        "config_as_read": {k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
-                           for k, v in as_read.items()},
+        "config_as_read": {
+            k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v)) for k, v in as_read.items()
+        },
         "changed_for_the_run": changed,
         "optimizer_steps": len(steps),
         "steps": steps,
