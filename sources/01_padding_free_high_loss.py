@@ -31,7 +31,7 @@ output_dir = None  # None: outputs/01_padding_free_high_loss at the repository r
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
-from trl_clinic.course.companions import padding_free as companion
+from trl_clinic.course.companions import lesson_01_padding_free as companion
 from trl_clinic.course.models import make_causal_lm
 from trl_clinic.course.parameters import start_run
 

@@ -32,7 +32,7 @@ from trl import SFTTrainer
 
 from trl_clinic import checkup
 from trl_clinic.course import data
-from trl_clinic.course.companions import accumulation as companion
+from trl_clinic.course.companions import lesson_02_accumulation as companion
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.results import failed_checks, measured, save_metrics
 from trl_clinic.probes.gradients import cosine, relative_error

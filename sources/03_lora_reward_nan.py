@@ -33,7 +33,7 @@ import math
 import torch
 
 from trl_clinic import checkup
-from trl_clinic.course.companions.reward_nan import (first_nonfinite_step, keep_log, plot_bad_vs_fixed,
+from trl_clinic.course.companions.lesson_03_reward_nan import (first_nonfinite_step, keep_log, plot_bad_vs_fixed,
                                                       preference_data, reward_trainer)
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.results import failed_checks, measured, save_metrics

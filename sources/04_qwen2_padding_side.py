@@ -32,7 +32,7 @@ from IPython.display import Markdown, display
 
 from trl_clinic import checkup
 from trl_clinic.course import eras
-from trl_clinic.course.companions import padding_side as companion
+from trl_clinic.course.companions import lesson_04_padding_side as companion
 from trl_clinic.course.models import load_smollm2
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.results import failed_checks, measured, save_metrics

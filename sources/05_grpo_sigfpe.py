@@ -31,7 +31,7 @@ import signal
 import subprocess
 import sys
 
-from trl_clinic.course.companions import grpo_crash
+from trl_clinic.course.companions import lesson_05_grpo_crash as grpo_crash
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.results import failed_checks, injected, measured, save_metrics
 

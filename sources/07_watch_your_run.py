@@ -33,8 +33,8 @@ import torch
 from transformers import TrainerCallback
 
 from trl_clinic import checkup
-from trl_clinic.course.companions.reward_nan import reward_trainer
-from trl_clinic.course.companions.watch import log_rows, plot_watched, reward_pairs, same_weights
+from trl_clinic.course.companions.lesson_03_reward_nan import reward_trainer
+from trl_clinic.course.companions.lesson_07_watch import log_rows, plot_watched, reward_pairs, same_weights
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.results import failed_checks, measured, save_metrics
 from trl_clinic.watch import ClinicWatch

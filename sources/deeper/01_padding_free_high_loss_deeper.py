@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM
 from trl import SFTConfig, SFTTrainer
 
 from trl_clinic.course import data
-from trl_clinic.course.companions import padding_free as companion
+from trl_clinic.course.companions import lesson_01_padding_free as companion
 from trl_clinic.course.models import attention_implementation, model_maker
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.tokenizer import build_tokenizer

@@ -30,8 +30,8 @@ output_dir = None  # None: outputs/02_gradient_accumulation_loss_deeper at the r
 
 # %%
 from trl_clinic.course import data, eras, handshake
-from trl_clinic.course.companions import accumulation_deeper as companion
-from trl_clinic.course.companions.accumulation import FirstStep
+from trl_clinic.course.companions import lesson_02_accumulation_deeper as companion
+from trl_clinic.course.companions.lesson_02_accumulation import FirstStep
 from trl_clinic.course.models import model_maker
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.results import failed_checks, injected, measured, recreated, save_metrics

@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from trl_clinic.course.companions.reward_nan import (accumulation_run, adam_state, head_report, load_outcome,
+from trl_clinic.course.companions.lesson_03_reward_nan import (accumulation_run, adam_state, head_report, load_outcome,
                                                       plot_deeper, preference_data, reward_trainer, save_checkpoints)
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.results import failed_checks, measured, save_metrics

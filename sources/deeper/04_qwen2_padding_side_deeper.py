@@ -28,7 +28,7 @@ from IPython.display import Markdown, display
 from transformers import AutoModelForCausalLM
 
 from trl_clinic.course import data, eras
-from trl_clinic.course.companions import padding_side as companion
+from trl_clinic.course.companions import lesson_04_padding_side as companion
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.results import failed_checks, measured, save_metrics
 from trl_clinic.course.tokenizer import build_tokenizer

@@ -39,7 +39,7 @@ from IPython.display import Markdown, display
 from trl import GRPOConfig
 
 from trl_clinic.course import child, eras
-from trl_clinic.course.companions import grpo_crash
+from trl_clinic.course.companions import lesson_05_grpo_crash as grpo_crash
 from trl_clinic.course.crash import bisect_settings, in_process
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.results import failed_checks, injected, measured, save_metrics

@@ -33,7 +33,7 @@ from transformers import (DataCollatorForLanguageModeling, DataCollatorForSeq2Se
 from trl_clinic import checkup
 from trl_clinic.checkup.known_bugs import Facts, matching
 from trl_clinic.course import examples
-from trl_clinic.course.companions import checkup_tour as tour
+from trl_clinic.course.companions import lesson_06_checkup_tour as tour
 from trl_clinic.course.models import make_causal_lm, model_config
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.results import failed_checks, measured, save_metrics

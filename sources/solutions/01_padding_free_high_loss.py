@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
-from trl_clinic.course.companions import padding_free as companion
+from trl_clinic.course.companions import lesson_01_padding_free as companion
 from trl_clinic.course.models import make_causal_lm
 from trl_clinic.course.parameters import start_run
 

@@ -21,7 +21,7 @@ output_dir = None  # None: outputs/02_gradient_accumulation_loss at the reposito
 from trl import SFTTrainer
 
 from trl_clinic.course import data
-from trl_clinic.course.companions import accumulation as companion
+from trl_clinic.course.companions import lesson_02_accumulation as companion
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.stand_ins import MeanPerMicroBatchSFTTrainer
 from trl_clinic.probes.gradients import first_step_gradient, relative_error

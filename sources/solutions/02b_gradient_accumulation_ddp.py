@@ -21,13 +21,13 @@ output_dir = None  # None: outputs/02b_gradient_accumulation_ddp at the reposito
 
 # %%
 from trl_clinic.course import child
-from trl_clinic.course.companions import accumulation_ddp as companion
+from trl_clinic.course.companions import lesson_02b_accumulation_ddp as companion
 from trl_clinic.course.parameters import start_run
 from trl_clinic.probes.gradients import relative_error
 
 run = start_run("02b", profile, seed, output_dir)
 sizes = run.sizes
-TARGET = "trl_clinic.course.companions.accumulation_ddp:distributed_gradients"
+TARGET = "trl_clinic.course.companions.lesson_02b_accumulation_ddp:distributed_gradients"
 SETTINGS = {"per-process": {"average_tokens_across_devices": False},
             "across processes": {"average_tokens_across_devices": True}}
 k = max(sizes.accumulation)

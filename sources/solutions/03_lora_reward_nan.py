@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from trl_clinic.course.companions.reward_nan import keep_log, preference_data, reward_trainer
+from trl_clinic.course.companions.lesson_03_reward_nan import keep_log, preference_data, reward_trainer
 from trl_clinic.course.parameters import start_run
 
 run = start_run("03", profile, seed, output_dir)

@@ -22,7 +22,7 @@ output_dir = None  # None: outputs/04_qwen2_padding_side at the repository root
 # %%
 import torch
 
-from trl_clinic.course.companions import padding_side as companion
+from trl_clinic.course.companions import lesson_04_padding_side as companion
 from trl_clinic.course.models import load_smollm2
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.tokenizer import build_tokenizer

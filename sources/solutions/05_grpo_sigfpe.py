@@ -24,7 +24,7 @@ import sys
 
 from trl import GRPOConfig
 
-from trl_clinic.course.companions import grpo_crash
+from trl_clinic.course.companions import lesson_05_grpo_crash as grpo_crash
 from trl_clinic.course.parameters import start_run
 
 run = start_run("05", profile, seed, output_dir)

@@ -26,7 +26,7 @@ from trl import SFTConfig, SFTTrainer
 
 from trl_clinic import checkup
 from trl_clinic.course import examples
-from trl_clinic.course.companions import checkup_tour as tour
+from trl_clinic.course.companions import lesson_06_checkup_tour as tour
 from trl_clinic.course.models import make_causal_lm
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.tokenizer import build_tokenizer

@@ -22,8 +22,8 @@ import math
 
 import torch
 
-from trl_clinic.course.companions.reward_nan import reward_trainer
-from trl_clinic.course.companions.watch import log_rows, reward_pairs
+from trl_clinic.course.companions.lesson_03_reward_nan import reward_trainer
+from trl_clinic.course.companions.lesson_07_watch import log_rows, reward_pairs
 from trl_clinic.course.parameters import start_run
 from trl_clinic.watch import ClinicWatch
 

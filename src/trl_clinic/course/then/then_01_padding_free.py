@@ -16,7 +16,7 @@ attention mask of ones and no ``position_ids``, so positions run on across the r
 over all of it.
 
 Usage: ``python then_01_padding_free.py SPEC.json RESULT.json`` with either era's interpreter. The spec
-(``trl_clinic.course.companions.padding_free.start_era`` writes it) holds ``model`` (today's copy-task model:
+(``trl_clinic.course.companions.lesson_01_padding_free.start_era`` writes it) holds ``model`` (today's copy-task model:
 a version-neutral ``config`` and its ``weights``, a ``torch.save``d state dict), ``examples`` (token ids of the
 copy task, ``prompt, response template, the prompt again, eos``, and their ``completion_mask``) and may set
 ``seed`` (default 0), ``threads``, ``lengths`` (default [7, 11, 5]: the logit table's row), ``mask_lengths``

@@ -4,7 +4,7 @@ which the notebooks call in one line each.
 
 The lines that make the run go wrong and put it right stay in the notebook (``dtype=torch.float16`` against
 ``torch.float32``, ``optim="adamw_torch"``), and so does every ``ClinicWatch`` call. The reward model and its
-trainer are lesson 03's (``companions.reward_nan``): this lesson watches the same failure in a user's run.
+trainer are lesson 03's (``companions.lesson_03_reward_nan``): this lesson watches the same failure in a user's run.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from transformers import AutoTokenizer
 
 from trl_clinic.course import data, plotting
-from trl_clinic.course.companions.reward_nan import Pairs, with_passage
+from trl_clinic.course.companions.lesson_03_reward_nan import Pairs, with_passage
 from trl_clinic.course.models import dequantized_smollm2
 from trl_clinic.course.parameters import Run
 from trl_clinic.course.tokenizer import build_tokenizer

@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trl import SFTConfig, SFTTrainer
 
 from trl_clinic.course import plotting
-from trl_clinic.course.companions.accumulation import FirstStep
+from trl_clinic.course.companions.lesson_02_accumulation import FirstStep
 from trl_clinic.course.parameters import Run
 from trl_clinic.course.runtime import progress
 from trl_clinic.course.stand_ins import MeanPerMicroBatchSFTTrainer, recreate_pre_446_loss
