@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from trl_clinic.course import eras
+from trl_clinic.course.paths import repo_root
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRE_ENV = "TRL_CLINIC_REQUIRE_ERAS"
@@ -40,7 +41,7 @@ def need_era(name: str) -> Path:
     if required is not None and name not in required.split():
         pytest.skip(f"era {name} is not one of make test's eras: run `pytest tests/test_eras.py` after `make eras`")
     python = eras.era_python(name)
-    if python is None and eras.wait_for_builds(eras.repo_root(), timeout=1200):  # make test builds in the background
+    if python is None and eras.wait_for_builds(repo_root(), timeout=1200):  # make test builds in the background
         python = eras.era_python(name)
     if python is None:
         why = eras.era_state(name)[1]
@@ -428,12 +429,13 @@ BACKGROUND_MAIN = textwrap.dedent("""\
     import sys, time
     from pathlib import Path
     from trl_clinic.course import eras
+    from trl_clinic.course.paths import repo_root
     root, log = Path(sys.argv[1]), sys.argv[2]
     eras.PROBE_IMPORTS = ("json",)
     build = eras.build_era
     def slow_build(name, root=None, *, force=False, **_):
         time.sleep(4)
-        return build(name, root, installer=[str(root or eras.repo_root()) + "/fake-uv"], torch_links=None, force=force)
+        return build(name, root, installer=[str(root or repo_root()) + "/fake-uv"], torch_links=None, force=force)
     eras.build_era = slow_build
     sys.exit(eras.main(["--background", "--log", log, "99-test"]))
     """)

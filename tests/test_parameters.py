@@ -9,8 +9,9 @@ from trl import SFTConfig
 
 from trl_clinic.course import parameters, runtime
 from trl_clinic.course.lessons import find_lesson
-from trl_clinic.course.parameters import Run, default_output_dir, start_run
+from trl_clinic.course.parameters import default_output_dir, start_run
 from trl_clinic.course.profiles import resolve_profile
+from trl_clinic.course.run import Run
 
 
 def test_auto_follows_cuda():

@@ -22,12 +22,14 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from trl_clinic.course.parameters import Run
+from trl_clinic.course.launch import backend, distributed_args
+
+if TYPE_CHECKING:  # the eras run their scripts through this module, and must import without torch
+    from trl_clinic.course.run import Run
 
 RESULT_SUFFIX = ".result.pt"
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*")
@@ -146,21 +148,15 @@ def placed(run: Run, processes: int) -> Run:
     cannot share one GPU through NCCL, and a rank that sees the GPU asks for ``cuda:RANK`` in
     accelerate's barrier (issue 14, seen on an H100). ``placement(run)`` says which, for the notebook.
     """
-    import dataclasses
-
     import torch
-
-    from trl_clinic.course.launch import backend
 
     if processes < 2 or run.device.type == "cpu" or backend(processes, cpu=False) == "nccl":
         return run
-    return dataclasses.replace(run, device=torch.device("cpu"), precision="fp32", attention="sdpa")
+    return replace(run, device=torch.device("cpu"), precision="fp32", attention="sdpa")
 
 
 def placement(run: Run, processes: int) -> str:
     """One line a learner reads: where the processes of a multi-process call run, and why."""
-    from trl_clinic.course.launch import backend
-
     where = placed(run, processes)
     if where.device.type != "cpu":
         return f"{processes} processes, one GPU each, over nccl"
@@ -205,8 +201,6 @@ def call(
     the main process's), placed as ``placed`` says: on the CPU when there are fewer GPUs than processes.
     ``name`` names the files written to ``run.output_dir``: the spec and the result.
     """
-    from trl_clinic.course.launch import distributed_args
-
     run = placed(run, processes)
     spec_path, result_path = _write_spec(run, target, spec, name)
     args = ["-m", __name__, str(spec_path)]
@@ -322,9 +316,9 @@ def _load(target: str):
 
 
 def _main(spec_path: str) -> None:
-    import torch
+    import torch  # not at the top: the eras import this module, without torch
 
-    from trl_clinic.course.parameters import Run
+    from trl_clinic.course.run import Run
 
     payload = json.loads(Path(spec_path).read_text())
     run = Run.from_spec(payload["run"])

@@ -39,7 +39,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT_ENV = "TRL_CLINIC_ROOT"
+from trl_clinic.course.child import run_child
+from trl_clinic.course.paths import repo_root
+
 REQUIREMENTS_DIR = "eras"
 ERAS_DIR = ".eras"
 STAMP = ".stamp.json"
@@ -62,12 +64,6 @@ CHILD_ENV = {
     "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
     "PYTHONDONTWRITEBYTECODE": "",
 }
-
-
-def repo_root() -> Path:
-    """The checkout this module lies in (or ``$TRL_CLINIC_ROOT``): where ``eras/`` and ``.eras/`` are."""
-    override = os.environ.get(ROOT_ENV)
-    return Path(override).resolve() if override else Path(__file__).resolve().parents[3]
 
 
 def era_names(root: Path | None = None) -> list[str]:
@@ -206,8 +202,6 @@ def run_in_era(
             return EraRun(era, name, "skipped", f"skipped: {why}", versions=versions)
         if not path.is_file():
             return EraRun(era, name, "failed", f"failed: no era script {path}", versions=versions)
-        from trl_clinic.course.child import run_child
-
         workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         spec_path = workdir / f"{name}.{era}.spec.json"

@@ -7,125 +7,17 @@ from the profile (``lessons.yaml``), so a notebook never asks which device it is
 
 from __future__ import annotations
 
-import hashlib
 import os
-import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from trl_clinic.course import OFFLINE
-from trl_clinic.course.eras import repo_root
-from trl_clinic.course.lessons import Sizes, find_lesson, profile_settings
-from trl_clinic.course.profiles import gpu_profile_note, resolve_profile
-from trl_clinic.course.runtime import (
-    best_attention,
-    bf16_supported,
-    cpu_flags,
-    device_report,
-    freeze_what_is_loaded,
-    no_activation_checkpointing,
-    precision_flags,
-    quiet_library_noise,
-    seed_everything,
-    set_threads,
-    show_progress,
-    versions,
-)
+from trl_clinic.course.lessons import find_lesson, profile_settings
+from trl_clinic.course.profiles import resolve_profile
+from trl_clinic.course.run import Run, prepare
+from trl_clinic.course.runtime import best_attention, bf16_supported, versions
 
 OUTPUTS = "outputs"
-
-
-@dataclass(frozen=True)
-class Run:
-    """What every cell after the parameters needs: the lesson's sizes, device, precision, seed, folder."""
-
-    lesson: str
-    profile: str  # "cpu" or "gpu"
-    device: torch.device
-    precision: str  # "fp32" or "bf16": what the trainers' autocast uses
-    attention: str  # the attn_implementation this profile resolved to on this machine
-    sizes: Sizes
-    seed: int
-    output_dir: Path
-    versions: dict[str, str] = field(default_factory=dict)
-
-    def subseed(self, name: str) -> int:
-        """A seed for one part of the lesson ("eval data", "warm-up"), derived from the run's seed and
-        the part's name, so parts never share a draw by accident and no offsets are picked by hand."""
-        return int.from_bytes(hashlib.sha256(f"{self.seed}/{name}".encode()).digest()[:4], "little")
-
-    def trainer_kwargs(self, name: str, logging: bool = True, progress: bool = True) -> dict[str, object]:
-        """Arguments every lesson's TRL config shares; ``name`` separates the runs' folders.
-
-        What a lesson is about is never in here: each notebook passes those flags itself, visibly.
-        ``logging=False`` is for probe runs of a step or two whose logs nobody reads; ``progress=False``
-        for runs inside a sweep that has its own bar.
-        """
-        return {
-            "output_dir": str(self.output_dir / "runs" / name),
-            "seed": self.seed,
-            "report_to": "none",
-            "save_strategy": "no",
-            **({"logging_steps": 1} if logging else {"logging_strategy": "no"}),
-            "disable_tqdm": not (progress and show_progress()),
-            "dataloader_num_workers": 0,
-            # TRL turns it on by default; it only slows the small models used here.
-            **no_activation_checkpointing(),
-            **precision_flags(self.device, self.precision),
-        }
-
-    def cpu_flags(self) -> dict[str, bool]:
-        """``use_cpu=True`` on the cpu profile, for a config that sets its own precision."""
-        return cpu_flags(self.device)
-
-    def device_report(self) -> dict[str, object]:
-        return {
-            "profile": self.profile,
-            "precision": self.precision,
-            "attention": self.attention,
-            **device_report(self.device),
-        }
-
-    def describe(self) -> str:
-        lines = [f"lesson {self.lesson}, profile {self.profile}, seed {self.seed}"]
-        lines += [f"{key}: {value}" for key, value in self.versions.items()]
-        lines += [f"{key}: {value}" for key, value in self.device_report().items()]
-        lines.append("sizes: " + ", ".join(f"{key}={value}" for key, value in self.sizes.items()))
-        lines.append(f"output_dir: {self.output_dir}")
-        if self.profile == "gpu":
-            lines.append(gpu_profile_note(repo_root()))
-        return "\n".join(lines)
-
-    def to_spec(self) -> dict[str, object]:
-        """The resolved run, for a child process: it must not resolve the profile again."""
-        return {
-            "lesson": self.lesson,
-            "profile": self.profile,
-            "device": str(self.device),
-            "precision": self.precision,
-            "attention": self.attention,
-            "sizes": dict(self.sizes),
-            "seed": self.seed,
-            "output_dir": str(self.output_dir),
-        }
-
-    @classmethod
-    def from_spec(cls, spec: dict) -> Run:
-        run = cls(
-            lesson=spec["lesson"],
-            profile=spec["profile"],
-            device=torch.device(spec["device"]),
-            precision=spec["precision"],
-            attention=spec["attention"],
-            sizes=Sizes(spec["sizes"]),
-            seed=spec["seed"],
-            output_dir=Path(spec["output_dir"]),
-            versions=versions(),
-        )
-        _prepare(run)
-        return run
 
 
 def default_output_dir(notebook: str, start: Path | None = None) -> Path:
@@ -136,23 +28,6 @@ def default_output_dir(notebook: str, start: Path | None = None) -> Path:
         if (folder / "notebooks" / f"{notebook}.ipynb").exists():
             return folder / OUTPUTS / Path(notebook).name
     return here / OUTPUTS / Path(notebook).name
-
-
-def go_offline() -> None:
-    """Offline, even when the notebook imported transformers before the course: huggingface_hub read the
-    variable at its own import (constants.py, ``HF_HUB_OFFLINE``) and ``is_offline_mode()`` returns that."""
-    os.environ.update(OFFLINE)
-    hub = sys.modules.get("huggingface_hub.constants")
-    if hub is not None:
-        hub.HF_HUB_OFFLINE = True
-
-
-def _prepare(run: Run) -> None:
-    go_offline()
-    set_threads(profile_settings(run.profile).torch_threads)
-    seed_everything(run.seed)
-    quiet_library_noise()
-    freeze_what_is_loaded()
 
 
 def start_run(lesson: str, profile: object, seed: object, output_dir: object = None) -> Run:
@@ -189,5 +64,5 @@ def start_run(lesson: str, profile: object, seed: object, output_dir: object = N
         output_dir=out,
         versions=versions(),
     )
-    _prepare(run)
+    prepare(run)
     return run

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from trl_clinic.probes.jsonable import json_safe
 
 if TYPE_CHECKING:
-    from trl_clinic.course.parameters import Run
+    from trl_clinic.course.run import Run
 
 METRICS_FILE = "metrics.json"
 KINDS = ("measured", "recreated", "injected")

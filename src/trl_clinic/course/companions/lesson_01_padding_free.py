@@ -34,7 +34,7 @@ from trl import SFTConfig, SFTTrainer
 from trl_clinic.course import data, eras, plotting
 from trl_clinic.course.handshake import neutral_config
 from trl_clinic.course.models import make_causal_lm, model_config
-from trl_clinic.course.parameters import Run
+from trl_clinic.course.run import Run
 from trl_clinic.course.runtime import peak_memory_mib, reset_peak_memory
 
 # the copy task's vocabulary, response template and tokenizer are the era script's, so both sides agree

@@ -21,7 +21,7 @@ from trl import SFTConfig, SFTTrainer
 
 from trl_clinic.course import plotting
 from trl_clinic.course.models import MODEL_SIZES
-from trl_clinic.course.parameters import Run
+from trl_clinic.course.run import Run
 from trl_clinic.course.runtime import progress
 from trl_clinic.course.stand_ins import recreate_pre_446_loss
 from trl_clinic.course.tokenizer import build_tokenizer

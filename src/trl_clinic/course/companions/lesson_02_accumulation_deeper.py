@@ -21,7 +21,7 @@ from trl import SFTConfig, SFTTrainer
 
 from trl_clinic.course import plotting
 from trl_clinic.course.companions.lesson_02_accumulation import FirstStep
-from trl_clinic.course.parameters import Run
+from trl_clinic.course.run import Run
 from trl_clinic.course.runtime import progress
 from trl_clinic.course.stand_ins import MeanPerMicroBatchSFTTrainer, recreate_pre_446_loss
 from trl_clinic.probes.gradients import cosine, label_counts, relative_error

@@ -19,7 +19,7 @@ from trl import SFTConfig, SFTTrainer
 from trl_clinic.course import data, plotting
 from trl_clinic.course.companions.lesson_02_accumulation import label_tokens, weighted_token_gradient, window
 from trl_clinic.course.models import make_causal_lm
-from trl_clinic.course.parameters import Run
+from trl_clinic.course.run import Run
 from trl_clinic.course.tokenizer import build_tokenizer
 from trl_clinic.probes.gradients import cosine, first_step_gradient, label_counts, relative_error
 from trl_clinic.probes.recording import quiet

@@ -30,7 +30,7 @@ from trl import RewardConfig, RewardTrainer
 
 from trl_clinic.course import data, plotting
 from trl_clinic.course.models import dequantized_smollm2, make_reward_model, rewards, trained_model
-from trl_clinic.course.parameters import Run
+from trl_clinic.course.run import Run
 from trl_clinic.course.tokenizer import build_tokenizer
 from trl_clinic.probes.recording import StepRecorder, replay_nan_filter
 

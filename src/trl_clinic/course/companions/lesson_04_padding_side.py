@@ -21,7 +21,7 @@ from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 from trl_clinic.course import data, plotting
 from trl_clinic.course.eras import EraRun
 from trl_clinic.course.models import MODEL_SIZES, make_causal_lm, trained_model
-from trl_clinic.course.parameters import Run
+from trl_clinic.course.run import Run
 from trl_clinic.course.runtime import no_activation_checkpointing
 from trl_clinic.probes.padding import completion_logprob
 from trl_clinic.probes.recording import StepRecorder, quiet

@@ -23,7 +23,7 @@ from trl import GRPOConfig, SFTConfig, SFTTrainer
 from trl_clinic.course import child, data, plotting
 from trl_clinic.course.crash import Bisection, in_process
 from trl_clinic.course.models import PRETRAINED_SIZES, dequantized_smollm2, load_smollm2, make_causal_lm
-from trl_clinic.course.parameters import Run
+from trl_clinic.course.run import Run
 from trl_clinic.course.tokenizer import build_tokenizer
 from trl_clinic.course.user_scripts import train_grpo
 from trl_clinic.probes.recording import StepRecorder

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 from trl_clinic.course import data, plotting
 from trl_clinic.course.companions.lesson_03_reward_nan import Pairs, with_passage
 from trl_clinic.course.models import dequantized_smollm2
-from trl_clinic.course.parameters import Run
+from trl_clinic.course.run import Run
 from trl_clinic.course.tokenizer import build_tokenizer
 
 
