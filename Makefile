@@ -81,8 +81,8 @@ browser:
 
 # JupyterLab at once; the eras build in the background meanwhile (log: .eras/build.log), so that each lesson's
 # "then" section (04's real ValueError above all) runs on the learner's path too: a lesson that reaches its
-# era before the build ends waits for it (trl_clinic.course.eras.wait_for_builds). Workshop containers run as root,
-# where JupyterLab refuses to start without --allow-root. LAB_ARGS: further `jupyter lab` options
+# era before the build ends waits for it (trl_clinic.course.eras.build.wait_for_builds). Workshop containers
+# run as root, where JupyterLab refuses to start without --allow-root. LAB_ARGS: further `jupyter lab` options
 # (LAB_ARGS="--port 8899 --no-browser").
 LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: $(STAMP)
@@ -125,7 +125,7 @@ clean:
 # torch==2.13.0 comes from the wheel pip would install (here a local CPU build that uv cannot see).
 ERAS ?=
 # The eras whose scripts the tests run for real; under `make test` a missing one fails, not skips. They build in
-# the background while the first tests run (what needs an era waits for the build lock: eras.wait_for_builds).
+# the background while the first tests run (what needs an era waits for the build lock: eras.build.wait_for_builds).
 TEST_ERAS := 01-trl-0.14 01-transformers-4.55 02-transformers-4.45 04-transformers-4.51 04-transformers-4.40
 
 eras: $(STAMP)

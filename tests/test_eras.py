@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from trl_clinic.course import eras
+from trl_clinic.course.eras import build as eras_build
 from trl_clinic.course.paths import repo_root
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,7 +158,7 @@ def fake_root(tmp_path, monkeypatch):
     uv.write_text(FAKE_UV.format(python=sys.executable))
     uv.chmod(uv.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("FAKE_UV_LOG", str(tmp_path / "uv.log"))
-    monkeypatch.setattr(eras, "PROBE_IMPORTS", ("json",))  # the probe runs, without importing torch
+    monkeypatch.setattr(eras_build, "PROBE_IMPORTS", ("json",))  # the probe runs, without importing torch
     return tmp_path
 
 
@@ -199,7 +200,7 @@ def test_a_failed_install_leaves_no_stamp(fake_root):
 
 
 def test_an_era_whose_libraries_do_not_import_gets_no_stamp(fake_root, monkeypatch):
-    monkeypatch.setattr(eras, "PROBE_IMPORTS", ("json", "no_such_module_anywhere"))
+    monkeypatch.setattr(eras_build, "PROBE_IMPORTS", ("json", "no_such_module_anywhere"))
     with pytest.raises(eras.EraBuildError, match="do not import"):
         build(fake_root)
     assert eras.read_stamp("99-test", fake_root) is None
@@ -257,13 +258,13 @@ def test_a_built_era_runs_a_script_and_returns_its_json(fake_root, tmp_path):
 BACKGROUND_BUILD = textwrap.dedent("""\
     import sys, time
     from pathlib import Path
-    from trl_clinic.course import eras
+    from trl_clinic.course.eras import build
     root = Path(sys.argv[1])
-    eras.PROBE_IMPORTS = ("json",)
-    with eras._build_lock(root):  # as `python -m trl_clinic.course.eras` holds it across its builds
+    build.PROBE_IMPORTS = ("json",)
+    with build._build_lock(root):  # as `python -m trl_clinic.course.eras` holds it across its builds
         print("locked", flush=True)
         time.sleep(2)
-        eras.build_era("99-test", root, installer=[str(root / "fake-uv")], torch_links=None)
+        build.build_era("99-test", root, installer=[str(root / "fake-uv")], torch_links=None)
     """)
 
 
@@ -428,16 +429,16 @@ def test_05_the_deep_dive_quotes_the_same_config_as_the_core():
 BACKGROUND_MAIN = textwrap.dedent("""\
     import sys, time
     from pathlib import Path
-    from trl_clinic.course import eras
+    from trl_clinic.course.eras import build
     from trl_clinic.course.paths import repo_root
     root, log = Path(sys.argv[1]), sys.argv[2]
-    eras.PROBE_IMPORTS = ("json",)
-    build = eras.build_era
+    build.PROBE_IMPORTS = ("json",)
+    build_era = build.build_era
     def slow_build(name, root=None, *, force=False, **_):
         time.sleep(4)
-        return build(name, root, installer=[str(root or repo_root()) + "/fake-uv"], torch_links=None, force=force)
-    eras.build_era = slow_build
-    sys.exit(eras.main(["--background", "--log", log, "99-test"]))
+        return build_era(name, root, installer=[str(root or repo_root()) + "/fake-uv"], torch_links=None, force=force)
+    build.build_era = slow_build
+    sys.exit(build.main(["--background", "--log", log, "99-test"]))
     """)
 
 

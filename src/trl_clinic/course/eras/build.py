@@ -1,34 +1,16 @@
-"""Eras: side environments with the library versions where a bug lived, and running a script in one.
+"""Building eras with uv (``make eras``): once per content of their requirements file, one build at a time.
 
-Three lessons show their failure through a re-creation on today's stack, because today's libraries
-fixed or removed the old code. An *era* lets a lesson run the real old code beside it:
-
-* ``eras/<name>.txt`` at the repository root pins one era (old transformers, trl, peft, accelerate,
-  torch 2.13.0 and what the old versions forgot to declare); its header says which lesson uses it.
-* ``make eras`` (``python -m trl_clinic.course.eras [NAME ...]``) builds ``.eras/<name>/``, a virtual
-  environment made by uv, once: a stamp file records the SHA-256 of the requirements file, so an era
-  is rebuilt only when its file changes, and a failed build leaves no stamp.
-* ``run_in_era(name, script, spec, workdir)`` runs a standalone script of ``trl_clinic/course/then/`` with
-  the era's interpreter, through ``trl_clinic.course.child.run_child``, and returns its JSON result. An era
-  that is not built gives ``status="skipped"`` and a message that says to run ``make eras``; a
-  script that fails gives ``status="failed"``; nothing here raises into the notebook.
-
-The contract of an era script (they cannot import ``trl_clinic``: its code needs today's libraries):
-``python then_XX.py SPEC.json RESULT.json``; the spec is a JSON object written by the notebook (paths
-in it are absolute), the result a JSON object the script writes before it exits 0. Large arrays (a
-gradient) go to a ``.pt`` file whose path the spec names; ``trl_clinic.course.handshake`` builds the specs
-and reads those files on today's side.
-
-Where things are: the eras' requirements files and ``.eras/`` are found at the repository root,
-three folders above this file (``src/trl_clinic/course/eras.py``), so eras work from a checkout (an editable
-install, as ``make`` does); ``TRL_CLINIC_ROOT`` overrides that root. This module imports no torch.
+``build_era`` makes ``.eras/<name>/`` with ``uv venv`` and ``uv pip install -r eras/<name>.txt``, imports
+the era's libraries with its interpreter (``PROBE_IMPORTS``) and writes the stamp last, so that a failed
+build leaves none. A file lock (``.eras/.lock``) lets one process build at a time per checkout; ``main``
+(``python -m trl_clinic.course.eras``) can take it and hand the builds to a forked background process
+(``--background``), and ``wait_for_builds`` lets a lesson or a test wait for that process to end.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -36,223 +18,23 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from trl_clinic.course.child import run_child
+from trl_clinic.course.eras.spec import (
+    CHILD_ENV,
+    ERAS_DIR,
+    REQUIREMENTS_DIR,
+    STAMP,
+    era_dir,
+    era_names,
+    era_state,
+    python_in,
+    requirements_digest,
+    requirements_file,
+)
 from trl_clinic.course.paths import repo_root
 
-REQUIREMENTS_DIR = "eras"
-ERAS_DIR = ".eras"
-STAMP = ".stamp.json"
-THEN_DIR = Path(__file__).resolve().parent / "then"
 VERSIONED = ("torch", "transformers", "trl", "peft", "accelerate", "datasets")
-# What every era child sees: never the hub, never a GPU (the era scripts measure CPU behaviour; a GPU
-# would change the numbers and the old wheels may not know it), and no user site-packages.
-# PYTHONDONTWRITEBYTECODE is emptied (an empty value is "unset" to Python): an era's venv is compiled
-# lazily, each module by the first process that imports it, and read by the rest. Compiling the whole
-# venv at install took about 50 s of CPU per era (torch's every file), against about 15 s for what the
-# era scripts import; machines that set PYTHONDONTWRITEBYTECODE=1 would otherwise compile on every run.
-CHILD_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "CUDA_VISIBLE_DEVICES": "",
-    "PYTHONNOUSERSITE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "PYTHONPATH": "",
-    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
-    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-    "PYTHONDONTWRITEBYTECODE": "",
-}
-
-
-def era_names(root: Path | None = None) -> list[str]:
-    """Every era the repository defines (``eras/*.txt``), sorted."""
-    folder = (root or repo_root()) / REQUIREMENTS_DIR
-    return sorted(path.stem for path in folder.glob("*.txt"))
-
-
-def requirements_file(name: str, root: Path | None = None) -> Path:
-    return (root or repo_root()) / REQUIREMENTS_DIR / f"{name}.txt"
-
-
-def era_dir(name: str, root: Path | None = None) -> Path:
-    return (root or repo_root()) / ERAS_DIR / name
-
-
-def _python_in(venv: Path) -> Path:
-    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-
-
-def requirements_digest(path: Path) -> str:
-    """The stamp's key: the requirements file's content, not its time (a checkout resets times)."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def read_stamp(name: str, root: Path | None = None) -> dict | None:
-    try:
-        return json.loads((era_dir(name, root) / STAMP).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def era_state(name: str, root: Path | None = None) -> tuple[bool, str]:
-    """``(True, "ready")`` or ``(False, why not)``: unknown, not built, built from another file, broken."""
-    requirements = requirements_file(name, root)
-    if not requirements.is_file():
-        known = ", ".join(era_names(root)) or "none"
-        return False, f"era {name} is not defined: no {REQUIREMENTS_DIR}/{name}.txt (eras: {known})"
-    stamp = read_stamp(name, root)
-    if stamp is None:
-        return False, f"era {name} is not installed, run `make eras`"
-    if stamp.get("requirements_sha256") != requirements_digest(requirements):
-        return False, f"era {name} was built from an older {REQUIREMENTS_DIR}/{name}.txt, run `make eras`"
-    if not _python_in(era_dir(name, root)).exists():
-        return False, f"era {name} is broken (no interpreter in {ERAS_DIR}/{name}), run `make eras`"
-    return True, "ready"
-
-
-def era_python(name: str, root: Path | None = None) -> Path | None:
-    """The era's interpreter when the era is built from its current requirements file, else None."""
-    ready, _ = era_state(name, root)
-    return _python_in(era_dir(name, root)) if ready else None
-
-
-def era_versions(name: str, root: Path | None = None) -> dict[str, str]:
-    """The versions the era's build recorded (torch, transformers, trl, ...); empty when not built."""
-    stamp = read_stamp(name, root) or {}
-    return dict(stamp.get("versions", {}))
-
-
-# ---------------------------------------------------------------------------------------------------
-# Running a script in an era
-# ---------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class EraRun:
-    """What running a script in an era gave: ``finished`` (``result`` holds its JSON), ``skipped``
-    (the era is not built: nothing ran) or ``failed`` (the script or its environment broke)."""
-
-    era: str
-    script: str
-    status: str
-    message: str
-    result: dict | None = None
-    versions: dict[str, str] = field(default_factory=dict)
-    seconds: float = 0.0
-    stderr: str = ""
-
-    @property
-    def finished(self) -> bool:
-        return self.status == "finished"
-
-    @property
-    def skipped(self) -> bool:
-        return self.status == "skipped"
-
-    def describe(self) -> str:
-        versions = ", ".join(f"{k} {v}" for k, v in self.versions.items() if k != "torch")
-        if self.finished:
-            return f"era {self.era} ({versions}): {self.script} finished in {self.seconds:.1f} s"
-        return self.message  # it starts with the status: "skipped: ..." or "failed: ..."
-
-    def to_metrics(self) -> dict:
-        """A JSON-safe record for ``metrics.json``: the era's results come from the real old code."""
-        return {
-            "era": self.era,
-            "script": self.script,
-            "status": self.status,
-            "message": self.message,
-            "kind": "measured",
-            "versions": self.versions,
-            "seconds": round(self.seconds, 2),
-            "result": self.result,
-        }
-
-
-def then_script(script: str | Path) -> Path:
-    """A script of ``trl_clinic/course/then/`` by name (``"then_02_accumulation"``), or any path to a .py file."""
-    path = Path(script)
-    if path.suffix != ".py":
-        path = THEN_DIR / f"{path.name}.py"
-    elif not path.is_absolute() and not path.exists():
-        path = THEN_DIR / path.name
-    return path
-
-
-def run_in_era(
-    era: str, script: str | Path, spec: dict, workdir: str | Path, *, timeout: float = 600, root: Path | None = None
-) -> EraRun:
-    """Run ``script`` with era ``era``'s interpreter as ``script SPEC.json RESULT.json`` and read its result.
-
-    ``spec`` is written to ``workdir/<script>.<era>.spec.json``; the script runs with ``workdir`` as its
-    current folder, offline and without GPUs. Never raises: a missing era is ``skipped`` (with the
-    message "era X is not installed, run `make eras`"), anything else that goes wrong is ``failed``.
-    An era still being built in the background (``make lab``) is waited for, up to ``timeout``.
-    """
-    path = then_script(script)
-    name = path.stem
-    try:
-        ready, why = era_state(era, root)
-        if not ready and wait_for_builds(root or repo_root(), timeout):
-            ready, why = era_state(era, root)
-        versions = era_versions(era, root)
-        if not ready:
-            return EraRun(era, name, "skipped", f"skipped: {why}", versions=versions)
-        if not path.is_file():
-            return EraRun(era, name, "failed", f"failed: no era script {path}", versions=versions)
-        workdir = Path(workdir).resolve()
-        workdir.mkdir(parents=True, exist_ok=True)
-        spec_path = workdir / f"{name}.{era}.spec.json"
-        result_path = workdir / f"{name}.{era}.result.json"
-        result_path.unlink(missing_ok=True)
-        spec_path.write_text(json.dumps(spec, indent=1, default=str))  # Paths as strings
-        outcome = run_child(
-            [str(path), str(spec_path), str(result_path)],
-            timeout=timeout,
-            cwd=workdir,
-            env=CHILD_ENV,
-            python=str(_python_in(era_dir(era, root))),
-        )
-        if outcome.crashed:
-            return EraRun(
-                era,
-                name,
-                "failed",
-                f"failed: {outcome.describe()}",
-                versions=versions,
-                seconds=outcome.seconds,
-                stderr=outcome.stderr,
-            )
-        if not result_path.is_file():
-            return EraRun(
-                era,
-                name,
-                "failed",
-                f"failed: {name} exited 0 but wrote no {result_path.name}",
-                versions=versions,
-                seconds=outcome.seconds,
-                stderr=outcome.stderr,
-            )
-        result = json.loads(result_path.read_text())
-        return EraRun(
-            era,
-            name,
-            "finished",
-            outcome.describe(),
-            result=result,
-            versions=versions,
-            seconds=outcome.seconds,
-            stderr=outcome.stderr,
-        )
-    except Exception as error:  # the notebook must go on: the era part is then reported as failed
-        return EraRun(era, name, "failed", f"failed: {type(error).__name__}: {error}")
-
-
-# ---------------------------------------------------------------------------------------------------
-# Building eras (`make eras`)
-# ---------------------------------------------------------------------------------------------------
 
 
 class EraBuildError(RuntimeError):
@@ -438,10 +220,10 @@ def build_era(
             # no --compile-bytecode: the import check below compiles what it imports (CHILD_ENV), and the
             # era scripts' first runs the rest they need
             _run(
-                [*uv, "pip", "install", "--quiet", "--python", str(_python_in(venv)), "-r", str(requirements), *extra],
+                [*uv, "pip", "install", "--quiet", "--python", str(python_in(venv)), "-r", str(requirements), *extra],
                 "uv pip install",
             )
-            versions = _probe_versions(_python_in(venv))
+            versions = _probe_versions(python_in(venv))
             stamp = {
                 "requirements_sha256": requirements_digest(requirements),
                 "versions": versions,
@@ -520,7 +302,3 @@ def _build_all(names: list[str], force: bool) -> int:
         print(f"eras not built: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Eras: side environments with the library versions where a bug lived, and running a script in one.
+
+Three lessons show their failure through a re-creation on today's stack, because today's libraries
+fixed or removed the old code. An *era* lets a lesson run the real old code beside it. Three jobs, one
+module each:
+
+* ``spec``: finding and reading eras. ``eras/<name>.txt`` at the repository root pins one era (old
+  transformers, trl, peft, accelerate, torch 2.13.0 and what the old versions forgot to declare); its
+  header says which lesson uses it. ``era_state`` says whether ``.eras/<name>/`` is built from it.
+* ``runner``: ``run_in_era(name, script, spec, workdir)`` runs a standalone script of
+  ``trl_clinic/course/then/`` with the era's interpreter and returns its JSON result; a missing era is
+  ``skipped``, a broken script ``failed``; nothing raises into the notebook.
+* ``build``: ``make eras`` (``python -m trl_clinic.course.eras [NAME ...]``) builds ``.eras/<name>/``
+  with uv, once: a stamp records the SHA-256 of the requirements file, so an era is rebuilt only when
+  its file changes, and a failed build leaves no stamp; a file lock and a background process let
+  ``make lab`` and ``make test`` start before the build ends.
+
+The contract of an era script (they cannot import ``trl_clinic``: its code needs today's libraries):
+``python then_XX.py SPEC.json RESULT.json``; the spec is a JSON object written by the notebook (paths
+in it are absolute), the result a JSON object the script writes before it exits 0. Large arrays (a
+gradient) go to a ``.pt`` file whose path the spec names; ``trl_clinic.course.handshake`` builds the specs
+and reads those files on today's side.
+
+The eras' files are found at the repository root (``trl_clinic.course.paths.repo_root``), so eras work
+from a checkout (an editable install, as ``make`` does). The names a lesson uses are gathered here
+(``eras.run_in_era``, ``eras.era_state``); a test that replaces one patches the module that holds it.
+Nothing in this package imports torch.
+"""
+
+from trl_clinic.course.eras.build import EraBuildError, build_era, local_torch_links, wait_for_builds
+from trl_clinic.course.eras.runner import THEN_DIR, EraRun, run_in_era, then_script
+from trl_clinic.course.eras.spec import (
+    CHILD_ENV,
+    STAMP,
+    era_dir,
+    era_names,
+    era_python,
+    era_state,
+    era_versions,
+    read_stamp,
+    requirements_digest,
+    requirements_file,
+)
+
+__all__ = [
+    "CHILD_ENV",
+    "STAMP",
+    "THEN_DIR",
+    "EraBuildError",
+    "EraRun",
+    "build_era",
+    "era_dir",
+    "era_names",
+    "era_python",
+    "era_state",
+    "era_versions",
+    "local_torch_links",
+    "read_stamp",
+    "requirements_digest",
+    "requirements_file",
+    "run_in_era",
+    "then_script",
+    "wait_for_builds",
+]

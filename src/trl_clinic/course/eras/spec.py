@@ -1,0 +1,96 @@
+"""Finding and reading eras: which the repository defines, where each is built, and whether it is ready.
+
+``eras/<name>.txt`` at the repository root pins one era; ``.eras/<name>/`` is its virtual environment,
+with a stamp (``.stamp.json``) that records the SHA-256 of the requirements file it was built from and the
+versions its libraries report. An era is ready when its stamp matches its file and its interpreter is
+there. Nothing here builds or runs anything (``build`` and ``runner`` do), and nothing imports torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from trl_clinic.course.paths import repo_root
+
+REQUIREMENTS_DIR = "eras"
+ERAS_DIR = ".eras"
+STAMP = ".stamp.json"
+# What every era child sees: never the hub, never a GPU (the era scripts measure CPU behaviour; a GPU
+# would change the numbers and the old wheels may not know it), and no user site-packages.
+# PYTHONDONTWRITEBYTECODE is emptied (an empty value is "unset" to Python): an era's venv is compiled
+# lazily, each module by the first process that imports it, and read by the rest. Compiling the whole
+# venv at install took about 50 s of CPU per era (torch's every file), against about 15 s for what the
+# era scripts import; machines that set PYTHONDONTWRITEBYTECODE=1 would otherwise compile on every run.
+CHILD_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "CUDA_VISIBLE_DEVICES": "",
+    "PYTHONNOUSERSITE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONPATH": "",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "PYTHONDONTWRITEBYTECODE": "",
+}
+
+
+def era_names(root: Path | None = None) -> list[str]:
+    """Every era the repository defines (``eras/*.txt``), sorted."""
+    folder = (root or repo_root()) / REQUIREMENTS_DIR
+    return sorted(path.stem for path in folder.glob("*.txt"))
+
+
+def requirements_file(name: str, root: Path | None = None) -> Path:
+    return (root or repo_root()) / REQUIREMENTS_DIR / f"{name}.txt"
+
+
+def era_dir(name: str, root: Path | None = None) -> Path:
+    return (root or repo_root()) / ERAS_DIR / name
+
+
+def python_in(venv: Path) -> Path:
+    """The interpreter of a virtual environment, on POSIX or Windows."""
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def requirements_digest(path: Path) -> str:
+    """The stamp's key: the requirements file's content, not its time (a checkout resets times)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def read_stamp(name: str, root: Path | None = None) -> dict | None:
+    try:
+        return json.loads((era_dir(name, root) / STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def era_state(name: str, root: Path | None = None) -> tuple[bool, str]:
+    """``(True, "ready")`` or ``(False, why not)``: unknown, not built, built from another file, broken."""
+    requirements = requirements_file(name, root)
+    if not requirements.is_file():
+        known = ", ".join(era_names(root)) or "none"
+        return False, f"era {name} is not defined: no {REQUIREMENTS_DIR}/{name}.txt (eras: {known})"
+    stamp = read_stamp(name, root)
+    if stamp is None:
+        return False, f"era {name} is not installed, run `make eras`"
+    if stamp.get("requirements_sha256") != requirements_digest(requirements):
+        return False, f"era {name} was built from an older {REQUIREMENTS_DIR}/{name}.txt, run `make eras`"
+    if not python_in(era_dir(name, root)).exists():
+        return False, f"era {name} is broken (no interpreter in {ERAS_DIR}/{name}), run `make eras`"
+    return True, "ready"
+
+
+def era_python(name: str, root: Path | None = None) -> Path | None:
+    """The era's interpreter when the era is built from its current requirements file, else None."""
+    ready, _ = era_state(name, root)
+    return python_in(era_dir(name, root)) if ready else None
+
+
+def era_versions(name: str, root: Path | None = None) -> dict[str, str]:
+    """The versions the era's build recorded (torch, transformers, trl, ...); empty when not built."""
+    stamp = read_stamp(name, root) or {}
+    return dict(stamp.get("versions", {}))
