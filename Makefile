@@ -24,7 +24,7 @@ $(OFFLINE_TARGETS): export HF_DATASETS_OFFLINE := 1
 # venv `make` manages (uv.lock needs `uv sync` to own the project's venv), and its torch==2.13.0 resolves through
 # pip's find-links, which uv.lock would record as this machine's file path. pyproject.toml keeps the library's
 # ranges (docs/checkup.md, "Install"). On these machines torch==2.13.0 resolves to the local CPU build.
-# uv installs the same pins in seconds where pip takes about two minutes (issue 23). uv does not read
+# uv installs the same pins in seconds where pip takes about two minutes. uv does not read
 # pip's configuration, so pip's find-links (here the folder of the local torch build) is handed to it;
 # where uv cannot be installed, or with INSTALLER=pip, pip does it all. uv compiles no bytecode unless asked,
 # and where PYTHONDONTWRITEBYTECODE is set (these machines) Python never caches it: every kernel and child
@@ -118,7 +118,7 @@ executed: $(STAMP) eras-for-workbook
 clean:
 	rm -rf $(OUT) outputs
 
-# --- Eras (issue 16): side environments with the library versions where each bug lived ----------
+# --- Eras: side environments with the library versions where each bug lived (trl_clinic.course.eras) ---
 # eras/NAME.txt pins one era; `make eras` builds each into .eras/NAME/ with uv, once per content of
 # its file (a stamp holds the file's SHA-256; a failed build leaves none), and reuses it after.
 # ERAS="02-transformers-4.45 04-transformers-4.51" picks some (default: every eras/*.txt).

@@ -125,7 +125,7 @@ def test_a_skipped_era_leaves_its_checks_out_rather_than_passing_them(key):
 
 @pytest.mark.parametrize("key", LESSONS)
 def test_the_checks_hold_on_numbers_of_the_gpu_shape(key):
-    """Issue 31: the gpu sizes have never run on a GPU here, so each notebook's checks are run on the cpu run's
+    """The gpu sizes have never run on a GPU here, so each notebook's checks are run on the cpu run's
     numbers reshaped to the gpu profile's sizes (longer sweeps, other batch sizes, more steps): a check that
     indexes the cpu shape, or a threshold argued for the cpu sizes only, fails here first."""
     assert hasattr(table(key), "gpu_shape"), f"tests/mutations/{key}.py has no gpu_shape(numbers, sizes)"

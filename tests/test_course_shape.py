@@ -1,5 +1,5 @@
-"""Every lesson is a short core a learner finishes, and a deep dive that keeps the evidence (issue 28,
-../shared/STYLE.md). Measured on the percent-format sources under ``sources/``, as a learner meets them.
+"""Every lesson is a short core a learner finishes, and a deep dive that keeps the evidence (CONTRIBUTING.md,
+"A lesson"). Measured on the percent-format sources under ``sources/``, as a learner meets them.
 
 A core (``notebooks/NN_*.ipynb``):
 * opens in about 120 words or fewer: a title, **You will learn** (3 bullets), **You should know** (one line),
@@ -72,8 +72,8 @@ def code_index(lesson, tag: str) -> list[int]:
     return [i for i, cell in enumerate(code(lesson)) if tag in cell.metadata.get("tags", [])]
 
 
-# cores whose whole story fits the core's shape, and why: issue 28 lets 02b stay one notebook; 07 (the watch) has
-# no evidence beyond its run, whose findings the library's own tests (tests/test_watch.py) trip one by one
+# cores whose whole story fits the core's shape, and why: 02b fits it whole, so it stays one notebook; 07 (the
+# watch) has no evidence beyond its run, whose findings the library's own tests (tests/test_watch.py) trip one by one
 ONE_NOTEBOOK = {"02b", "07"}
 
 

@@ -383,8 +383,8 @@ def test_04_a_right_padded_forward_with_the_cache_raises_the_same_error_on_trans
 
 
 def test_04_an_unexpected_error_is_never_counted_as_past_the_check():
-    """AUDIT B7: only the guard's ValueError, the missing flash kernel's NameError or no error at all are
-    recognised; anything else (a NameError of another name, a TypeError) is ``other``."""
+    """Only the guard's ValueError, the missing flash kernel's NameError or no error at all are recognised;
+    anything else (a NameError of another name, a TypeError) is ``other``, never a run that got past the guard."""
     spec = importlib.util.spec_from_file_location("then_04", eras.THEN_DIR / "then_04_padding_side.py")
     then = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(then)

@@ -1,4 +1,4 @@
-"""The gpu profile's failures seen on an H100 (issue 14), each reproduced or guarded without a GPU."""
+"""The gpu profile's failures seen in its one run on an H100, each reproduced or guarded without a GPU."""
 
 import copy
 import dataclasses
@@ -101,7 +101,7 @@ def gpu_run(run, monkeypatch, gpus: int):
     ],
 )
 def test_two_processes_use_the_gpus_only_with_one_gpu_each(run, monkeypatch, gpus, device, launcher):
-    """Issue 24: with one GPU, 02b's two gloo processes both saw it and rank 1 asked for cuda:1. Now fewer
+    """With one GPU, 02b's two gloo processes both saw it and rank 1 asked for cuda:1. Now fewer
     GPUs than processes means CPU processes over gloo, in fp32, that see no GPU, and the lesson says so."""
     where = child.placed(gpu_run(run, monkeypatch, gpus), 2)
     assert where.device.type == device and where.precision == ("fp32" if device == "cpu" else "bf16")

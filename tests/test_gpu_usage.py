@@ -1,5 +1,6 @@
-"""The runner records peak GPU memory and mean utilisation per lesson (issue 24), sampled through NVML;
-NVML is mocked here (no GPU on these machines), the lesson runs for real."""
+"""The runner records peak GPU memory and mean utilisation per lesson (the one H100 run left the GPU idle in a
+lesson and nothing said so), sampled through NVML; NVML is mocked here (no GPU on these machines), the lesson
+runs for real."""
 
 import json
 import sys

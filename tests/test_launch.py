@@ -10,7 +10,7 @@ def test_free_port_can_be_bound():
 
 
 def test_cpu_machines_use_torchrun_with_gloo(monkeypatch):
-    """CUDA mocked away: on a host with two or more GPUs this would otherwise choose NCCL (AUDIT B13)."""
+    """CUDA mocked away: on a host with two or more GPUs this would otherwise choose NCCL, and test nothing."""
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

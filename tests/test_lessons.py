@@ -87,7 +87,7 @@ def test_sizes_fit_what_the_checks_assume(profile):
 
 
 def test_lesson_05_trains_smollm2_as_the_policy_on_the_gpu_profile():
-    """Issue 31: real SmolLM2-135M-Instruct weights as the GRPO policy on the gpu profile, a tiny one on the cpu."""
+    """Real SmolLM2-135M-Instruct weights as the GRPO policy on the gpu profile, a tiny one on the cpu."""
     for key in ("05", "05-deeper"):
         assert TABLE[key].sizes("gpu").model_size == "smollm2" and TABLE[key].sizes("cpu").model_size in MODEL_SIZES
 

@@ -155,7 +155,7 @@ def test_cpu_profile_passes_its_checks(workbook, name):
 def test_the_fast_lessons_hold_at_other_seeds(tmp_path, seed):
     """Every lesson must hold on every seed: lessons 02 and 02b at two more seeds, in `make test-slow` with
     the other seed sweeps (`make seeds` runs any lessons at any seeds); in `make test` they cost 3 of its
-    11 minutes (issue 23)."""
+    11 minutes."""
     code = main(
         [
             "run",
@@ -180,7 +180,7 @@ def test_the_fast_lessons_hold_at_other_seeds(tmp_path, seed):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 def test_lesson_01_holds_at_seeds_1_to_5(tmp_path, seed):
-    """Lesson 01's core and deep dive at five seeds no one tuned on (issue 28: its thresholds were set on seed 0;
+    """Lesson 01's core and deep dive at five seeds no one tuned on (its thresholds were first set on seed 0;
     about two minutes a seed, so in `make test-slow`)."""
     code = main(
         [

@@ -183,8 +183,8 @@ def test_a_lesson_goes_offline_itself_even_after_the_hub_was_imported_online(tmp
 
 
 def test_the_gpu_profile_says_it_is_unverified_until_a_real_run_is_recorded(tmp_path):
-    """Issue 31: `auto` picks gpu wherever CUDA is present; until docs/gpu-runs/ holds a run where every lesson
-    passed, the lesson says so plainly and how to pick cpu; once one is recorded, it names it."""
+    """`auto` picks gpu wherever CUDA is present, and no GPU run has yet passed every lesson: until docs/gpu-runs/
+    holds one, the lesson says so plainly and how to pick cpu; once one is recorded, it names it."""
     from trl_clinic.course.profiles import GPU_RUNS, gpu_profile_note
 
     assert "unverified" in gpu_profile_note(tmp_path) and "profile='cpu'" in gpu_profile_note(tmp_path)

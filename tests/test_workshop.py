@@ -1,6 +1,6 @@
-"""Ready for a workshop (issue 21 part 3): `make lab` starts at once, as root too, with the eras building
-beside it (issue 23), and the facilitator's guide covers every lesson with the run times measured for it
-(lessons.yaml)."""
+"""Ready for a workshop: `make lab` starts at once, as root too, with the eras building beside it (a room
+of learners must not wait a minute for five side environments), and the facilitator's guide covers every
+lesson with the run times measured for it (lessons.yaml)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def serves(url: str) -> bool:
 
 def test_make_lab_serves_at_once_and_builds_the_eras_in_the_background(tmp_path):
     """As a facilitator types it (root in a workshop container): JupyterLab starts without waiting for the
-    eras (as root it needs --allow-root, which `make lab` adds) and serves lesson 04 within issue 23's 30 s,
-    while the eras build in the background into .eras/build.log."""
+    eras (as root it needs --allow-root, which `make lab` adds) and serves lesson 04 within 30 s (the target
+    from a fresh clone to the first lesson), while the eras build in the background into .eras/build.log."""
     port, token = free_port(), secrets.token_hex(16)
     lab_args = (
         f"--no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port={port} --ServerApp.port_retries=0 "

@@ -2,7 +2,7 @@
 (the part of the check's name it matches -> a change of the numbers such a run could produce; the comment names
 the real run it stands for).
 
-The gpu profile (issue 31): a small OPT (about 30M parameters, warmed up 300 steps at batch 16) through today's
+The gpu profile: a small OPT (about 30M parameters, warmed up 300 steps at batch 16) through today's
 SFTTrainer in bf16 autocast at batch sizes 4, 16 and 64 over 256 samples with passages of up to 80 sentences (more
 work per step, not more steps); the short trainings 60 steps at batch 16; SmolLM2-135M-Instruct (real weights) on
 the fixed path with the best FlashAttention installed; the side environment (TRL 0.21.0) on CPU as on the cpu

@@ -2,7 +2,7 @@
 (the part of the check's name it matches -> a change of the numbers such a run could produce; the comment names
 the real run it stands for).
 
-The gpu profile (issue 31) keeps the core's tiny copy-task Llama: the symptom runs on the report's own libraries,
+The gpu profile keeps the core's tiny copy-task Llama: the symptom runs on the report's own libraries,
 in a side environment that sees no GPU (TRL 0.14.0 and transformers 4.48.3 on CPU), and the comparison with today
 needs the same weights on both sides. On the gpu profile today's half runs with the best FlashAttention installed
 (else sdpa) in bf16, on batch sizes 1, 4, 16 and 64 over 256 examples. Each threshold, argued for those sizes:

@@ -2,7 +2,7 @@
 (the part of the check's name it matches, or a tuple of parts where one real change breaks several -> a change of the
 numbers such a run could produce; the comment names the real run it stands for).
 
-The gpu profile (issue 31) uses SmolLM2-135M-Instruct (real weights, its own tokenizer), a sweep at k = 2, 8, 32, 64,
+The gpu profile uses SmolLM2-135M-Instruct (real weights, its own tokenizer), a sweep at k = 2, 8, 32, 64,
 packed rows of 512 tokens, 100 training steps of batch 1 x 32 (3200 rows) at learning rate 1e-4, and runs the era on
 the CPU with the same SmolLM2 weights (the era is CPU-only). Every one-step gradient is taken in fp32 (``FirstStep``
 sets ``bf16=False``); the three training runs use the profile's bf16 autocast. Each threshold, argued for those sizes:

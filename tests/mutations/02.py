@@ -2,7 +2,7 @@
 (the part of the check's name it matches -> a change of the numbers such a run could produce; the comment names
 the real run it stands for).
 
-The gpu profile (issue 31) builds the same Qwen2.5-VL class at the "small" shape (about 26M parameters, random init),
+The gpu profile builds the same Qwen2.5-VL class at the "small" shape (about 26M parameters, random init),
 with the same clinic tokenizer and rows (so the same label counts, 3 to 157 a row), the same N = 32, a sweep that adds
 k = 64 (128 rows), and every one-step trainer in fp32 (``FirstStep`` sets ``bf16=False`` on every profile: under bf16
 autocast a big batch and its micro-batches round differently). Each threshold, argued for those sizes:

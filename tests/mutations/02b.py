@@ -2,7 +2,7 @@
 of the check's name it matches -> a change of the numbers such a run could produce; the comment names the real run it
 stands for).
 
-The gpu profile (issue 31) launches 2 processes with a small Llama (about 30M parameters, random init) at accumulation
+The gpu profile launches 2 processes with a small Llama (about 30M parameters, random init) at accumulation
 1, 2, 4, 8: with a GPU per process over NCCL, else (one GPU) as CPU processes over gloo (``child.placed``). Every
 trainer is fp32 (``one_step_trainer`` sets ``bf16=False``). Each threshold, argued for those sizes:
 - "different numbers of label tokens": batch 1 per process deals every one-word answer to process 0 and every

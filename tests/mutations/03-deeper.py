@@ -2,7 +2,7 @@
 (the part of the check's name it matches -> a change of the numbers such a run could produce; the comment names
 the real run it stands for).
 
-The gpu profile (issue 31) runs SmolLM2-135M-Instruct with a new score head (576 weights), batch 8 with passages,
+The gpu profile runs SmolLM2-135M-Instruct with a new score head (576 weights), batch 8 with passages,
 the same 25-step runs and accumulation sweep [1, 8, 32], on CUDA. Each threshold, argued for those sizes:
 - "replay gives every logged number (within 1e-2)": the replay adds each step's raw loss in float64 where the
   Trainer adds fp32 tensors; on the CPU they agreed to 4e-4 relative at 1.2e34. The gpu run logs the same kind of

@@ -2,7 +2,7 @@
 (the part of the check's name it matches -> a change of the numbers such a run could produce; the comment names
 the real run it stands for).
 
-The gpu profile (issue 31) trains SmolLM2-135M-Instruct with a new score head (576 weights instead of 64), batch 8
+The gpu profile trains SmolLM2-135M-Instruct with a new score head (576 weights instead of 64), batch 8
 with passages of about 150 tokens, the same 50 steps of accumulation 32 with logs at 25 and 50, and no mixed
 precision in the report's run (the fix adds the profile's bf16 autocast over float32 weights). Each threshold,
 argued for those sizes:

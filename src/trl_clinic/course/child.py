@@ -146,7 +146,7 @@ def placed(run: Run, processes: int) -> Run:
     With one GPU per process they run on the GPUs over NCCL, as the profile says. With fewer GPUs than
     processes (one GPU, two processes) they run on the CPU over gloo, in fp32 with sdpa: two ranks
     cannot share one GPU through NCCL, and a rank that sees the GPU asks for ``cuda:RANK`` in
-    accelerate's barrier (issue 14, seen on an H100). ``placement(run)`` says which, for the notebook.
+    accelerate's barrier (seen on an H100 with one GPU). ``placement(run)`` says which, for the notebook.
     """
     import torch
 

@@ -15,7 +15,7 @@ BAD, FIXED, REFERENCE, OTHER = "#d62728", "#2ca02c", "#7f7f7f", "#1f77b4"
 STYLE = {"bad": BAD, "fixed": FIXED, "reference": REFERENCE, "other": OTHER}
 
 
-MAX_PER_ROW = 2  # readable at laptop width (issue 28): more panels wrap onto further rows
+MAX_PER_ROW = 2  # readable at laptop width (three or four panels in a row were not): more wrap onto further rows
 
 
 def figure(panels: int = 1, title: str = "", width: float = 5.0, height: float = 3.6):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from trl_clinic.course.lessons import PROFILE_NAMES
 
-GPU_RUNS = Path("docs") / "gpu-runs"  # one JSON record per real GPU run of the workbook, committed (issue 31)
+GPU_RUNS = Path("docs") / "gpu-runs"  # one JSON record per real GPU run of the workbook, committed
 
 
 def resolve_profile(name: object, cuda_available: bool) -> str:
