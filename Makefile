@@ -154,7 +154,7 @@ PYTHON312 ?= $(HOME)/.pyenv/versions/3.12.1/bin/python
 REHEARSAL_ARGS ?= --cores-only --jobs 2
 REHEARSAL_PYTHON = $(abspath $(REHEARSAL))/venv/bin/python
 REHEARSAL_DIRS = --site $(abspath $(REHEARSAL))/site --work $(abspath $(REHEARSAL))/work
-$(REHEARSAL)/venv/.installed: tools/gpu_run/device-packages.txt $(STAMP)
+$(REHEARSAL)/venv/.installed: tools/gpu_run/device-packages.txt | $(STAMP)
 	rm -rf $(REHEARSAL)/venv
 	$(BIN)/uv venv --quiet --python $(PYTHON312) $(REHEARSAL)/venv
 	$(BIN)/uv pip install --quiet --python $(REHEARSAL)/venv/bin/python -r tools/gpu_run/device-packages.txt

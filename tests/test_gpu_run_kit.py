@@ -152,7 +152,13 @@ def test_cores_first_none_launched_after_the_budget_and_the_rest_stopped_at_the_
 
 def metrics(attention: str = "sdpa") -> dict:
     return {
-        "device": {"attention": attention, "precision": "bf16", "torch_threads": 4},
+        "device": {
+            "device": "cuda",
+            "gpu": "NVIDIA H100 80GB HBM3",
+            "attention": attention,
+            "precision": "bf16",
+            "torch_threads": 4,
+        },
         "eras": [
             {"era": "01-trl-0.14", "script": "then_01", "status": "skipped", "message": "skipped: not built", "x": 1}
         ],
@@ -197,18 +203,20 @@ def test_a_gpu_run_where_every_lesson_passed_is_what_the_profile_note_reads(tmp_
 
 @pytest.mark.parametrize(
     "change",
-    ["cpu rehearsal", "a core failed", "a deep dive not run", "cores only"],
+    ["cpu rehearsal", "a core failed", "a deep dive not run", "cores only", "a lesson on the cpu"],
 )
 def test_all_passed_only_for_a_whole_gpu_run(change):
     lessons = [passed("01_a", "core", 0), passed("01_a_deeper", "deep dive", 5)]
     settings = {"complete": True, "in_course": 2}
-    profile, machine = "gpu", GPU
+    profile, machine = "gpu", {}
     if change == "cpu rehearsal":
         profile, machine = "cpu", {"cuda": False}
     elif change == "a core failed":
         lessons[0].status = "failed checks"
     elif change == "a deep dive not run":
         lessons[1].status = "not run: budget"
+    elif change == "a lesson on the cpu":
+        lessons[1].metrics["device"]["device"] = "cpu"
     else:
         settings["complete"] = False
     record = device_run.build_record(lessons, machine, profile, settings, device_run.ProcessMemory(), {})
@@ -217,6 +225,8 @@ def test_all_passed_only_for_a_whole_gpu_run(change):
     if change == "cpu rehearsal":
         assert record["kind"] == "cpu rehearsal (not a GPU run)" and "not a GPU run" in record["device"]
         assert device_run.record_name(record).endswith("-cpu-rehearsal.json")
+    else:
+        assert record["device"] == "NVIDIA H100 80GB HBM3"  # from the lessons' metrics, the facts being absent
 
 
 def test_what_comes_back_fits_the_device_tool(tmp_path):

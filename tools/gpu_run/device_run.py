@@ -228,8 +228,8 @@ def sdpa_kernels() -> dict[str, str]:
                 scaled_dot_product_attention(query, query, query, is_causal=True)
             torch.cuda.synchronize()
             kernels[backend.name] = "runs"
-        except RuntimeError as error:
-            kernels[backend.name] = f"refused: {str(error).splitlines()[0][:160]}"
+        except Exception as error:  # a kernel this build or GPU lacks: the record says which and why
+            kernels[backend.name] = f"refused: {type(error).__name__}: {(str(error).splitlines() or [''])[0][:160]}"
     return kernels
 
 
@@ -448,11 +448,13 @@ def lesson_record(lesson: Lesson, lessons: list[Lesson], own_memory: dict[str, f
     return record
 
 
-def device_name(machine: dict, profile: str) -> str:
-    if profile == "gpu" and machine.get("gpu"):
-        return str(machine["gpu"])
-    cpu = platform.processor() or platform.machine()
-    return f"CPU rehearsal, not a GPU run ({cpu}, {os.cpu_count()} cores)"
+def device_name(machine: dict, lessons: list[Lesson], profile: str) -> str:
+    """The GPU as torch names it (the facts, else a lesson's metrics); on the cpu profile, plainly a rehearsal."""
+    if profile != "gpu":
+        cpu = platform.processor() or platform.machine()
+        return f"CPU rehearsal, not a GPU run ({cpu}, {os.cpu_count()} cores)"
+    names = [machine.get("gpu")] + [lesson.metrics.get("device", {}).get("gpu") for lesson in lessons if lesson.metrics]
+    return str(next((name for name in names if name), "no GPU identified: the facts failed and no lesson wrote one"))
 
 
 def build_record(
@@ -460,14 +462,15 @@ def build_record(
 ) -> dict:
     every = [lesson.status == "passed" for lesson in lessons]
     cores = [lesson.status == "passed" for lesson in lessons if lesson.part == "core"]
-    on_gpu = profile == "gpu" and bool(machine.get("cuda"))
+    # each lesson's own word (its metrics.json) that it ran on CUDA
+    on_gpu = profile == "gpu" and all(lesson.metrics.get("device", {}).get("device") == "cuda" for lesson in lessons)
     attention = sorted({lesson.metrics["device"]["attention"] for lesson in lessons if lesson.metrics})
     return {
         # gpu_profile_note reads these three: true only for a GPU run in which every core and deep dive ran and passed
         "all_passed": on_gpu and settings["complete"] and len(every) == settings["in_course"] and all(every),
-        "device": device_name(machine, profile),
+        "device": device_name(machine, lessons, profile),
         "date": datetime.date.today().isoformat(),
-        "kind": "gpu run" if on_gpu else "cpu rehearsal (not a GPU run)",
+        "kind": "gpu run" if profile == "gpu" else "cpu rehearsal (not a GPU run)",
         "cores_passed": bool(cores) and all(cores),
         "passed": sum(every),
         "lessons_in_course": settings["in_course"],
