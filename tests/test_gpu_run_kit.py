@@ -6,6 +6,7 @@ has made the kit, everything else always."""
 
 import json
 import re
+import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -272,10 +273,17 @@ def test_each_lessons_own_gpu_memory_is_its_process_trees(monkeypatch):
     ]
     nvml.nvmlDeviceGetComputeRunningProcesses = lambda handle: listed
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # a lesson NVML never lists
     memory = device_run.ProcessMemory().start()
-    memory.sample({"01_a": os.getppid()})  # this test's process is in the tree of its parent
+    memory.sample({"01_a": os.getppid(), "02_b": other.pid})  # this test's process is in the tree of its parent
     listed[0].usedGpuMemory = 100 * 2**20
-    memory.sample({"01_a": os.getppid()})
-    assert memory.why == "" and memory.peaks == {"01_a": 300.0}
+    memory.sample({"01_a": os.getppid(), "02_b": other.pid})
+    other.kill()
+    assert memory.why == "" and memory.peaks == {"01_a": 300.0}  # 02_b's processes were never listed: no peak
+    assert memory.describe().startswith("sampled through NVML")
+    elsewhere = device_run.ProcessMemory().start()
+    listed[:] = [types.SimpleNamespace(pid=999_999_999, usedGpuMemory=2**20)]  # ids of another namespace
+    elsewhere.sample({"01_a": os.getppid()})
+    assert elsewhere.peaks == {} and "none of them in a lesson's process tree" in elsewhere.describe()
     monkeypatch.setitem(sys.modules, "pynvml", None)
     assert "not sampled: ModuleNotFoundError" in device_run.ProcessMemory().start().why

@@ -240,10 +240,12 @@ def sdpa_kernels() -> dict[str, str]:
 class ProcessMemory:
     """Each lesson's own peak GPU memory: NVML's list of processes on the GPU, matched to each lesson's process
     tree (its ``trl-clinic run``, the papermill kernel and any children). The runner's own numbers are the
-    device's and so include the lessons that ran beside it."""
+    device's and so include the lessons that ran beside it. A lesson none of whose processes NVML ever listed
+    has no peak (None), never 0: a sandbox can list processes under other ids."""
 
     peaks: dict[str, float] = field(default_factory=dict)
     why: str = ""
+    listed: int = 0  # processes NVML listed, over all samples
 
     def start(self) -> ProcessMemory:
         try:
@@ -265,16 +267,25 @@ class ProcessMemory:
                 process.pid: (process.usedGpuMemory or 0) / 2**20
                 for process in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
             }
+            self.listed += len(used)
             for lesson, pid in roots.items():
                 try:
                     root = self._psutil.Process(pid)
                     tree = [pid] + [child.pid for child in root.children(recursive=True)]
                 except self._psutil.Error:
                     continue
-                mib = sum(used.get(member, 0.0) for member in tree)
-                self.peaks[lesson] = max(self.peaks.get(lesson, 0.0), mib)
+                if any(member in used for member in tree):
+                    mib = sum(used.get(member, 0.0) for member in tree)
+                    self.peaks[lesson] = max(self.peaks.get(lesson, 0.0), mib)
         except Exception as error:
             self.why = f"per-process GPU memory sampling stopped: {type(error).__name__}: {error}"
+
+    def describe(self) -> str:
+        if self.why:
+            return self.why
+        if self.listed and not self.peaks:
+            return f"NVML listed {self.listed} GPU processes over the samples, none of them in a lesson's process tree"
+        return "sampled through NVML's process list, matched to each lesson's processes"
 
 
 def device_usage():
@@ -482,7 +493,7 @@ def build_record(
         "attention": {"lessons_ran": attention, "why": ATTENTION_WHY},
         "eras": ERAS_WHY,
         "gpu_whole_run": whole,
-        "per_process_gpu_memory": own.why or "sampled through NVML's process list, matched to each lesson's processes",
+        "per_process_gpu_memory": own.describe(),
         "lessons": [lesson_record(lesson, lessons, own.peaks) for lesson in lessons],
     }
 
