@@ -47,7 +47,7 @@ def test_a_source_that_calls_a_lost_name_is_caught(tmp_path):
 
 def test_the_command_runs_without_an_installed_script(monkeypatch, tmp_path):
     """On the GPU machine the package runs from its source on PYTHONPATH: no console script beside the Python."""
-    from trl_clinic.course.companions import checkup_tour
+    from trl_clinic.course.companions import lesson_06_checkup_tour as checkup_tour
 
     python = tmp_path / "bin" / "python"  # outside the venv: its packages come from PYTHONPATH, as there
     python.parent.mkdir()
