@@ -28,9 +28,9 @@ from transformers import Trainer
 
 from trl_clinic.checkup.engine import Finding, Skip, probe
 from trl_clinic.checkup.known_bugs import explain
-from trl_clinic.checkup.labels import targets
 from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.batches import batch_layout
+from trl_clinic.probes.labels import IGNORE_INDEX, targets
 
 MAX_STEPS = 4  # the reweighting shows at any k >= 2; more micro-batches only cost time
 TOLERANCE = {"full": 1e-3, "half": 5e-2}  # relative gradient error; lesson 02 measures <= 4e-7 fixed, >= 0.42 buggy
@@ -142,7 +142,10 @@ def token_sum_gradient(view: TrainerView, batches: list[dict]) -> torch.Tensor:
         for batch, labels in zip(batches, shifted):
             logits = model(**view.forward_inputs(batch)).logits[..., :-1, :]
             loss = F.cross_entropy(
-                logits.flatten(0, 1).float(), labels.flatten().to(logits.device), ignore_index=-100, reduction="sum"
+                logits.flatten(0, 1).float(),
+                labels.flatten().to(logits.device),
+                ignore_index=IGNORE_INDEX,
+                reduction="sum",
             )
             (loss / total).backward()
     return _gradient(model)

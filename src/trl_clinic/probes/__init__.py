@@ -5,6 +5,7 @@
   forwards receive;
 * ``nonfinite``: the first NaN/inf parameter or gradient after an optimizer step, named;
 * ``gradients``: the gradient of a real Trainer step, and comparisons;
+* ``labels``: the label tokens a loss trains on, and ``IGNORE_INDEX`` (-100);
 * ``recording``: raw and logged loss per step.
 
 Part of the library: nothing here imports the course (``trl_clinic.course``).

@@ -40,7 +40,7 @@ import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 
-from trl_clinic.checkup.labels import targets
+from trl_clinic.probes.labels import label_tokens
 from trl_clinic.probes.nonfinite import nonfinite_names
 from trl_clinic.probes.recording import tap_training_step
 from trl_clinic.watch.findings import Finding, stop_keys
@@ -65,17 +65,6 @@ def _caller(kind: type):
             return candidate
         frame = frame.f_back
     return None
-
-
-def _label_tokens(inputs) -> torch.Tensor | None:
-    """Label tokens of a micro-batch (its ``labels``, shifted as a causal LM's loss sees them, or its
-    ``completion_mask``); None for a batch whose loss is not over tokens (reward pairs, GRPO's prompts)."""
-    if not isinstance(inputs, dict):
-        return None
-    labels = inputs.get("labels")
-    if not (isinstance(labels, torch.Tensor) and labels.dim() == 2) and "completion_mask" not in inputs:
-        return None
-    return targets(inputs).sum()
 
 
 class ClinicWatch(TrainerCallback):
@@ -181,7 +170,7 @@ class ClinicWatch(TrainerCallback):
         return control
 
     def _micro_batch(self, loss: torch.Tensor, inputs, num_items_in_batch) -> None:
-        self._micro.append((loss, _label_tokens(inputs)))
+        self._micro.append((loss, label_tokens(inputs)))
         trainer = self._trainer
         if not trainer.accelerator.sync_gradients:  # more micro-batches to come in this optimizer step
             return
