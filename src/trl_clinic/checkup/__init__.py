@@ -24,7 +24,8 @@ import types
 from collections.abc import Iterable
 from pathlib import Path
 
-from trl_clinic.checkup.engine import PROBES, Finding, Report, run_probe, selected
+from trl_clinic.checkup.engine import PROBES, Report, run_probe, selected
+from trl_clinic.probes.finding import Finding
 
 __all__ = ["PROBES", "Finding", "Report", "checkup", "load_probes", "probe_catalogue", "run_checkup"]
 # one module per probe family; importing one registers its probes, in the order

@@ -26,10 +26,11 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import Trainer
 
-from trl_clinic.checkup.engine import Finding, Skip, probe
+from trl_clinic.checkup.engine import Skip, probe
 from trl_clinic.checkup.known_bugs import explain
 from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.batches import batch_layout
+from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.labels import IGNORE_INDEX, targets
 
 MAX_STEPS = 4  # the reweighting shows at any k >= 2; more micro-batches only cost time

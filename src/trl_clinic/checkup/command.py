@@ -70,7 +70,8 @@ def checkup_from_command_line(kind: str, argv: list[str], only=None, skip=None, 
     """The check-up report of the trainer TRL's script builds from ``argv``; a config TRL refuses is a fail,
     any other build error an error."""
     from trl_clinic.checkup import run_checkup
-    from trl_clinic.checkup.engine import Finding, Report
+    from trl_clinic.checkup.engine import Report
+    from trl_clinic.probes.finding import Finding
 
     try:
         trainer = build_trainer(kind, argv)
@@ -95,7 +96,7 @@ def checkup_from_command_line(kind: str, argv: list[str], only=None, skip=None, 
 def explain() -> str:
     """Every probe, the lesson that explains it, and what its fail or warn means (for --help)."""
     from trl_clinic.checkup import probe_catalogue
-    from trl_clinic.checkup.engine import DECISIONS
+    from trl_clinic.probes.finding import DECISIONS
 
     lines = [
         "probes (each finding: ok / warn / fail, or skipped with the reason it does not apply, or error with the "

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from trl_clinic.checkup.engine import Finding, Skip, probe
+from trl_clinic.checkup.engine import Skip, probe
 from trl_clinic.checkup.view import TrainerView
+from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.labels import targets
 
 BATCHES = 4  # how many of the first batches are read

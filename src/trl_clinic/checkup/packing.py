@@ -19,10 +19,11 @@ import torch
 import torch.nn.functional as F
 
 from trl_clinic.checkup.accumulation import dropout_off
-from trl_clinic.checkup.engine import Finding, Skip, probe
+from trl_clinic.checkup.engine import Skip, probe
 from trl_clinic.checkup.known_bugs import explain
 from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.batches import Layout, batch_layout
+from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.labels import IGNORE_INDEX
 
 FLOOR_FACTOR = 4  # a later sequence must differ by more than 4x the first sequences' rounding...
