@@ -44,9 +44,12 @@ def explain() -> str:
     lines = ["findings (each: what was seen, the likely cause, the fix in one line, the lesson; once per run):"]
     lines += [
         textwrap.fill(
-            f"{key}, {lesson_name(lesson)}: {sees}", width=100, initial_indent="  ", subsequent_indent="      "
+            f"{key}, {lesson_name(entry.lesson)}: {entry.looks_for}",
+            width=100,
+            initial_indent="  ",
+            subsequent_indent="      ",
         )
-        for key, (lesson, sees) in CATALOGUE.items()
+        for key, entry in CATALOGUE.items()
     ]
     return "\n".join(lines)
 
