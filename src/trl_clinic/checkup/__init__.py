@@ -35,7 +35,7 @@ PROBE_MODULES = ("packing", "accumulation", "precision", "padding", "grpo", "lab
 def probe_catalogue() -> list[tuple[str, str, str]]:
     """Each probe's (name, lesson, explains), read from its ``@probe(...)`` line in the modules' source
     without importing them: the modules import torch (7 s), and ``trl-clinic checkup --help`` answers in
-    well under a second (issue 23)."""
+    well under a second."""
     folder = Path(__file__).resolve().parent
     catalogue = []
     for name in PROBE_MODULES:

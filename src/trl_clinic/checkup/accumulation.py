@@ -8,8 +8,8 @@ micro-batches of b samples, and compares that gradient with a reference on the s
 * padded rows: one batch of b*k through the same ``training_step`` (what "batch b*k" means to a user);
 * packed rows: the same k micro-batches, each forwarded exactly as the trainer forwards it, their summed
   token losses divided by the window's own ``num_items_in_batch``. A packed batch of b*k would pack
-  differently from k rows of b, so a contaminated packing would show here as an accumulation error
-  (AUDIT C3); the like-with-like reference leaves contamination to the ``packing`` probe.
+  differently from k rows of b, so a contaminated packing would show here as an accumulation error; the
+  like-with-like reference leaves contamination to the ``packing`` probe.
 
 Dropout is off while it runs, so every pass sees the same function. The trainer is told the window's
 length the way its version reads it (``window``).
@@ -62,8 +62,9 @@ def window(trainer: Trainer, steps: int) -> Iterator[None]:
     """Let ``training_step`` treat ``steps`` micro-batches as one accumulation window, whichever version reads
     it where: ``args.gradient_accumulation_steps`` (every version), ``current_gradient_accumulation_steps`` (read
     by 4.55.4's trainer.py, absent from 4.53.1's), and the accelerator, which divides each backward by the steps
-    it was given through transformers 4.46.1 (trainer.py 4.45.2:4818, 4.46.1:4910) and is given none from 4.46.2
-    ("We explicitly don't rely on the Accelerator to do gradient accumulation", 4.46.2 trainer.py:4908)."""
+    it was given through transformers 4.46.1 (``Trainer.create_accelerator_and_postprocess`` passes it
+    ``num_steps`` in 4.45.2 and 4.46.1) and is given none from 4.46.2 (the same function: "We explicitly don't
+    rely on the Accelerator to do gradient accumulation")."""
     args, accelerator = trainer.args, trainer.accelerator
     original = args.gradient_accumulation_steps
     accelerator_steps = accelerator.gradient_accumulation_steps
