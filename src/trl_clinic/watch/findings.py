@@ -35,6 +35,8 @@ class Cause:
 
 @dataclass(frozen=True)
 class Entry:
+    """One check of the watch (``CATALOGUE[key]``): its lesson and all it says, as templates."""
+
     lesson: str  # a key of LESSONS
     looks_for: str  # what the check looks for, in one paragraph
     seen: dict[str, str]  # what it saw, by case: templates of the run's numbers
