@@ -40,7 +40,8 @@ def tokenizer():
 
 def model(family: str = "llama", attention: str = "sdpa", fa2_set: bool = False, use_cache: bool = True):
     """A tiny random model of ``family``; ``fa2_set``: loaded eager, then told it is FlashAttention-2, as
-    LESSONS.md section 6 does on transformers 4.51.3 (the right-padding guard runs before any kernel)."""
+    lesson 04's era script does on transformers 4.51.3 (``then_04_padding_side.py``: the right-padding guard
+    runs before any kernel)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config}[family]
@@ -211,7 +212,7 @@ def grpo_trainer():
 # Each era's trainers: the bug as the era shipped it, and the healthy setting of the same era.
 SCENARIOS = {
     "02-transformers-4.45": {
-        # LESSONS.md section 6: examples with 2, 4, 8 and 16 label tokens at batch 1 x accumulation 4
+        # examples with 2, 4, 8 and 16 label tokens at batch 1 x accumulation 4
         "accumulation, unequal micro-batches": lambda: plain_trainer(
             token_rows(4, [2, 4, 8, 16]), per_device_train_batch_size=1, gradient_accumulation_steps=4
         ),

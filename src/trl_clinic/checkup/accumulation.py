@@ -8,8 +8,8 @@ micro-batches of b samples, and compares that gradient with a reference on the s
 * padded rows: one batch of b*k through the same ``training_step`` (what "batch b*k" means to a user);
 * packed rows: the same k micro-batches, each forwarded exactly as the trainer forwards it, their summed
   token losses divided by the window's own ``num_items_in_batch``. A packed batch of b*k would pack
-  differently from k rows of b, so a contaminated packing would show here as an accumulation error
-  (AUDIT C3); the like-with-like reference leaves contamination to the ``packing`` probe.
+  differently from k rows of b, so a contaminated packing would show here as an accumulation error; the
+  like-with-like reference leaves contamination to the ``packing`` probe.
 
 Dropout is off while it runs, so every pass sees the same function. The trainer is told the window's
 length the way its version reads it (``window``).
@@ -26,11 +26,12 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import Trainer
 
-from trl_clinic.checkup.engine import Finding, Skip, probe
+from trl_clinic.checkup.engine import Skip, probe
 from trl_clinic.checkup.known_bugs import explain
-from trl_clinic.checkup.labels import targets
 from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.batches import batch_layout
+from trl_clinic.probes.finding import Finding
+from trl_clinic.probes.labels import IGNORE_INDEX, targets
 
 MAX_STEPS = 4  # the reweighting shows at any k >= 2; more micro-batches only cost time
 TOLERANCE = {"full": 1e-3, "half": 5e-2}  # relative gradient error; lesson 02 measures <= 4e-7 fixed, >= 0.42 buggy
@@ -61,8 +62,9 @@ def window(trainer: Trainer, steps: int) -> Iterator[None]:
     """Let ``training_step`` treat ``steps`` micro-batches as one accumulation window, whichever version reads
     it where: ``args.gradient_accumulation_steps`` (every version), ``current_gradient_accumulation_steps`` (read
     by 4.55.4's trainer.py, absent from 4.53.1's), and the accelerator, which divides each backward by the steps
-    it was given through transformers 4.46.1 (trainer.py 4.45.2:4818, 4.46.1:4910) and is given none from 4.46.2
-    ("We explicitly don't rely on the Accelerator to do gradient accumulation", 4.46.2 trainer.py:4908)."""
+    it was given through transformers 4.46.1 (``Trainer.create_accelerator_and_postprocess`` passes it
+    ``num_steps`` in 4.45.2 and 4.46.1) and is given none from 4.46.2 (the same function: "We explicitly don't
+    rely on the Accelerator to do gradient accumulation")."""
     args, accelerator = trainer.args, trainer.accelerator
     original = args.gradient_accumulation_steps
     accelerator_steps = accelerator.gradient_accumulation_steps
@@ -142,7 +144,10 @@ def token_sum_gradient(view: TrainerView, batches: list[dict]) -> torch.Tensor:
         for batch, labels in zip(batches, shifted):
             logits = model(**view.forward_inputs(batch)).logits[..., :-1, :]
             loss = F.cross_entropy(
-                logits.flatten(0, 1).float(), labels.flatten().to(logits.device), ignore_index=-100, reduction="sum"
+                logits.flatten(0, 1).float(),
+                labels.flatten().to(logits.device),
+                ignore_index=IGNORE_INDEX,
+                reduction="sum",
             )
             (loss / total).backward()
     return _gradient(model)

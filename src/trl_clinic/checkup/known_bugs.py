@@ -19,8 +19,9 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from trl_clinic.checkup.engine import Finding, probe
+from trl_clinic.checkup.engine import probe
 from trl_clinic.checkup.view import TrainerView
+from trl_clinic.probes.finding import Finding
 
 CONDITIONS = (
     "packages",
