@@ -29,7 +29,20 @@ from trl_clinic.probes.finding import Finding
 
 __all__ = ["PROBES", "Finding", "Report", "checkup", "load_probes", "probe_catalogue", "run_checkup"]
 # one module per probe family; importing one registers its probes, in the order
-PROBE_MODULES = ("packing", "accumulation", "precision", "padding", "grpo", "labels", "known_bugs")
+PROBE_MODULES = (
+    "packing",
+    "accumulation",
+    "precision",
+    "updates",
+    "padding",
+    "grpo",
+    "gspo",
+    "labels",
+    "turns",
+    "prompts",
+    "pairs",
+    "known_bugs",
+)
 
 
 def probe_catalogue() -> list[tuple[str, str, str]]:

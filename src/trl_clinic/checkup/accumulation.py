@@ -157,6 +157,16 @@ def _why(view: TrainerView, entry: dict | None) -> str:
     trainer = view.trainer
     if entry:
         return entry["fix"]
+    loss_types = getattr(view.args, "loss_type", None)
+    loss_types = [loss_types] if isinstance(loss_types, str) else list(loss_types or [])
+    if view.kind == "dpo" and "sft" in loss_types:
+        # TRL 1.16.0 DPOTrainer._compute_loss: the 'sft' term is -chosen_per_token_logps[chosen_mask].mean(), a mean
+        # over this micro-batch's chosen tokens, and Trainer divides it by the accumulation steps
+        return (
+            "DPO's 'sft' loss term is a mean over each micro-batch's chosen tokens, so accumulation weighs the tokens "
+            "of short micro-batches more: raise per_device_train_batch_size and lower gradient_accumulation_steps, "
+            "or leave 'sft' out of loss_type"
+        )
     if (
         getattr(trainer, "model_accepts_loss_kwargs", True) is False
         and getattr(trainer, "compute_loss_func", None) is None
@@ -180,7 +190,8 @@ def _why(view: TrainerView, entry: dict | None) -> str:
     "gradient accumulation that reweights tokens: the first step's gradient at batch b x "
     "accumulation k differs from one batch of b*k on the same samples, or on packed rows from the window's summed "
     "token loss over its label count (a custom compute_loss or model that ignores num_items_in_batch, "
-    "model_accepts_loss_kwargs=False, transformers < 4.46); average_tokens_across_devices=False with "
+    "model_accepts_loss_kwargs=False, transformers < 4.46, DPO's per-micro-batch 'sft' term); for DPO and reward "
+    "pairs the same comparison through their own collators; average_tokens_across_devices=False with "
     "several processes.",
 )
 def accumulation(view: TrainerView) -> list[Finding]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from trl_clinic.checkup.engine import Skip, probe
+from trl_clinic.checkup.turns import chat_formatted
 from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.labels import targets
@@ -78,11 +79,18 @@ def eos_label(view: TrainerView) -> Finding:
     if tokenizer is None or tokenizer.eos_token_id is None:
         raise Skip("no tokenizer with an eos token on the trainer")
     eos, found = tokenizer.eos_token_id, 0
-    for batch in _first_batches(view):
+    batches = _first_batches(view)
+    for batch in batches:
         found += int((_targets(batch) & (batch["input_ids"] == eos)).sum())
     measured = f"{found} EOS targets in the first batches (pad == eos: {tokenizer.pad_token_id == eos})"
     if found:
         return Finding("eos_label", "ok", measured, value=found, decided="measured", reason="EOS is a target")
+    turn_end = chat_formatted(view, batches)
+    if turn_end is not None:  # a ChatML turn ends with <|im_end|>, not EOS: no EOS target is right there
+        raise Skip(
+            f"chat-formatted batches end their turns with {tokenizer.convert_ids_to_tokens(turn_end)}, not EOS: "
+            "turn_end checks them"
+        )
     fix = (
         "pad == eos and the collator masks pad tokens, so EOS is masked too: set a pad token distinct from "
         "eos (tokenizer.pad_token = ...)"
