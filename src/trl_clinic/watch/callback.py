@@ -45,6 +45,7 @@ from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.labels import label_tokens
 from trl_clinic.probes.nonfinite import nonfinite_names
 from trl_clinic.probes.recording import tap_training_step
+from trl_clinic.watch.alerts import send
 from trl_clinic.watch.config import WatchConfig
 from trl_clinic.watch.findings import NOT_WATCHED, finding, line, logged, quiet, stop_keys
 from trl_clinic.watch.forwards import ForwardWatch
@@ -98,6 +99,7 @@ class ClinicWatch(TrainerCallback):
         self._stop, self._in_step = False, False
         self._micro: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # this optimizer step's micro-batches
         self._slope = [0.0, 0.0, 0]  # sums of x*x and x*y, and the micro-batches they hold
+        self._dpo: list[dict] = []  # the logged DPO rows after the first (TRL's rewards/* and logps/*)
         self._rates: dict[str, list[tuple[int, float, int]]] = {
             "frac_reward_zero_std": [],
             "completions/clipped_ratio": [],
@@ -115,6 +117,8 @@ class ClinicWatch(TrainerCallback):
             flow = next((i for i, c in enumerate(handler.callbacks) if isinstance(c, DefaultFlowCallback)), -1)
             handler.callbacks.insert(flow + 1, self)
         self._trainer = trainer
+        self._callbacks = handler.callbacks if handler is not None else []
+        self._alerts: list[tuple[Finding, str]] = []  # findings for trackio / W&B whose runs have not started yet
         self._untap = tap_training_step(trainer, self._micro_batch) if trainer is not None else None
         if trainer is None:  # the losses and batches come through the trainer's training_step
             self.checks.update(dict.fromkeys(("no_labels", "accumulation", "loss_spike"), NOT_WATCHED))
@@ -135,6 +139,8 @@ class ClinicWatch(TrainerCallback):
         self._stop |= made.probe in self.stop_on
         if self.config.show and self._main:
             print(line(made), flush=True)
+        if self.config.alerts and self._main:
+            self._alerts = send([*self._alerts, (made, line(made))], self._callbacks)
 
     def _control(self, control):
         """Apply ``stop_on`` at a step's end or a log only: ``Trainer._run_epoch`` checks the flag after every
@@ -202,6 +208,8 @@ class ClinicWatch(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self._in_step = False
+        if self._alerts:  # findings made before the trackers' runs started
+            self._alerts = send(self._alerts, self._callbacks)
         if self._stop and self._unlogged:
             control.should_log = True  # the step that stops the run logs its findings
         return self._control(control)
@@ -219,6 +227,7 @@ class ClinicWatch(TrainerCallback):
             if isinstance(logs.get(key), (int, float)):
                 self._rates[key].append((state.global_step, float(logs[key]), covered))
         self._grpo(final=state.global_step >= state.max_steps)
+        self._dpo_flat(logs, state.global_step, covered)
         # GRPO's loss is ~0 on-policy by construction
         grpo_teaches = logs.get("frac_reward_zero_std", 1.0) < self.config.rate
         if logs["loss"] == 0.0 and not grpo_teaches:
@@ -236,6 +245,7 @@ class ClinicWatch(TrainerCallback):
         return self._control(control)
 
     def on_train_end(self, args, state, control, **kwargs):
+        """Runs before the reporters' on_train_end (the watch sits ahead of them), so alerts reach live runs."""
         if self._never and not self.found("no_gradient") and self._gradient_steps:
             self._no_gradient()
         self._grpo(final=True)
@@ -270,6 +280,13 @@ class ClinicWatch(TrainerCallback):
             "accumulation": ("undecided", {}),
             "loss_spike": (
                 ("largest", {"largest": self._largest}) if self._largest else ("short", {"window": self.config.window})
+            ),
+            "dpo_flat": (
+                ("not_logged", {})
+                if not self._dpo
+                else ("few", {"window": self.config.window})
+                if len(self._dpo) < self.config.window
+                else ("moved", {"largest": max(abs(r["rewards/margins"]) for r in self._dpo), "rows": len(self._dpo)})
             ),
         }
         for key, (case, values) in silent.items():
@@ -458,6 +475,40 @@ class ClinicWatch(TrainerCallback):
                     **values,
                 )
             )
+
+    def _dpo_flat(self, logs: dict, step: int, covered: int) -> None:
+        """DPO's margins at 0 and loss at ln 2 for ``window`` logged rows after the first (the first logged step is
+        flat by construction: the policy starts as its reference)."""
+        if "rewards/margins" not in logs or self.found("dpo_flat"):
+            return
+        if step <= covered:  # the row that holds step 1
+            return
+        self._dpo.append({"step": step, **{k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}})
+        rows = self._dpo[-self.config.window :]
+        flat = [
+            abs(r["rewards/margins"]) < self.config.flat and abs(r["loss"] - math.log(2)) < self.config.flat
+            for r in rows
+        ]
+        if len(rows) < self.config.window or not all(flat):
+            return
+        last = rows[-1]
+        same = abs(last.get("logps/chosen", 0.0) - last.get("logps/rejected", 1.0)) < self.config.flat
+        self._report(
+            finding(
+                "dpo_flat",
+                step,
+                "flat",
+                "identical" if same else "reference",
+                {"margin": last["rewards/margins"], "loss": last["loss"], "rows": len(rows)},
+                margin=last["rewards/margins"],
+                loss=last["loss"],
+                first=rows[0]["step"],
+                last=step,
+                accuracy=last.get("rewards/accuracies", float("nan")),
+                chosen=last.get("logps/chosen", float("nan")),
+                rejected=last.get("logps/rejected", float("nan")),
+            )
+        )
 
     def _zero_loss(self, logs: dict, since: list[dict]) -> None:
         if any(not math.isfinite(row["raw_loss"]) for row in since) or self.found("nonfinite"):

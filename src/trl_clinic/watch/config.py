@@ -36,6 +36,13 @@ class WatchConfig:
     show: bool = field(
         default=True, metadata={"help": "Print each finding's line and the summary (on the main process only)."}
     )
+    alerts: bool = field(
+        default=True,
+        metadata={
+            "help": "Raise each finding as an alert of the run's trackio and W&B reporters (report_to), besides the "
+            "clinic/ keys in the logs: trackio's Run.alert and wandb.alert, on the main process."
+        },
+    )
     rate: float = field(
         default=0.9,
         metadata={
@@ -71,6 +78,14 @@ class WatchConfig:
         metadata={
             "help": "loss_spike: a spiking step with fewer label tokens than this share of the window's median is "
             "put down to the samples, otherwise to the update."
+        },
+    )
+    flat: float = field(
+        default=1e-6,
+        metadata={
+            "help": "dpo_flat: a logged DPO step is flat when |rewards/margins| and |loss - ln 2| are both below this. "
+            "Pairs cut identical log exactly 0 and 0.6931472; a tiny healthy run moved its margins by at least 3e-3 "
+            "from its second step."
         },
     )
     packed_forwards: int = field(

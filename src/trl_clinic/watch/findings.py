@@ -206,10 +206,13 @@ CATALOGUE = {
     "packing": Entry(
         "01",
         "packed or padding-free rows whose sequences see each other, read from the mask the first "
-        "attention layer really receives",
+        "attention layer really receives, and for linear-attention layers (Gated DeltaNet: Qwen3-Next, Qwen3.5) from "
+        "the sequence boundaries (seq_idx, cu_seq_lens_q) the forward receives",
         seen={
             "no_mask": "{sequences} sequences packed in {rows} row(s) of {width} tokens; the first attention layer "
             "({implementation}) received no mask (one causal kernel over the whole row)",
+            "recurrent": "{sequences} sequences packed in {rows} row(s) of {width} tokens; {recurrent} of {layers} "
+            "layers are linear attention and the forward received no seq_idx or cu_seq_lens_q",
             "mask": "{sequences} sequences packed in {rows} row(s) of {width} tokens; the first attention layer "
             "({implementation}) received a {dims}D mask that lets a sequence's first token attend to the sequence "
             "before it",
@@ -224,6 +227,13 @@ CATALOGUE = {
                 "the forward built a KV cache (use_cache left at the config's True): transformers then ignores "
                 "the restarting position_ids",
                 "use_cache=False in training forwards",
+            ),
+            "recurrent": Cause(
+                "{model_type}'s linear-attention layers carry one state along the row and read sequence boundaries "
+                "only from seq_idx / cu_seq_lens_q, never from position_ids: each sequence's state runs into the "
+                "next (transformers #46093)",
+                "DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True) with the "
+                "flash-linear-attention and causal-conv1d kernels, or padding_free=False (transformers PR #46333)",
             ),
             "family": Cause(
                 "{model_type} builds its causal mask without reading position_ids, so every sequence of "
@@ -304,12 +314,42 @@ CATALOGUE = {
             "not_watched": NOT_WATCHED,
         },
     ),
+    "dpo_flat": Entry(
+        "-",
+        "DPO whose logged rewards/margins stay at 0 and loss at ln 2 over a window of logged steps after the first "
+        "(TRL's rewards/* and logps/* logs): nothing separates chosen from rejected, so nothing is learned",
+        seen={
+            "flat": "rewards/margins {margin:.2g} and loss {loss:.7f} (ln 2 = 0.6931472) at every logged step of "
+            "{first}-{last}; rewards/accuracies {accuracy:.2f}; logps/chosen {chosen:.4g}, logps/rejected "
+            "{rejected:.4g}"
+        },
+        causes={
+            "identical": Cause(
+                "chosen and rejected are the same tokens once the collator truncates them to max_length "
+                "(logps/chosen equals logps/rejected): each such pair gives loss ln 2 and zero gradient",
+                "raise max_length above the longest prompt+completion, or drop pairs that differ only past it "
+                "(the check-up's identical_pairs counts them)",
+            ),
+            "reference": Cause(
+                "the policy still equals its reference (rewards/chosen = rewards/rejected = 0 while the log-probs "
+                "differ): nothing moves the policy: learning_rate 0, no trainable tensor, or a reference model that "
+                "is the policy itself",
+                "check learning_rate and that the policy has trainable tensors (no_gradient); give ref_model a frozen "
+                "copy, never the policy",
+            ),
+        },
+        quiet={
+            "moved": "rewards/margins moved off 0 (largest |margin| {largest:.3g} over {rows} logged steps)",
+            "few": "fewer than {window} logged DPO steps after the first",
+            "not_logged": "not logged (not a DPO run)",
+        },
+    ),
 }
 
 
 def lesson_name(key: str) -> str:
-    """``"03"`` -> ``"lesson 03 (LoRA reward model NaN)"``."""
-    return f"lesson {key} ({LESSONS[key]})"
+    """``"03"`` -> ``"lesson 03 (LoRA reward model NaN)"``; ``"-"`` (a failure no lesson covers) -> ``"no lesson"``."""
+    return f"lesson {key} ({LESSONS[key]})" if key in LESSONS else "no lesson"
 
 
 def finding(

@@ -114,6 +114,35 @@ class ForwardWatch:
                 "mask_sent": kwargs.get("attention_mask") is not None,
                 "use_cache": kwargs.get("use_cache"),
             }
+            self._recurrent(positions, kwargs)
+
+    def _recurrent(self, positions: torch.Tensor, kwargs: dict) -> None:
+        """Linear-attention (Gated DeltaNet) layers carry a state along the row and take the sequences' boundaries
+        only from ``seq_idx`` / ``cu_seq_lens_q`` (transformers 5.23 ``Qwen3NextGatedDeltaNet.forward``), never from
+        ``position_ids`` or a mask: a packed row without them runs one state through every sequence, whatever the
+        full-attention layers' masks say."""
+        layer_types = list(getattr(self.model.config, "layer_types", None) or [])
+        recurrent = sum(kind == "linear_attention" for kind in layer_types)
+        if not recurrent or any(kwargs.get(key) is not None for key in ("seq_idx", "cu_seq_lens_q")):
+            return
+        self._packed, self.packed_checked = None, self.packed_forwards
+        sequences = sum(1 + len(restarts(row)) for row in positions)
+        self.report(
+            finding(
+                "packing",
+                self.step(),
+                "recurrent",
+                "recurrent",
+                {"sequences": sequences, "rows": positions.shape[0], "linear_layers": recurrent},
+                decided="config",  # read from the arguments the forward receives
+                sequences=sequences,
+                rows=positions.shape[0],
+                width=positions.shape[1],
+                recurrent=recurrent,
+                layers=len(layer_types),
+                model_type=self.model.config.model_type,
+            )
+        )
 
     def _generation(self, mask) -> None:
         if mask is None or mask.dim() != 2 or not right_padded(mask):
