@@ -127,7 +127,7 @@ clean:
 ERAS ?=
 # The eras whose scripts the tests run for real; under `make test` a missing one fails, not skips. They build in
 # the background while the first tests run (what needs an era waits for the build lock: eras.build.wait_for_builds).
-TEST_ERAS := 01-trl-0.14 01-transformers-4.55 02-transformers-4.45 04-transformers-4.51 04-transformers-4.40
+TEST_ERAS := 01-trl-0.14 01-transformers-4.55 02-transformers-4.45 04-transformers-4.51 04-transformers-4.40 06-trl-0.24
 
 eras: $(STAMP)
 	$(BIN)/python -m trl_clinic.course.eras $(ERAS)

@@ -226,3 +226,14 @@ def test_04_transformers_4_40_first_window_fails_padding_cache_by_measurement(wh
     assert findings(outcome, "Trainer, Qwen2 on sdpa")["padding_cache"]["status"] == "warn"
     for healthy in ("Trainer, Qwen2 on sdpa", "Trainer, Qwen2 on sdpa, use_cache=False"):
         no_fail(outcome, healthy)
+
+
+@pytest.mark.era
+def test_06_trl_0_24_on_transformers_5_trains_the_prompt_and_prompt_in_loss_fails_by_measurement(wheel, tmp_path):
+    """TRL #6105: trl 0.24.0 counts a BatchEncoding's keys as the prompt's length on transformers >= 5.0.0; today's
+    stack passes the same probe (tests/test_checkup_reported.py)."""
+    outcome = checkup_in("06-trl-0.24", wheel, tmp_path)
+    assert (outcome["versions"]["transformers"], outcome["versions"]["trl"]) == ("5.5.0", "0.24.0")
+    bug = findings(outcome, "SFT, conversational prompt-completion")["prompt_in_loss"]
+    assert (bug["status"], bug["decided"], bug["known_bug"]) == ("fail", "measured", "02-trl-chat-template-dict-mask")
+    assert bug["value"] >= 0.5

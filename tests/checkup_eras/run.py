@@ -147,6 +147,38 @@ def sft_trainer(rows: list[list[int]], collator=None, **settings):
     )
 
 
+# a ChatML-like template over the word vocabulary: t3 opens a turn, t4/t5 name user/assistant, t6 ends a turn
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ 't3 ' + ('t4' if m['role'] == 'user' else 't5') + ' ' + m['content'] + ' t6 ' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 't3 t5 ' }}{% endif %}"
+)
+
+
+def chat_sft_trainer(rows: int = 16):
+    """SFTTrainer on conversational prompt-completion rows (TRL #6105's setting): its own tokenization splits
+    prompt and completion with apply_chat_template."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    words = tokenizer()
+    words.chat_template = CHAT_TEMPLATE
+    rng = random.Random(0)
+
+    def text(n: int) -> str:
+        return " ".join(f"t{rng.randrange(7, VOCAB)}" for _ in range(n))
+
+    data = Dataset.from_list(
+        [
+            {
+                "prompt": [{"role": "user", "content": text(rng.randint(3, 8))}],
+                "completion": [{"role": "assistant", "content": text(rng.randint(2, 6))}],
+            }
+            for _ in range(rows)
+        ]
+    )
+    return SFTTrainer(model=model(), args=SFTConfig(**common()), train_dataset=data, processing_class=words)
+
+
 def _parameters(cls) -> set[str]:
     import inspect
 
@@ -247,6 +279,9 @@ SCENARIOS = {
         "DPO, Qwen2 on sdpa": lambda: dpo_trainer(),
         "DPO, Qwen2 on sdpa, use_cache=False": lambda: dpo_trainer(use_cache=False),
         "GRPO, Qwen2 on sdpa": grpo_trainer,
+    },
+    "06-trl-0.24": {
+        "SFT, conversational prompt-completion": chat_sft_trainer,
     },
     "04-transformers-4.40": {
         # completions of 2 and 6 tokens: the first batch's shorter row ends in padding

@@ -40,6 +40,7 @@ def template_turn_end(tokenizer) -> int | None:
     except Exception:  # noqa: BLE001 - a template that needs other roles or fields: no turn end read
         return None
     special = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
+    special -= {tokenizer.unk_token_id, tokenizer.pad_token_id}  # content a vocabulary lacks reads as unk
     tail = whole[len(prompt) :] if whole[: len(prompt)] == prompt else whole
     return next((token for token in tail if token in special), None)
 
