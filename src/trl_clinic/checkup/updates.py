@@ -71,10 +71,14 @@ def stalled_update(view: TrainerView) -> Finding:
     settings["lr"] = view.args.learning_rate
     gradients = view.first_gradients
     tensors, elements = [], 0
-    for name, p in half:
-        if gradients.get(name) is not None and (not tensors or elements + p.numel() <= MAX_ELEMENTS):
+    graded = [(name, p) for name, p in half if gradients.get(name) is not None]
+    for name, p in graded:  # every tensor that fits the budget (an embedding larger than it is left out, not the rest)
+        if elements + p.numel() <= MAX_ELEMENTS:
             tensors.append((name, p, gradients[name]))
             elements += p.numel()
+    if graded and not tensors:  # none fits: the smallest alone
+        name, p = min(graded, key=lambda item: item[1].numel())
+        tensors.append((name, p, gradients[name]))
     if not tensors:
         raise Skip("no half-precision trainable tensor got a gradient from the trainer's loss (see gradients_reach)")
     shares = unchanged_shares(cls, settings, source, tensors)
