@@ -108,9 +108,15 @@ def offline_trackers(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DISABLE_CODE", "true")
-    import trackio.utils
+    import sys
 
-    monkeypatch.setattr(trackio.utils, "TRACKIO_DIR", tmp_path / "trackio")
+    import trackio.run
+    import trackio.sqlite_storage  # noqa: F401 - loaded, so its copy of TRACKIO_DIR is replaced below
+
+    # trackio's modules copy TRACKIO_DIR from the environment at import: point every copy at tmp_path
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] == "trackio" and hasattr(module, "TRACKIO_DIR"):
+            monkeypatch.setattr(module, "TRACKIO_DIR", tmp_path / "trackio")
     return tmp_path
 
 
