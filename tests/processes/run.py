@@ -7,6 +7,7 @@ standalone so it can be launched."""
 import json
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -55,8 +56,8 @@ def main() -> None:
         from trl_clinic import checkup
 
         report = checkup(built, only=["labels_present", "gradients_reach"], show=False)
-        if index == 0:
-            print(report.to_json(), flush=True)
+        if report.main:  # the main process writes the one report
+            (Path(built.args.output_dir) / f"report-{report.processes}.json").write_text(report.to_json())
         print("RESULT " + json.dumps({"process": index, "exit_code": report.exit_code}), flush=True)
         return
     from trl_clinic.watch import ClinicWatch
@@ -70,3 +71,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    import torch.distributed
+
+    if torch.distributed.is_initialized():  # without it gloo's threads may abort the exit ("terminate called ...")
+        torch.distributed.destroy_process_group()

@@ -3,9 +3,12 @@
 Lesson 02 trains one real step (``trl_clinic.probes.gradients.first_step_gradient``); a check-up may not
 step the user's optimizer, so this probe calls the trainer's own ``get_batch_samples`` (which counts
 ``num_items_in_batch``, transformers >= 4.46) and ``training_step`` (loss, scaling, backward) on k
-micro-batches of b samples, and compares that gradient with a reference on the same samples:
+micro-batches of b samples (the first window of its dataloader, ``checkup.step``), and compares that
+gradient with a reference on the same samples:
 
-* padded rows: one batch of b*k through the same ``training_step`` (what "batch b*k" means to a user);
+* padded rows: each micro-batch alone through the same ``training_step`` (a window of one: its loss over its own
+  label tokens), weighted by its share of the window's label tokens: the gradient one batch of b*k would give
+  with a token-mean loss (what "batch b*k" means to a user), never holding more than b rows;
 * packed rows: the same k micro-batches, each forwarded exactly as the trainer forwards it, their summed
   token losses divided by the window's own ``num_items_in_batch``. A packed batch of b*k would pack
   differently from k rows of b, so a contaminated packing would show here as an accumulation error; the
@@ -29,11 +32,9 @@ from transformers import Trainer
 from trl_clinic.checkup.engine import Skip, probe
 from trl_clinic.checkup.known_bugs import explain
 from trl_clinic.checkup.view import TrainerView
-from trl_clinic.probes.batches import batch_layout
 from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.labels import IGNORE_INDEX, targets
 
-MAX_STEPS = 4  # the reweighting shows at any k >= 2; more micro-batches only cost time
 TOLERANCE = {"full": 1e-3, "half": 5e-2}  # relative gradient error; lesson 02 measures <= 4e-7 fixed, >= 0.42 buggy
 
 
@@ -97,12 +98,6 @@ def _window_samples(trainer: Trainer, batches: list[dict], device: torch.device)
     return count(iter(batches), len(batches))
 
 
-def _gradient(model: nn.Module) -> torch.Tensor:
-    return torch.cat(
-        [p.grad.detach().flatten().double().cpu() for p in model.parameters() if p.requires_grad and p.grad is not None]
-    )
-
-
 def _takes_num_items(method) -> bool:
     """Whether ``training_step`` takes ``num_items_in_batch``: named in its signature, or passed on through
     ``*args`` (TRL wraps it) to a transformers Trainer whose own ``training_step`` takes it (>= 4.46)."""
@@ -113,26 +108,79 @@ def _takes_num_items(method) -> bool:
     )
 
 
-def accumulated_gradient(trainer: Trainer, batches: list[dict]) -> torch.Tensor:
-    """The gradient the trainer's own training_step accumulates over ``batches`` (one window)."""
+def _deepspeed_backward(trainer: Trainer):
+    """Before ``train()`` DeepSpeed's engine does not exist and ``accelerator.backward`` has nothing to call: the
+    plain backward DeepSpeed would run for this loss (``scale_wrt_gas=False``: no division), else None."""
+    accelerator = trainer.accelerator
+    if getattr(trainer, "is_deepspeed_enabled", False) and getattr(accelerator, "deepspeed_engine_wrapped", 1) is None:
+        return lambda loss, **kwargs: loss.backward()
+    return None
+
+
+def run_window(trainer: Trainer, batches: list[dict], weights: list[float] | None = None) -> None:
+    """Accumulate into each trainable ``p.grad`` what the trainer's own ``training_step`` gives for ``batches``:
+    one window of ``len(batches)`` micro-batches (``weights`` None), or each micro-batch alone as a window of one,
+    its gradient weighted by ``weights[i]`` (the running sum is divided by the weight before the micro-batch's
+    backward and multiplied by it after: no second gradient is held). Dropout off; gradients start at None."""
     model = trainer.model
-    for p in model.parameters():
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
         p.grad = None
     device = next(model.parameters()).device
     takes_items = _takes_num_items(trainer.training_step)
-    with window(trainer, len(batches)), dropout_off(model):
-        batches, num_items = _window_samples(trainer, batches, device)
-        for batch in batches:
-            if takes_items:
-                trainer.training_step(model, batch, num_items)
-            else:
-                trainer.training_step(model, batch)
-    return _gradient(model)
+    backward = _deepspeed_backward(trainer)
+    if backward is not None:
+        trainer.accelerator.backward = backward  # an instance attribute: untouched() removes it
+
+    def step(batch, num_items):
+        trainer.training_step(model, batch, num_items) if takes_items else trainer.training_step(model, batch)
+
+    with dropout_off(model):
+        if weights is None:
+            with window(trainer, len(batches)):
+                batches, num_items = _window_samples(trainer, batches, device)
+                for batch in batches:
+                    step(batch, num_items)
+            return
+        previous = 1.0
+        for batch, weight in zip(batches, weights):
+            if weight == 0:  # a micro-batch without label tokens has no share of a token mean
+                continue
+            with torch.no_grad():
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.mul_(previous / weight)
+            with window(trainer, 1):
+                (one,), num_items = _window_samples(trainer, [batch], device)
+                step(one, num_items)
+            previous = weight
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(previous)
 
 
-def token_sum_gradient(view: TrainerView, batches: list[dict]) -> torch.Tensor:
-    """The gradient of the window's summed next-token losses over its label count, each micro-batch forwarded
-    exactly as the trainer forwards it: the definition of a correct accumulation window, packing included."""
+def micro_counts(trainer: Trainer, batches: list[dict]) -> list[float]:
+    """What ``training_step`` divides each micro-batch's summed loss by when it runs alone: its
+    ``num_items_in_batch`` as the trainer counts it (over every process under ``average_tokens_across_devices``),
+    else its own label tokens (before transformers 4.46)."""
+    device = next(trainer.model.parameters()).device
+    counts = []
+    for batch in batches:
+        _, num_items = _window_samples(trainer, [batch], device)
+        counts.append(float(num_items) if num_items is not None else float(targets(batch).sum()))
+    return counts
+
+
+def _rows(batch: dict) -> int:
+    """The rows of a batch (pairs stacked as 2b rows count the same share): its first tensor's length."""
+    return len(next(value for value in batch.values() if isinstance(value, torch.Tensor)))
+
+
+def token_sum_gradient(view: TrainerView, batches: list[dict]) -> None:
+    """Into ``p.grad``: the gradient of the window's summed next-token losses over its label count, each
+    micro-batch forwarded exactly as the trainer forwards it: the definition of a correct accumulation window,
+    packing included."""
     trainer, model = view.trainer, view.model
     for p in model.parameters():
         p.grad = None
@@ -150,7 +198,21 @@ def token_sum_gradient(view: TrainerView, batches: list[dict]) -> torch.Tensor:
                 reduction="sum",
             )
             (loss / total).backward()
-    return _gradient(model)
+
+
+def relative_difference(kept: dict[str, torch.Tensor], model: nn.Module) -> float:
+    """|kept - p.grad| / |p.grad| over the tensors in ``kept``, tensor by tensor on their device (squares summed
+    in float32): no concatenated or float64 copy of the gradient."""
+    grads = {name: p.grad for name, p in model.named_parameters() if name in kept}
+    difference = reference = 0.0
+    for name, tensor in kept.items():
+        grad = grads.get(name)
+        if grad is None:
+            difference += float(tensor.float().square().sum())
+            continue
+        difference += float((tensor.float() - grad.float()).square().sum())
+        reference += float(grad.float().square().sum())
+    return (difference / reference) ** 0.5 if reference else float("inf")
 
 
 def _why(view: TrainerView, entry: dict | None) -> str:
@@ -178,10 +240,11 @@ def _why(view: TrainerView, entry: dict | None) -> str:
     "accumulation",
     "02",
     "gradient accumulation that reweights tokens: the first step's gradient at batch b x "
-    "accumulation k differs from one batch of b*k on the same samples, or on packed rows from the window's summed "
-    "token loss over its label count (a custom compute_loss or model that ignores num_items_in_batch, "
-    "model_accepts_loss_kwargs=False, transformers < 4.46); average_tokens_across_devices=False with "
-    "several processes.",
+    "accumulation k (the trainer's own training_step on its first window) differs from the window's token-mean "
+    "loss, built from each micro-batch alone weighted by its label tokens (never a batch larger than b), or on "
+    "packed rows from the window's summed token loss over its label count (a custom compute_loss or model that "
+    "ignores num_items_in_batch, model_accepts_loss_kwargs=False, transformers < 4.46); "
+    "average_tokens_across_devices=False with several processes.",
 )
 def accumulation(view: TrainerView) -> list[Finding]:
     args, trainer = view.args, view.trainer
@@ -199,25 +262,38 @@ def accumulation(view: TrainerView) -> list[Finding]:
         )
     if view.kind == "grpo":
         raise Skip("GRPO's loss comes from its own generations; its accumulation is not a collator batch")
-    k = min(args.gradient_accumulation_steps, MAX_STEPS)
+    k = args.gradient_accumulation_steps
     if k < 2:
         if findings:
             return findings
         raise Skip("gradient_accumulation_steps is 1: no accumulation window")
+    step = view.step  # the first window through training_step, its gradient kept within the budget
+    micro = step.batches
+    if len(micro) < 2:
+        raise Skip(f"the trainer's dataloader gave {len(micro)} batch: a window needs 2 or more")
+    if not step.kept:
+        raise Skip(step.over_budget())
     b = args.per_device_train_batch_size
-    samples = [view.samples(b, start=i * b) for i in range(k)]
-    micro = [trainer.data_collator(s) for s in samples]
-    packed = any(batch_layout(s, batch).packed for s, batch in zip(samples, micro))
-    if packed and "labels" not in micro[0]:
-        raise Skip("packed rows without labels: no token loss to sum for the reference")
-    error_of = accumulated_gradient(trainer, micro)
+    packed = any("position_ids" in batch and bool((batch["position_ids"][..., 1:] == 0).any()) for batch in micro)
+    view.model.train()
     if packed:
-        reference = token_sum_gradient(view, micro)
-        measured = f"relative gradient error {b}x{k} packed vs the window's token-sum loss: "
+        with view.checkpointing():
+            token_sum_gradient(view, micro)
+        measured = f"relative gradient error {b}x{len(micro)} packed vs the window's token-sum loss: "
     else:
-        reference = accumulated_gradient(trainer, [trainer.data_collator(sum(samples, []))])
-        measured = f"relative gradient error {b}x{k} vs {b * k}x1: "
-    error = ((error_of - reference).norm() / reference.norm()).item()
+        tokens = all("labels" in batch for batch in micro)  # a token-mean loss; else a mean over rows (pairs)
+        counts = micro_counts(trainer, micro) if tokens else [float(_rows(batch)) for batch in micro]
+        with view.checkpointing():
+            run_window(trainer, micro, [count / sum(counts) for count in counts])
+        measured = (
+            f"relative gradient error {b}x{len(micro)} vs each micro-batch alone weighted by its "
+            f"{'label tokens' if tokens else 'rows'}: "
+        )
+    with torch.no_grad():
+        error = relative_difference(step.kept, view.model)
+    for p in view.model.parameters():
+        p.grad = None
+    measured += step.coverage()
     tolerance = TOLERANCE["half" if view.dtype in (torch.float16, torch.bfloat16) else "full"]
     measured += f"{error:.2g} (tolerance {tolerance:g})"
     if error <= tolerance:
