@@ -294,15 +294,20 @@ class TrainerView:
         return [batch for batch, _ in zip(loader, range(most))]
 
     def batch(self, n: int | None = None, start: int = 0) -> dict:
-        """One batch of ``n`` rows: the dataloader's first batch when ``n`` is the per-device batch size (the
-        default), else ``n`` rows from ``start`` through the trainer's own collator."""
+        """One batch of ``n`` rows (the per-device batch size by default) from ``start``, in the dataset's order,
+        through the trainer's own collator; for a dataset that is not a ``datasets.Dataset``, the first batch of the
+        trainer's dataloader."""
         b = self.args.per_device_train_batch_size
-        if (n or b) == b and start == 0:
-            (first,) = self.batches(1) or [None]
-            if first is None:
-                raise Skip("the trainer's dataloader gave no batch")
-            return first
-        return self.trainer.data_collator(self.samples(n, start))
+        n = n or b
+        try:
+            return self.trainer.data_collator(self.samples(n, start))
+        except Skip:
+            if n != b or start:
+                raise
+        (first,) = self.batches(1) or [None]
+        if first is None:
+            raise Skip("the trainer's dataloader gave no batch")
+        return first
 
     @cached_property
     def step(self):
