@@ -249,3 +249,18 @@ def test_the_probes_leave_the_dataloader_unregistered(tokenizer, tmp_path, probe
     before = list(getattr(trainer.accelerator, "_dataloaders", []))
     only(trainer, probe)
     assert list(getattr(trainer.accelerator, "_dataloaders", [])) == before
+
+
+def test_the_watch_says_which_checks_an_old_transformers_never_calls(tokenizer, tmp_path, monkeypatch):
+    """transformers < 4.45 has no on_pre_optimizer_step (and < 4.42 no on_optimizer_step): those checks never run,
+    and the summary says so instead of 'every trainable tensor got a gradient'. The events' absence is stood in for
+    here (today's Trainer calls them); the era 04-transformers-4.40 has the real one, not run with the watch."""
+    from trl_clinic.watch import callback
+
+    monkeypatch.setattr(callback, "has_event", lambda name: name not in ("on_pre_optimizer_step", "on_optimizer_step"))
+    trainer = examples.sft_trainer(tokenizer, tmp_path, max_steps=2)
+    watch = ClinicWatch(trainer=trainer, show=False)
+    trainer.add_callback(watch)
+    trainer.train()
+    assert watch.checks["no_gradient"].startswith("not watched: transformers")
+    assert "the weights not read" in watch.checks["nonfinite"]

@@ -38,6 +38,7 @@ import sys
 from dataclasses import replace
 
 import torch
+import transformers
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 
@@ -60,6 +61,12 @@ def _caller(kind: type):
             return candidate
         frame = frame.f_back
     return None
+
+
+def has_event(name: str) -> bool:
+    """Whether the installed transformers calls callback event ``name`` (``on_optimizer_step`` since 4.42.0,
+    ``on_pre_optimizer_step`` since 4.45.0): ``TrainerCallback`` defines every event its Trainer calls."""
+    return hasattr(TrainerCallback, name)
 
 
 def _some(names: list[str]) -> str:
@@ -125,6 +132,13 @@ class ClinicWatch(TrainerCallback):
             self._never = set()
             self.checks["no_gradient"] = quiet("no_gradient", "deepspeed")
         self._forwards = ForwardWatch(model, self._report, self._current_step, self.config.packed_forwards)
+        # transformers added the events these checks read in 4.42.0 and 4.45.0: older ones never call them, and a
+        # check that never ran must not end the run saying it saw nothing
+        version = transformers.__version__
+        if not has_event("on_pre_optimizer_step"):
+            self._never = set()
+            self.checks["no_gradient"] = quiet("no_gradient", "no_event", version=version)
+        self._weights_read = has_event("on_optimizer_step")
 
     # -- bookkeeping -------------------------------------------------------------------------------
     def found(self, key: str) -> bool:
@@ -297,7 +311,11 @@ class ClinicWatch(TrainerCallback):
         ``fewest``: the fewest label tokens in a step, over every process."""
         forwards = self._forwards
         silent = {
-            "nonfinite": ("finite", {"steps": len(self.steps)}),
+            "nonfinite": (
+                ("finite", {"steps": len(self.steps)})
+                if self._weights_read
+                else ("no_event", {"steps": len(self.steps), "version": transformers.__version__})
+            ),
             "no_labels": ("present", {"fewest": fewest}) if fewest is not None else ("not_tokens", {}),
             "zero_loss": ("none", {}),
             "equal_rewards": ("not_logged", {}),

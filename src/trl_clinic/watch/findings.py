@@ -82,7 +82,11 @@ CATALOGUE = {
                 "train in bfloat16 or float32; logging_nan_inf_filter=False shows the NaN in the logged loss",
             ),
         },
-        quiet={"finite": "raw loss and trainable weights finite at all {steps} steps"},
+        quiet={
+            "finite": "raw loss and trainable weights finite at all {steps} steps",
+            "no_event": "raw loss finite at all {steps} steps; the weights not read: transformers {version} has no "
+            "on_optimizer_step callback event (added in 4.42.0)",
+        },
     ),
     "no_labels": Entry(
         "02",
@@ -207,6 +211,8 @@ CATALOGUE = {
         quiet={
             "reached": "every trainable tensor got a gradient within {steps} step(s)",
             "deepspeed": "not watched under DeepSpeed (it reads p.grad)",
+            "no_event": "not watched: transformers {version} has no on_pre_optimizer_step callback event (added in "
+            "4.45.0)",
         },
     ),
     "packing": Entry(
