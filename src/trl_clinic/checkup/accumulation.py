@@ -20,10 +20,6 @@ length the way its version reads it (``window``).
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,145 +27,12 @@ from transformers import Trainer
 
 from trl_clinic.checkup.engine import Skip, probe
 from trl_clinic.checkup.known_bugs import explain
+from trl_clinic.checkup.step import _window_samples, dropout_off, micro_counts, run_window
 from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.labels import IGNORE_INDEX, targets
 
 TOLERANCE = {"full": 1e-3, "half": 5e-2}  # relative gradient error; lesson 02 measures <= 4e-7 fixed, >= 0.42 buggy
-
-
-@contextmanager
-def dropout_off(model: nn.Module) -> Iterator[None]:
-    """Dropout draws a different mask for a batch of b and one of b*k: zero every rate, then restore it
-    (``nn.Dropout`` modules, and the float ``*dropout`` attributes that functional dropout reads)."""
-    saved = []
-    for module in model.modules():
-        for name, value in vars(module).items():
-            if "dropout" in name and isinstance(value, float) and value > 0:
-                saved.append((module, name, value))
-        if isinstance(module, nn.Dropout) and module.p > 0:
-            saved.append((module, "p", module.p))
-    for module, name, _ in saved:
-        setattr(module, name, 0.0)
-    try:
-        yield
-    finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
-
-
-@contextmanager
-def window(trainer: Trainer, steps: int) -> Iterator[None]:
-    """Let ``training_step`` treat ``steps`` micro-batches as one accumulation window, whichever version reads
-    it where: ``args.gradient_accumulation_steps`` (every version), ``current_gradient_accumulation_steps`` (read
-    by 4.55.4's trainer.py, absent from 4.53.1's), and the accelerator, which divides each backward by the steps
-    it was given through transformers 4.46.1 (``Trainer.create_accelerator_and_postprocess`` passes it
-    ``num_steps`` in 4.45.2 and 4.46.1) and is given none from 4.46.2 (the same function: "We explicitly don't
-    rely on the Accelerator to do gradient accumulation")."""
-    args, accelerator = trainer.args, trainer.accelerator
-    original = args.gradient_accumulation_steps
-    accelerator_steps = accelerator.gradient_accumulation_steps
-    scales = original > 1 and accelerator_steps == original
-    missing = object()
-    current = vars(trainer).get("current_gradient_accumulation_steps", missing)
-    vars(args)["gradient_accumulation_steps"] = steps  # past a frozen TrainingArguments' __setattr__
-    trainer.current_gradient_accumulation_steps = steps
-    if scales:
-        accelerator.gradient_accumulation_steps = steps
-    try:
-        yield
-    finally:
-        vars(args)["gradient_accumulation_steps"] = original
-        if current is missing:
-            del vars(trainer)["current_gradient_accumulation_steps"]
-        else:
-            trainer.current_gradient_accumulation_steps = current
-        if scales:
-            accelerator.gradient_accumulation_steps = accelerator_steps
-
-
-def _window_samples(trainer: Trainer, batches: list[dict], device: torch.device) -> tuple[list[dict], object]:
-    """The window's batches and ``num_items_in_batch`` as the trainer counts them (None before transformers 4.46)."""
-    if not hasattr(trainer, "get_batch_samples"):
-        return batches, None
-    count = trainer.get_batch_samples
-    if "device" in inspect.signature(count).parameters:
-        return count(iter(batches), len(batches), device)
-    return count(iter(batches), len(batches))
-
-
-def _takes_num_items(method) -> bool:
-    """Whether ``training_step`` takes ``num_items_in_batch``: named in its signature, or passed on through
-    ``*args`` (TRL wraps it) to a transformers Trainer whose own ``training_step`` takes it (>= 4.46)."""
-    parameters = inspect.signature(method).parameters
-    passes_on = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters.values())
-    return "num_items_in_batch" in parameters or (
-        passes_on and "num_items_in_batch" in inspect.signature(Trainer.training_step).parameters
-    )
-
-
-def _deepspeed_backward(trainer: Trainer):
-    """Before ``train()`` DeepSpeed's engine does not exist and ``accelerator.backward`` has nothing to call: the
-    plain backward DeepSpeed would run for this loss (``scale_wrt_gas=False``: no division), else None."""
-    accelerator = trainer.accelerator
-    if getattr(trainer, "is_deepspeed_enabled", False) and getattr(accelerator, "deepspeed_engine_wrapped", 1) is None:
-        return lambda loss, **kwargs: loss.backward()
-    return None
-
-
-def run_window(trainer: Trainer, batches: list[dict], weights: list[float] | None = None) -> None:
-    """Accumulate into each trainable ``p.grad`` what the trainer's own ``training_step`` gives for ``batches``:
-    one window of ``len(batches)`` micro-batches (``weights`` None), or each micro-batch alone as a window of one,
-    its gradient weighted by ``weights[i]`` (the running sum is divided by the weight before the micro-batch's
-    backward and multiplied by it after: no second gradient is held). Dropout off; gradients start at None."""
-    model = trainer.model
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        p.grad = None
-    device = next(model.parameters()).device
-    takes_items = _takes_num_items(trainer.training_step)
-    backward = _deepspeed_backward(trainer)
-    if backward is not None:
-        trainer.accelerator.backward = backward  # an instance attribute: untouched() removes it
-
-    def step(batch, num_items):
-        trainer.training_step(model, batch, num_items) if takes_items else trainer.training_step(model, batch)
-
-    with dropout_off(model):
-        if weights is None:
-            with window(trainer, len(batches)):
-                batches, num_items = _window_samples(trainer, batches, device)
-                for batch in batches:
-                    step(batch, num_items)
-            return
-        previous = 1.0
-        for batch, weight in zip(batches, weights):
-            if weight == 0:  # a micro-batch without label tokens has no share of a token mean
-                continue
-            with torch.no_grad():
-                for p in params:
-                    if p.grad is not None:
-                        p.grad.mul_(previous / weight)
-            with window(trainer, 1):
-                (one,), num_items = _window_samples(trainer, [batch], device)
-                step(one, num_items)
-            previous = weight
-        with torch.no_grad():
-            for p in params:
-                if p.grad is not None:
-                    p.grad.mul_(previous)
-
-
-def micro_counts(trainer: Trainer, batches: list[dict]) -> list[float]:
-    """What ``training_step`` divides each micro-batch's summed loss by when it runs alone: its
-    ``num_items_in_batch`` as the trainer counts it (over every process under ``average_tokens_across_devices``),
-    else its own label tokens (before transformers 4.46)."""
-    device = next(trainer.model.parameters()).device
-    counts = []
-    for batch in batches:
-        _, num_items = _window_samples(trainer, [batch], device)
-        counts.append(float(num_items) if num_items is not None else float(targets(batch).sum()))
-    return counts
 
 
 def _rows(batch: dict) -> int:

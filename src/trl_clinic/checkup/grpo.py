@@ -79,7 +79,7 @@ def trl_groups(view: TrainerView) -> tuple[list[bool], float | None]:
     (conversational
     completions as messages, reward models, the extra keyword arguments). A group teaches nothing when all its
     advantages are 0 (TRL zeroes a group with equal rewards)."""
-    from trl_clinic.checkup.accumulation import window
+    from trl_clinic.checkup.step import window
 
     trainer, args = view.trainer, view.args
     generations = args.num_generations
