@@ -344,7 +344,11 @@ def test_labels_present_trips_on_batches_whose_labels_are_all_masked(tokenizer, 
     masked = examples.custom_trainer(tokenizer, tmp_path)
     masked.train_dataset = masked.train_dataset.map(lambda row: {"labels": [-100] * len(row["input_ids"])})
     found = status(masked, "labels_present")
-    assert (found.status, found.decided, found.value) == ("fail", "measured", 4)
+    assert (found.status, found.decided, found.value) == (
+        "fail",
+        "measured",
+        8,
+    )  # every batch of the 16 rows, not the first 4
     assert status(examples.sft_trainer(tokenizer, tmp_path), "labels_present").status == "ok"
 
 

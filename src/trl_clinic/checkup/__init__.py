@@ -24,7 +24,7 @@ import types
 from collections.abc import Iterable
 from pathlib import Path
 
-from trl_clinic.checkup.engine import PROBES, Report, run_probe, selected
+from trl_clinic.checkup.engine import PROBES, Report, merged, run_probe, selected
 from trl_clinic.probes.finding import Finding
 
 __all__ = ["PROBES", "Finding", "Report", "checkup", "load_probes", "probe_catalogue", "run_checkup"]
@@ -70,13 +70,26 @@ def load_probes() -> dict:
 
 
 def run_checkup(
-    trainer, only: Iterable[str] | None = None, skip: Iterable[str] | None = None, show: bool = True
+    trainer,
+    only: Iterable[str] | None = None,
+    skip: Iterable[str] | None = None,
+    show: bool = True,
+    budget: int | None = None,
 ) -> Report:
-    """Run the selected probes on ``trainer`` and return the report (printed as a table when ``show``)."""
+    """Run the selected probes on ``trainer`` and return the report (printed as a table when ``show``).
+
+    ``budget``: the bytes a probe may hold beyond what training holds (copies of gradients, clones;
+    ``checkup.step.DEFAULT_BUDGET``, 1 GiB); a probe that needs more skips and says how much it needed. Under
+    several processes (torchrun, accelerate launch) every process runs the probes on its own shard, the findings
+    are gathered into one verdict (``engine.merged``), the same report is returned on every process, and only the
+    main process prints it."""
+    from trl_clinic.checkup.step import DEFAULT_BUDGET
     from trl_clinic.checkup.view import TrainerView, untouched
+    from trl_clinic.probes.processes import Processes
 
     load_probes()
-    view = TrainerView(trainer)
+    processes = Processes.of(trainer.args)
+    view = TrainerView(trainer, budget=DEFAULT_BUDGET if budget is None else budget)
     model = view.base_model
     report = Report(
         subject=f"{type(trainer).__name__} on {type(model).__name__}"
@@ -86,8 +99,11 @@ def run_checkup(
     with untouched(trainer):
         for spec in selected(only, skip):
             report.findings += run_probe(spec, view)
+    if processes.several:
+        report.findings = merged(processes.gather(report.findings))
+    report.processes, report.main = processes.count, processes.main
     report.seconds = time.perf_counter() - start
-    if show:
+    if show and report.main:
         report.print()
     return report
 

@@ -3,9 +3,12 @@
 Lesson 02 trains one real step (``trl_clinic.probes.gradients.first_step_gradient``); a check-up may not
 step the user's optimizer, so this probe calls the trainer's own ``get_batch_samples`` (which counts
 ``num_items_in_batch``, transformers >= 4.46) and ``training_step`` (loss, scaling, backward) on k
-micro-batches of b samples, and compares that gradient with a reference on the same samples:
+micro-batches of b samples (the first window of its dataloader, ``checkup.step``), and compares that
+gradient with a reference on the same samples:
 
-* padded rows: one batch of b*k through the same ``training_step`` (what "batch b*k" means to a user);
+* padded rows: each micro-batch alone through the same ``training_step`` (a window of one: its loss over its own
+  label tokens), weighted by its share of the window's label tokens: the gradient one batch of b*k would give
+  with a token-mean loss (what "batch b*k" means to a user), never holding more than b rows;
 * packed rows: the same k micro-batches, each forwarded exactly as the trainer forwards it, their summed
   token losses divided by the window's own ``num_items_in_batch``. A packed batch of b*k would pack
   differently from k rows of b, so a contaminated packing would show here as an accumulation error; the
@@ -17,10 +20,6 @@ length the way its version reads it (``window``).
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,111 +27,23 @@ from transformers import Trainer
 
 from trl_clinic.checkup.engine import Skip, probe
 from trl_clinic.checkup.known_bugs import explain
+from trl_clinic.checkup.step import _window_samples, dropout_off, micro_counts, run_window
 from trl_clinic.checkup.view import TrainerView
-from trl_clinic.probes.batches import batch_layout
 from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.labels import IGNORE_INDEX, targets
 
-MAX_STEPS = 4  # the reweighting shows at any k >= 2; more micro-batches only cost time
 TOLERANCE = {"full": 1e-3, "half": 5e-2}  # relative gradient error; lesson 02 measures <= 4e-7 fixed, >= 0.42 buggy
 
 
-@contextmanager
-def dropout_off(model: nn.Module) -> Iterator[None]:
-    """Dropout draws a different mask for a batch of b and one of b*k: zero every rate, then restore it
-    (``nn.Dropout`` modules, and the float ``*dropout`` attributes that functional dropout reads)."""
-    saved = []
-    for module in model.modules():
-        for name, value in vars(module).items():
-            if "dropout" in name and isinstance(value, float) and value > 0:
-                saved.append((module, name, value))
-        if isinstance(module, nn.Dropout) and module.p > 0:
-            saved.append((module, "p", module.p))
-    for module, name, _ in saved:
-        setattr(module, name, 0.0)
-    try:
-        yield
-    finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
+def _rows(batch: dict) -> int:
+    """The rows of a batch (pairs stacked as 2b rows count the same share): its first tensor's length."""
+    return len(next(value for value in batch.values() if isinstance(value, torch.Tensor)))
 
 
-@contextmanager
-def window(trainer: Trainer, steps: int) -> Iterator[None]:
-    """Let ``training_step`` treat ``steps`` micro-batches as one accumulation window, whichever version reads
-    it where: ``args.gradient_accumulation_steps`` (every version), ``current_gradient_accumulation_steps`` (read
-    by 4.55.4's trainer.py, absent from 4.53.1's), and the accelerator, which divides each backward by the steps
-    it was given through transformers 4.46.1 (``Trainer.create_accelerator_and_postprocess`` passes it
-    ``num_steps`` in 4.45.2 and 4.46.1) and is given none from 4.46.2 (the same function: "We explicitly don't
-    rely on the Accelerator to do gradient accumulation")."""
-    args, accelerator = trainer.args, trainer.accelerator
-    original = args.gradient_accumulation_steps
-    accelerator_steps = accelerator.gradient_accumulation_steps
-    scales = original > 1 and accelerator_steps == original
-    missing = object()
-    current = vars(trainer).get("current_gradient_accumulation_steps", missing)
-    vars(args)["gradient_accumulation_steps"] = steps  # past a frozen TrainingArguments' __setattr__
-    trainer.current_gradient_accumulation_steps = steps
-    if scales:
-        accelerator.gradient_accumulation_steps = steps
-    try:
-        yield
-    finally:
-        vars(args)["gradient_accumulation_steps"] = original
-        if current is missing:
-            del vars(trainer)["current_gradient_accumulation_steps"]
-        else:
-            trainer.current_gradient_accumulation_steps = current
-        if scales:
-            accelerator.gradient_accumulation_steps = accelerator_steps
-
-
-def _window_samples(trainer: Trainer, batches: list[dict], device: torch.device) -> tuple[list[dict], object]:
-    """The window's batches and ``num_items_in_batch`` as the trainer counts them (None before transformers 4.46)."""
-    if not hasattr(trainer, "get_batch_samples"):
-        return batches, None
-    count = trainer.get_batch_samples
-    if "device" in inspect.signature(count).parameters:
-        return count(iter(batches), len(batches), device)
-    return count(iter(batches), len(batches))
-
-
-def _gradient(model: nn.Module) -> torch.Tensor:
-    return torch.cat(
-        [p.grad.detach().flatten().double().cpu() for p in model.parameters() if p.requires_grad and p.grad is not None]
-    )
-
-
-def _takes_num_items(method) -> bool:
-    """Whether ``training_step`` takes ``num_items_in_batch``: named in its signature, or passed on through
-    ``*args`` (TRL wraps it) to a transformers Trainer whose own ``training_step`` takes it (>= 4.46)."""
-    parameters = inspect.signature(method).parameters
-    passes_on = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters.values())
-    return "num_items_in_batch" in parameters or (
-        passes_on and "num_items_in_batch" in inspect.signature(Trainer.training_step).parameters
-    )
-
-
-def accumulated_gradient(trainer: Trainer, batches: list[dict]) -> torch.Tensor:
-    """The gradient the trainer's own training_step accumulates over ``batches`` (one window)."""
-    model = trainer.model
-    for p in model.parameters():
-        p.grad = None
-    device = next(model.parameters()).device
-    takes_items = _takes_num_items(trainer.training_step)
-    with window(trainer, len(batches)), dropout_off(model):
-        batches, num_items = _window_samples(trainer, batches, device)
-        for batch in batches:
-            if takes_items:
-                trainer.training_step(model, batch, num_items)
-            else:
-                trainer.training_step(model, batch)
-    return _gradient(model)
-
-
-def token_sum_gradient(view: TrainerView, batches: list[dict]) -> torch.Tensor:
-    """The gradient of the window's summed next-token losses over its label count, each micro-batch forwarded
-    exactly as the trainer forwards it: the definition of a correct accumulation window, packing included."""
+def token_sum_gradient(view: TrainerView, batches: list[dict]) -> None:
+    """Into ``p.grad``: the gradient of the window's summed next-token losses over its label count, each
+    micro-batch forwarded exactly as the trainer forwards it: the definition of a correct accumulation window,
+    packing included."""
     trainer, model = view.trainer, view.model
     for p in model.parameters():
         p.grad = None
@@ -150,7 +61,21 @@ def token_sum_gradient(view: TrainerView, batches: list[dict]) -> torch.Tensor:
                 reduction="sum",
             )
             (loss / total).backward()
-    return _gradient(model)
+
+
+def relative_difference(kept: dict[str, torch.Tensor], model: nn.Module) -> float:
+    """|kept - p.grad| / |p.grad| over the tensors in ``kept``, tensor by tensor on their device (squares summed
+    in float32): no concatenated or float64 copy of the gradient."""
+    grads = {name: p.grad for name, p in model.named_parameters() if name in kept}
+    difference = reference = 0.0
+    for name, tensor in kept.items():
+        grad = grads.get(name)
+        if grad is None:
+            difference += float(tensor.float().square().sum())
+            continue
+        difference += float((tensor.float() - grad.float()).square().sum())
+        reference += float(grad.float().square().sum())
+    return (difference / reference) ** 0.5 if reference else float("inf")
 
 
 def _why(view: TrainerView, entry: dict | None) -> str:
@@ -188,11 +113,11 @@ def _why(view: TrainerView, entry: dict | None) -> str:
     "accumulation",
     "02",
     "gradient accumulation that reweights tokens: the first step's gradient at batch b x "
-    "accumulation k differs from one batch of b*k on the same samples, or on packed rows from the window's summed "
-    "token loss over its label count (a custom compute_loss or model that ignores num_items_in_batch, "
-    "model_accepts_loss_kwargs=False, transformers < 4.46, DPO's per-micro-batch 'sft' term); for DPO and reward "
-    "pairs the same comparison through their own collators; average_tokens_across_devices=False with "
-    "several processes.",
+    "accumulation k (the trainer's own training_step on its first window) differs from the window's token-mean "
+    "loss, built from each micro-batch alone weighted by its label tokens (never a batch larger than b), or on "
+    "packed rows from the window's summed token loss over its label count (a custom compute_loss or model that "
+    "ignores num_items_in_batch, model_accepts_loss_kwargs=False, transformers < 4.46, DPO's per-micro-batch "
+    "'sft' term); average_tokens_across_devices=False with several processes.",
 )
 def accumulation(view: TrainerView) -> list[Finding]:
     args, trainer = view.args, view.trainer
@@ -210,25 +135,38 @@ def accumulation(view: TrainerView) -> list[Finding]:
         )
     if view.kind == "grpo":
         raise Skip("GRPO's loss comes from its own generations; its accumulation is not a collator batch")
-    k = min(args.gradient_accumulation_steps, MAX_STEPS)
+    k = args.gradient_accumulation_steps
     if k < 2:
         if findings:
             return findings
         raise Skip("gradient_accumulation_steps is 1: no accumulation window")
+    step = view.step  # the first window through training_step, its gradient kept within the budget
+    micro = step.batches
+    if len(micro) < 2:
+        raise Skip(f"the trainer's dataloader gave {len(micro)} batch: a window needs 2 or more")
+    if not step.kept:
+        raise Skip(step.over_budget())
     b = args.per_device_train_batch_size
-    samples = [view.samples(b, start=i * b) for i in range(k)]
-    micro = [trainer.data_collator(s) for s in samples]
-    packed = any(batch_layout(s, batch).packed for s, batch in zip(samples, micro))
-    if packed and "labels" not in micro[0]:
-        raise Skip("packed rows without labels: no token loss to sum for the reference")
-    error_of = accumulated_gradient(trainer, micro)
+    packed = any("position_ids" in batch and bool((batch["position_ids"][..., 1:] == 0).any()) for batch in micro)
+    view.model.train()
     if packed:
-        reference = token_sum_gradient(view, micro)
-        measured = f"relative gradient error {b}x{k} packed vs the window's token-sum loss: "
+        with view.checkpointing():
+            token_sum_gradient(view, micro)
+        measured = f"relative gradient error {b}x{len(micro)} packed vs the window's token-sum loss: "
     else:
-        reference = accumulated_gradient(trainer, [trainer.data_collator(sum(samples, []))])
-        measured = f"relative gradient error {b}x{k} vs {b * k}x1: "
-    error = ((error_of - reference).norm() / reference.norm()).item()
+        tokens = all("labels" in batch for batch in micro)  # a token-mean loss; else a mean over rows (pairs)
+        counts = micro_counts(trainer, micro) if tokens else [float(_rows(batch)) for batch in micro]
+        with view.checkpointing():
+            run_window(trainer, micro, [count / sum(counts) for count in counts])
+        measured = (
+            f"relative gradient error {b}x{len(micro)} vs each micro-batch alone weighted by its "
+            f"{'label tokens' if tokens else 'rows'}: "
+        )
+    with torch.no_grad():
+        error = relative_difference(step.kept, view.model)
+    for p in view.model.parameters():
+        p.grad = None
+    measured += step.coverage()
     tolerance = TOLERANCE["half" if view.dtype in (torch.float16, torch.bfloat16) else "full"]
     measured += f"{error:.2g} (tolerance {tolerance:g})"
     if error <= tolerance:

@@ -64,7 +64,9 @@ def refused_by_config(error: BaseException) -> bool:
     return isinstance(error, (ValueError, TypeError)) and path.name.endswith("_config.py") and "trl" in path.parts
 
 
-def checkup_from_command_line(kind: str, argv: list[str], only=None, skip=None, show: bool = True):
+def checkup_from_command_line(
+    kind: str, argv: list[str], only=None, skip=None, show: bool = True, budget: int | None = None
+):
     """The check-up report of the trainer TRL's script builds from ``argv``; a config TRL refuses is a fail,
     any other build error an error."""
     from trl_clinic.checkup import run_checkup
@@ -88,7 +90,7 @@ def checkup_from_command_line(kind: str, argv: list[str], only=None, skip=None, 
         if show:
             report.print()
         return report
-    return run_checkup(trainer, only=only, skip=skip, show=show)
+    return run_checkup(trainer, only=only, skip=skip, show=show, budget=budget)
 
 
 def explain() -> str:
@@ -132,6 +134,12 @@ def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--only", nargs="+", metavar="PROBE", help="run only these probes")
     parser.add_argument("--skip", nargs="+", metavar="PROBE", help="leave these probes out")
     parser.add_argument("--json", action="store_true", help="print the report as JSON (for CI) instead of a table")
+    parser.add_argument(
+        "--budget",
+        type=int,
+        metavar="BYTES",
+        help="bytes a probe may hold beyond what training holds (default 1 GiB); a probe that needs more skips",
+    )
     return parser
 
 
@@ -154,8 +162,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     own, trl_args = own_options(_options, args)
-    report = checkup_from_command_line(args.kind, trl_args, only=own.only, skip=own.skip, show=not own.json)
-    if own.json:
+    report = checkup_from_command_line(
+        args.kind, trl_args, only=own.only, skip=own.skip, show=not own.json, budget=own.budget
+    )
+    if own.json and report.main:  # one JSON for a run of several processes
         print(report.to_json())
     sys.stdout.flush()
     return report.exit_code

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from trl_clinic.probes.finding import Finding
@@ -55,6 +55,8 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     subject: str = ""  # the trainer and model the check-up ran on
     seconds: float = 0.0
+    processes: int = 1  # the processes it ran on (torchrun, accelerate launch), each on its own shard
+    main: bool = True  # whether this process prints it (the main process of a run of several)
 
     @property
     def failed(self) -> bool:
@@ -78,6 +80,7 @@ class Report:
         return {
             "subject": self.subject,
             "seconds": round(self.seconds, 3),
+            "processes": self.processes,
             "failed": self.failed,
             "errors": len(self.errors),
             "exit_code": self.exit_code,
@@ -122,6 +125,30 @@ class Report:
         from rich.console import Console
 
         Console(width=None if sys.stdout.isatty() else 140).print(self.table())
+
+
+SEVERITY = ("fail", "error", "warn", "ok", "skipped")  # which process's finding speaks for all of them
+
+
+def merged(per_process: list[list[Finding]]) -> list[Finding]:
+    """One list of findings from every process's (each ran the same probes in the same order on its own shard):
+    for each finding, the most severe process's (a fail anywhere fails the run), saying which process it was
+    when they differ; the same list on every process, so every process returns the same verdict."""
+    count, out = len(per_process), []
+    for position, first in enumerate(per_process[0]):
+        same = [
+            (index, findings[position])
+            for index, findings in enumerate(per_process)
+            if position < len(findings) and findings[position].probe == first.probe
+        ]
+        index, worst = min(same, key=lambda pair: (SEVERITY.index(pair[1].status), pair[0]))
+        made = replace(worst, seconds=max(f.seconds for _, f in same))
+        if len({(f.status, f.measured) for _, f in same}) > 1:
+            made.process = index
+            text = "measured" if made.measured else "reason"
+            setattr(made, text, f"process {index} of {count}: {getattr(made, text)}")
+        out.append(made)
+    return out
 
 
 def selected(only: Iterable[str] | None = None, skip: Iterable[str] | None = None) -> list[Probe]:

@@ -15,8 +15,8 @@ from trl_clinic.checkup.engine import Skip, probe
 from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.finding import Finding
 
-MAX_PROMPTS = 4
-MAX_NEW_TOKENS = 32
+MAX_PROMPTS = 4  # prompts generated for, each num_generations times (at most one generation batch)
+MAX_NEW_TOKENS = 32  # only where the config has no max_completion_length (TRL < 0.16's fallback path)
 
 
 def _grpo(view: TrainerView) -> None:
@@ -51,12 +51,14 @@ def group_rewards(view: TrainerView) -> list[list[float]]:
         do_sample=True,
         temperature=args.temperature,
         top_p=args.top_p,
-        max_new_tokens=min(args.max_completion_length or MAX_NEW_TOKENS, MAX_NEW_TOKENS),
+        max_new_tokens=args.max_completion_length or MAX_NEW_TOKENS,
         num_return_sequences=args.num_generations,
         pad_token_id=tokenizer.pad_token_id,
     )
     ids = out[:, inputs["input_ids"].shape[1] :]
     completions = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    if not isinstance(rows[0]["prompt"], str):  # conversational: completions as TRL passes them, as messages
+        completions = [[{"role": "assistant", "content": text}] for text in completions]
     repeat = [row for row in rows for _ in range(args.num_generations)]
     columns = {key: [row[key] for row in repeat] for key in rows[0] if key != "prompt"}
     weights = args.reward_weights or [1.0] * len(trainer.reward_funcs)
@@ -69,6 +71,29 @@ def group_rewards(view: TrainerView) -> list[list[float]]:
     return total.view(len(rows), args.num_generations).tolist()
 
 
+def trl_groups(view: TrainerView) -> tuple[list[bool], float | None]:
+    """Whether each group's completions got equal rewards, and the share of completions cut at
+    ``max_completion_length``, from one call of TRL's own ``_generate_and_score_completions`` (TRL >= 0.16)
+    on the first ``MAX_PROMPTS`` prompts, each ``num_generations`` times as GRPO's sampler repeats them: TRL's
+    generation (the user's ``max_completion_length``, sampling settings, chat template) and TRL's reward calls
+    (conversational
+    completions as messages, reward models, the extra keyword arguments). A group teaches nothing when all its
+    advantages are 0 (TRL zeroes a group with equal rewards)."""
+    from trl_clinic.checkup.step import window
+
+    trainer, args = view.trainer, view.args
+    generations = args.num_generations
+    prompts = view.samples(min(MAX_PROMPTS, len(view.rows)))
+    rows = [row for row in prompts for _ in range(generations)]
+    view.model.train()  # the mode the training loop generates in
+    with window(trainer, args.gradient_accumulation_steps):
+        output = trainer._generate_and_score_completions(rows)
+    groups = output["advantages"].detach().reshape(-1, generations)
+    equal = (groups.abs().amax(dim=1) == 0).tolist()
+    clipped = trainer._metrics["train"].get("completions/clipped_ratio") or [None]
+    return equal, clipped[-1]
+
+
 @probe(
     "equal_rewards",
     "05",
@@ -77,10 +102,17 @@ def group_rewards(view: TrainerView) -> list[list[float]]:
 )
 def equal_rewards(view: TrainerView) -> Finding:
     _grpo(view)
-    groups = group_rewards(view)
-    equal = sum(max(g) - min(g) < 1e-8 for g in groups)
-    share = equal / len(groups)
-    measured = f"{equal} of {len(groups)} groups with equal rewards"
+    clipped = None
+    if hasattr(view.trainer, "_generate_and_score_completions"):
+        flags, clipped = trl_groups(view)
+    else:
+        flags = [max(g) - min(g) < 1e-8 for g in group_rewards(view)]
+    equal, groups = sum(flags), len(flags)
+    share = equal / groups
+    limit = getattr(view.args, "max_completion_length", None)
+    measured = f"{equal} of {groups} groups with equal rewards (completions up to {limit} tokens" + (
+        f", {clipped:.0%} cut at that limit)" if clipped is not None else ")"
+    )
     if share == 1:
         return Finding(
             "equal_rewards",

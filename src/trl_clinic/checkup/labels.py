@@ -18,7 +18,7 @@ from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.labels import targets
 
-BATCHES = 4  # how many of the first batches are read
+MAX_ROWS = 100_000  # rows a process counts at most (collation only, no forward): the whole set below it
 
 
 def _targets(batch: dict) -> torch.Tensor:
@@ -29,14 +29,34 @@ def _targets(batch: dict) -> torch.Tensor:
     return mask
 
 
-def _first_batches(view: TrainerView) -> list[dict]:
+def label_counts(view: TrainerView) -> tuple[list[int], int, int]:
+    """Label tokens of every micro-batch of one epoch of the trainer's own dataloader (this process's shard), the
+    EOS tokens among them, and the rows read: token counts only, no forward, at most ``MAX_ROWS`` rows."""
     if view.kind == "grpo":
         raise Skip("GRPO's targets are its own generations, not collated labels")
-    b = view.args.per_device_train_batch_size
-    n = min(BATCHES, len(view.rows) // b)
-    if n == 0:
-        raise Skip(f"fewer rows than one batch of {b}")
-    return [view.batch(b, start=i * b) for i in range(n)]
+    cached = getattr(view, "_label_counts", None)
+    if cached is not None:
+        return cached
+    tokenizer = view.tokenizer
+    eos = getattr(tokenizer, "eos_token_id", None)
+    counts, eos_targets, rows = [], 0, 0
+    for batch in view.trainer.get_train_dataloader():
+        mask = _targets(batch)
+        counts.append(int(mask.sum()))
+        if eos is not None and "input_ids" in batch:
+            eos_targets += int((mask & (batch["input_ids"] == eos)).sum())
+        rows += len(mask)
+        if rows >= MAX_ROWS:
+            break
+    if not counts:
+        raise Skip("the trainer's dataloader gave no batch")
+    view._label_counts = counts, eos_targets, rows
+    return view._label_counts
+
+
+def _read(counts: list[int], rows: int) -> str:
+    bound = f" (stopped at {MAX_ROWS} rows)" if rows >= MAX_ROWS else ""
+    return f"{len(counts)} micro-batches ({rows} rows) of the trainer's dataloader{bound}"
 
 
 @probe(
@@ -46,9 +66,14 @@ def _first_batches(view: TrainerView) -> list[dict]:
     "(prompt longer than max_length, a completion mask or assistant_only_loss template that masks every token).",
 )
 def labels_present(view: TrainerView) -> Finding:
-    counts = [int(_targets(batch).sum()) for batch in _first_batches(view)]
+    counts, _, rows = label_counts(view)
     empty = sum(c == 0 for c in counts)
-    measured = f"label tokens in the first {len(counts)} batches: {counts}"
+    where = [i for i, c in enumerate(counts) if c == 0]
+    measured = (
+        f"{empty} without a label token in {_read(counts, rows)}"
+        + (f" (micro-batch {', '.join(map(str, where[:3]))}{', ...' if len(where) > 3 else ''})" if where else "")
+        + f"; fewest label tokens in one: {min(counts)}"
+    )
     if not empty:
         return Finding(
             "labels_present", "ok", measured, value=0, decided="measured", reason="every batch has label tokens"
@@ -78,14 +103,12 @@ def eos_label(view: TrainerView) -> Finding:
     tokenizer = view.tokenizer
     if tokenizer is None or tokenizer.eos_token_id is None:
         raise Skip("no tokenizer with an eos token on the trainer")
-    eos, found = tokenizer.eos_token_id, 0
-    batches = _first_batches(view)
-    for batch in batches:
-        found += int((_targets(batch) & (batch["input_ids"] == eos)).sum())
-    measured = f"{found} EOS targets in the first batches (pad == eos: {tokenizer.pad_token_id == eos})"
+    eos = tokenizer.eos_token_id
+    counts, found, rows = label_counts(view)
+    measured = f"{found} EOS targets in {_read(counts, rows)} (pad == eos: {tokenizer.pad_token_id == eos})"
     if found:
         return Finding("eos_label", "ok", measured, value=found, decided="measured", reason="EOS is a target")
-    turn_end = chat_formatted(view, batches)
+    turn_end = chat_formatted(view, [next(iter(view.trainer.get_train_dataloader()))])
     if turn_end is not None:  # a ChatML turn ends with <|im_end|>, not EOS: no EOS target is right there
         raise Skip(
             f"chat-formatted batches end their turns with {tokenizer.convert_ids_to_tokens(turn_end)}, not EOS: "
@@ -100,16 +123,44 @@ def eos_label(view: TrainerView) -> Finding:
     return Finding("eos_label", "fail", measured, value=0, decided="measured", fix=fix)
 
 
+def _frozen_adapter(model) -> bool:
+    """A PEFT model whose adapter tensors are all frozen: ``PeftModel.from_pretrained`` without
+    ``is_trainable=True`` loads it for inference."""
+    adapters = [p for name, p in model.named_parameters() if "lora_" in name or "modules_to_save" in name]
+    return bool(getattr(model, "peft_config", None)) and bool(adapters) and not any(p.requires_grad for p in adapters)
+
+
 @probe(
     "gradients_reach",
     "-",
-    "trainable parameters that get no gradient in one forward/backward of the "
-    "trainer's own loss (PEFT + reentrant gradient checkpointing without input gradients, a detached head).",
+    "nothing trainable (a PEFT adapter loaded without is_trainable=True, a preparation step that froze "
+    "everything), or trainable parameters that get no gradient in the first optimizer step's window through the "
+    "trainer's own training_step (PEFT + reentrant gradient checkpointing without input gradients, a detached head).",
 )
 def gradients_reach(view: TrainerView) -> Finding:
-    gradients = view.first_gradients
-    missing = [name for name, grad in gradients.items() if grad is None]
-    measured = f"{len(missing)} of {len(gradients)} trainable tensors without a gradient"
+    step = view.step
+    if not step.trainable:
+        total = sum(1 for _ in view.model.parameters())
+        fix = (
+            "the PEFT adapter is frozen (PeftModel.from_pretrained loads it for inference): "
+            "PeftModel.from_pretrained(model, path, is_trainable=True), or pass peft_config to the trainer"
+            if _frozen_adapter(view.model)
+            else "a preparation step froze every tensor (requires_grad_(False), prepare_model_for_kbit_training "
+            "without an adapter): add an adapter (peft_config) or unfreeze the tensors to train"
+        )
+        return Finding(
+            "gradients_reach",
+            "fail",
+            f"0 of {total} tensors are trainable: the optimizer would update nothing",
+            value=total,
+            decided="measured",
+            fix=fix,
+        )
+    missing = step.missing
+    measured = (
+        f"{len(missing)} of {len(step.trainable)} trainable tensors without a gradient in the first optimizer step "
+        f"({len(step.batches)} micro-batches through training_step)"
+    )
     if not missing:
         return Finding(
             "gradients_reach",

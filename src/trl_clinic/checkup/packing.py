@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trl_clinic.checkup.accumulation import dropout_off
 from trl_clinic.checkup.engine import Skip, probe
 from trl_clinic.checkup.known_bugs import explain
+from trl_clinic.checkup.step import dropout_off
 from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.batches import Layout, batch_layout
 from trl_clinic.probes.finding import Finding

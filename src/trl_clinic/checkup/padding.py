@@ -16,9 +16,9 @@ import traceback
 
 import torch
 
-from trl_clinic.checkup.accumulation import window
 from trl_clinic.checkup.engine import probe
 from trl_clinic.checkup.known_bugs import Facts, matching
+from trl_clinic.checkup.step import window
 from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.padding import ForwardAudit

@@ -5,8 +5,9 @@ A non-fused AdamW keeps its state in the weights' dtype: in fp16, eps=1e-8 round
 gradients underflow, so the first update is inf or NaN (lesson 03). Which optimizers do that is not read
 from their names: the probe builds the trainer's own optimizer class (the one passed in ``optimizers=``,
 ``optimizer_cls_and_kwargs``, or the one ``args.optim`` selects) with its own settings over clones of the
-fp16 trainable tensors, gives them the real gradient of one step of the trainer's loss, steps once and
-looks at the result. The user's weights and optimizer are never stepped.
+fp16 trainable tensors, gives them the gradient the first optimizer step will use (the accumulation
+window through the trainer's own ``training_step``, scaled by the ``max_grad_norm`` clipping:
+``checkup.step``), steps once and looks at the result. The user's weights and optimizer are never stepped.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.finding import Finding
 
 HEADS = ("score", "classifier")  # what transformers calls a sequence-classification head
-MAX_ELEMENTS = 16_000_000  # cloned for the optimizer step: the first tensors up to this many elements
 
 
 def _head_names(view: TrainerView) -> list[str]:
@@ -78,12 +78,16 @@ def one_step(
 @probe(
     "fp16_adamw",
     "03",
-    "fp16 trainable weights that the trainer's own optimizer (its class and settings, the one "
-    "passed in optimizers= included) turns non-finite in one step on the real first gradient: a non-fused AdamW's "
-    "fp16 state rounds eps to 0 and underflows g^2; then the loss is NaN (logged as a huge number, then 0).",
+    "fp16 trainable weights that the trainer's own optimizer (its class and settings, the one passed in "
+    "optimizers= included) turns non-finite in one step on the first step's gradient (the accumulation window's, "
+    "clipped at max_grad_norm): a non-fused AdamW's fp16 state rounds eps to 0 and underflows g^2; then the loss "
+    "is NaN (logged as a huge number, then 0).",
 )
 def fp16_adamw(view: TrainerView) -> Finding:
-    fp16 = [(name, p) for name, p in view.model.named_parameters() if p.requires_grad and p.dtype == torch.float16]
+    trainable = [(name, p) for name, p in view.model.named_parameters() if p.requires_grad]
+    if not trainable:
+        raise Skip("nothing is trainable (see gradients_reach)")
+    fp16 = [(name, p) for name, p in trainable if p.dtype == torch.float16]
     if not fp16:
         return Finding(
             "fp16_adamw",
@@ -94,18 +98,29 @@ def fp16_adamw(view: TrainerView) -> Finding:
             reason="no fp16 trainable weights",
         )
     cls, settings, source = optimizer_recipe(view)
-    gradients = view.first_gradients
-    tensors, elements = [], 0
-    for name, p in fp16:
-        if gradients.get(name) is not None and (not tensors or elements + p.numel() <= MAX_ELEMENTS):
-            tensors.append((name, p, gradients[name]))
-            elements += p.numel()
-    if not tensors:
+    step = view.step  # the gradient the first optimizer step is given: the window's, then clipped
+    reached = [(name, p) for name, p in fp16 if name not in step.missing]
+    if not reached:
         raise Skip("no fp16 trainable tensor got a gradient from the trainer's loss (see gradients_reach)")
+    tensors, held = [], 0
+    for name, p in reached:  # a clone, its gradient and two moments per tensor, within the budget
+        nbytes = 4 * p.numel() * p.element_size()
+        if name in step.kept and held + nbytes <= view.budget:
+            tensors.append((name, p, step.kept[name] * step.clip))
+            held += nbytes
+    if not tensors:
+        needed = 4 * sum(p.numel() * p.element_size() for _, p in reached)
+        raise Skip(
+            f"one optimizer step on clones of the fp16 trainable tensors needs {needed / (1 << 20):.3g} MiB and none "
+            f"fits the budget of {view.budget / (1 << 20):.3g} MiB: checkup(trainer, budget=...) or --budget BYTES"
+        )
     broken = one_step(cls, settings, source, tensors)
+    k = len(step.batches)
     measured = (
         f"one {cls.__name__} step ({source}) on clones of {len(tensors)} of {len(fp16)} fp16 trainable tensors "
-        f"and their first gradient: {len(broken)} non-finite"
+        f"and the first step's gradient ({k} micro-batches through training_step"
+        + (f", clipped x{step.clip:.3g} at max_grad_norm" if step.clip < 1 else "")
+        + f"): {len(broken)} non-finite"
     )
     if not broken:
         return Finding("fp16_adamw", "ok", measured, value=0, decided="measured", reason="the step stays finite")

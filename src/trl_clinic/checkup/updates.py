@@ -8,8 +8,9 @@ bfloat16 and fully fine-tuned at lr 2e-5 left 70% of its elements unchanged in 1
 
 The probe builds the trainer's own optimizer class with its settings (``precision.optimizer_recipe``) at the peak
 learning rate (a warmup's first rate can be 0) over clones of the half-precision trainable tensors, gives them the
-real gradient of one step of the trainer's loss, steps once and counts the elements with a gradient that did not
-change. The user's weights and optimizer are never stepped; the clones are bounded by ``MAX_ELEMENTS``.
+gradient the trainer's first optimizer step gets (``checkup.step``: the accumulation window's, after clipping), steps
+once and counts the elements with a gradient that did not change. The user's weights and optimizer are never
+stepped; the clones, their gradients and the optimizer's two moments stay within the check-up's budget.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from trl_clinic.checkup.engine import Skip, probe
-from trl_clinic.checkup.precision import MAX_ELEMENTS, optimizer_recipe
+from trl_clinic.checkup.precision import optimizer_recipe
 from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.finding import Finding
 
@@ -69,18 +70,23 @@ def stalled_update(view: TrainerView) -> Finding:
         )
     cls, settings, source = optimizer_recipe(view)
     settings["lr"] = view.args.learning_rate
-    gradients = view.first_gradients
-    tensors, elements = [], 0
-    graded = [(name, p) for name, p in half if gradients.get(name) is not None]
-    for name, p in graded:  # every tensor that fits the budget (an embedding larger than it is left out, not the rest)
-        if elements + p.numel() <= MAX_ELEMENTS:
-            tensors.append((name, p, gradients[name]))
-            elements += p.numel()
-    if graded and not tensors:  # none fits: the smallest alone
-        name, p = min(graded, key=lambda item: item[1].numel())
-        tensors.append((name, p, gradients[name]))
-    if not tensors:
+    step = view.step  # the gradient the first optimizer step is given: the window's, then clipped
+    graded = [(name, p) for name, p in half if name not in step.missing]
+    if not graded:
         raise Skip("no half-precision trainable tensor got a gradient from the trainer's loss (see gradients_reach)")
+    tensors, held = [], 0
+    for name, p in graded:  # every tensor that fits the budget (an embedding larger than it is left out, not the rest)
+        nbytes = 4 * p.numel() * p.element_size()  # a clone, its gradient and two moments
+        if name in step.kept and held + nbytes <= view.budget:
+            tensors.append((name, p, step.kept[name] * step.clip))
+            held += nbytes
+    if not tensors:
+        needed = 4 * min(p.numel() * p.element_size() for _, p in graded)
+        raise Skip(
+            f"one optimizer step on a clone of the smallest half-precision trainable tensor needs "
+            f"{needed / (1 << 20):.3g} MiB, over the budget of {view.budget / (1 << 20):.3g} MiB: "
+            "checkup(trainer, budget=...) or --budget BYTES"
+        )
     shares = unchanged_shares(cls, settings, source, tensors)
     if not shares:
         raise Skip("every gradient of the half-precision trainable tensors is zero")

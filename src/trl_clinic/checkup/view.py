@@ -222,6 +222,7 @@ class TrainerView:
     """The trainer as the probes see it."""
 
     trainer: Trainer
+    budget: int = 1 << 30  # bytes a probe may hold beyond what training holds (checkup.step.DEFAULT_BUDGET)
 
     @property
     def args(self):
@@ -284,10 +285,44 @@ class TrainerView:
         size = getattr(self.args, "generation_batch_size", None) or self.args.per_device_train_batch_size
         return self.samples(max(1, min(most, size // self.args.num_generations)))
 
+    def batches(self, most: int) -> list[dict]:
+        """The first ``most`` batches of the trainer's own dataloader (``get_train_dataloader``): its dataset of any
+        type, its sampler, its collator and, under several processes, this process's shard; what its first
+        optimizer step will read (the random generators are restored after the check-up). The accelerator's
+        record of the loader is undone by ``untouched``."""
+        loader = self.trainer.get_train_dataloader()
+        return [batch for batch, _ in zip(loader, range(most))]
+
     def batch(self, n: int | None = None, start: int = 0) -> dict:
-        """One batch from the trainer's own collator: ``n`` rows (the per-device batch size by default)."""
-        n = n or self.args.per_device_train_batch_size
-        return self.trainer.data_collator(self.samples(n, start))
+        """One batch of ``n`` rows (the per-device batch size by default) from ``start``, in the dataset's order,
+        through the trainer's own collator; for a dataset that is not a ``datasets.Dataset``, the first batch of the
+        trainer's dataloader."""
+        b = self.args.per_device_train_batch_size
+        n = n or b
+        try:
+            return self.trainer.data_collator(self.samples(n, start))
+        except Skip:
+            if n != b or start:
+                raise
+        (first,) = self.batches(1) or [None]
+        if first is None:
+            raise Skip("the trainer's dataloader gave no batch")
+        return first
+
+    @cached_property
+    def step(self):
+        """The first optimizer step's window through ``training_step`` (``checkup.step.first_step``), shared."""
+        if self.kind == "grpo":
+            raise Skip("GRPO's loss needs its own generations, not a collated batch")
+        from trl_clinic.checkup.step import first_step
+
+        return first_step(self, self.budget)
+
+    def checkpointing(self):
+        """The activation checkpointing ``train()`` would turn on, on while a probe trains."""
+        from trl_clinic.checkup.step import trainer_checkpointing
+
+        return trainer_checkpointing(self)
 
     def to_device(self, batch: dict) -> dict:
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
@@ -309,27 +344,3 @@ class TrainerView:
         finally:
             handle.remove()
         raise RuntimeError(f"{type(self.trainer).__name__}.compute_loss returned without calling the model")
-
-    @cached_property
-    def first_gradients(self) -> dict[str, torch.Tensor | None]:
-        """Each trainable tensor's gradient from one forward/backward of the trainer's own loss on its first
-        batch (train mode; ``None`` where no gradient arrived). Computed once per check-up and shared."""
-        if self.kind == "grpo":
-            raise Skip("GRPO's loss needs its own generations, not a collated batch")
-        trainer, model = self.trainer, self.model
-        for p in model.parameters():
-            p.grad = None
-        model.train()
-        batch = self.to_device(self.batch())
-        with trainer.compute_loss_context_manager():
-            loss = trainer.compute_loss(model, batch)
-        if loss.requires_grad:  # without a grad_fn (every trainable tensor cut off) backward itself would raise
-            loss.backward()
-        gradients = {
-            n: None if p.grad is None else p.grad.detach()  # the only reference once p.grad is cleared
-            for n, p in model.named_parameters()
-            if p.requires_grad
-        }
-        for p in model.parameters():
-            p.grad = None
-        return gradients

@@ -35,6 +35,7 @@ class Finding:
     step: int | None = None  # the watch: the optimizer step where it was seen (0: before the first step)
     cause: str = ""  # the watch: the likely cause of what it saw
     numbers: dict[str, float] = field(default_factory=dict)  # the watch: logged as clinic/<probe>/<name>
+    process: int | None = None  # the process that saw it, in a run of several (torchrun, accelerate launch)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

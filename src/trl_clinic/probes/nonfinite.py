@@ -9,6 +9,16 @@ import torch
 from transformers import TrainerCallback
 
 
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """What this process holds of ``tensor``: DeepSpeed ZeRO-3 leaves each parameter empty (``numel() == 0``)
+    and keeps this process's partition in ``ds_tensor``; FSDP2 makes it a DTensor whose shard is ``to_local()``.
+    Reading the local part on every process reads every element once, with no collective."""
+    partition = getattr(tensor, "ds_tensor", None)
+    if partition is not None:
+        return partition
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def nonfinite_names(named: Iterable[tuple[str, torch.Tensor | None]]) -> list[str]:
     """Names of the tensors that hold a NaN or an inf (``None`` entries, a missing gradient, are skipped).
 

@@ -38,12 +38,14 @@ import sys
 from dataclasses import replace
 
 import torch
+import transformers
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 
 from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.labels import label_tokens
-from trl_clinic.probes.nonfinite import nonfinite_names
+from trl_clinic.probes.nonfinite import local_part, nonfinite_names
+from trl_clinic.probes.processes import Processes
 from trl_clinic.probes.recording import tap_training_step
 from trl_clinic.watch.alerts import send
 from trl_clinic.watch.config import WatchConfig
@@ -60,6 +62,12 @@ def _caller(kind: type):
             return candidate
         frame = frame.f_back
     return None
+
+
+def has_event(name: str) -> bool:
+    """Whether the installed transformers calls callback event ``name`` (``on_optimizer_step`` since 4.42.0,
+    ``on_pre_optimizer_step`` since 4.45.0): ``TrainerCallback`` defines every event its Trainer calls."""
+    return hasattr(TrainerCallback, name)
 
 
 def _some(names: list[str]) -> str:
@@ -95,7 +103,9 @@ class ClinicWatch(TrainerCallback):
         the forward hooks."""
         self.findings, self.steps, self.checks = [], [], {}
         self._state, self._args, self._main = state, args, state.is_world_process_zero
+        self._processes = Processes.of(args)
         self._unlogged: list[Finding] = []  # findings whose numbers have not reached a log row yet
+        self._unshared: list[Finding] = []  # this process's findings the other processes have not been sent
         self._stop, self._in_step = False, False
         self._micro: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # this optimizer step's micro-batches
         self._slope = [0.0, 0.0, 0]  # sums of x*x and x*y, and the micro-batches they hold
@@ -126,6 +136,13 @@ class ClinicWatch(TrainerCallback):
             self._never = set()
             self.checks["no_gradient"] = quiet("no_gradient", "deepspeed")
         self._forwards = ForwardWatch(model, self._report, self._current_step, self.config.packed_forwards)
+        # transformers added the events these checks read in 4.42.0 and 4.45.0: older ones never call them, and a
+        # check that never ran must not end the run saying it saw nothing
+        version = transformers.__version__
+        if not has_event("on_pre_optimizer_step"):
+            self._never = set()
+            self.checks["no_gradient"] = quiet("no_gradient", "no_event", version=version)
+        self._weights_read = has_event("on_optimizer_step")
 
     # -- bookkeeping -------------------------------------------------------------------------------
     def found(self, key: str) -> bool:
@@ -134,6 +151,9 @@ class ClinicWatch(TrainerCallback):
     def _report(self, made: Finding) -> None:
         if self.found(made.probe):
             return
+        if self._processes.several:
+            made.process = self._processes.index
+            self._unshared.append(made)
         self.findings.append(made)
         self._unlogged.append(made)
         self._stop |= made.probe in self.stop_on
@@ -141,6 +161,24 @@ class ClinicWatch(TrainerCallback):
             print(line(made), flush=True)
         if self.config.alerts and self._main:
             self._alerts = send([*self._alerts, (made, line(made))], self._callbacks)
+
+    def _share(self, extra: object = None) -> list[object]:
+        """Send this process's new findings (and ``extra``) to every process, and take theirs: the main process
+        prints and logs another process's finding here, each finding once over all processes. Called where every
+        process is at the same point (a training log, the end of training); returns every process's ``extra``."""
+        gathered = self._processes.gather((self._unshared, extra))
+        self._unshared = []
+        for index, (made, _) in enumerate(gathered):
+            if index == self._processes.index:
+                continue
+            for other in made:
+                if not self.found(other.probe):
+                    self.findings.append(other)
+                    self._unlogged.append(other)
+                    self._stop |= other.probe in self.stop_on
+                    if self.config.show and self._main:
+                        print(line(other), flush=True)
+        return [value for _, value in gathered]
 
     def _control(self, control):
         """Apply ``stop_on`` at a step's end or a log only: ``Trainer._run_epoch`` checks the flag after every
@@ -197,7 +235,7 @@ class ClinicWatch(TrainerCallback):
         if not self.found("nonfinite") and self._trainable:
             current = self.steps and self.steps[-1]["step"] == state.global_step + 1
             raw = self.steps[-1]["raw_loss"] if current else None  # None: the loss was not seen
-            weights = nonfinite_names(self._trainable)
+            weights = nonfinite_names((name, local_part(p)) for name, p in self._trainable)  # this process's shard
             if weights or (raw is not None and not math.isfinite(raw)):
                 self._nonfinite(weights, raw, optimizer)
         return control
@@ -210,8 +248,11 @@ class ClinicWatch(TrainerCallback):
         self._in_step = False
         if self._alerts:  # findings made before the trackers' runs started
             self._alerts = send(self._alerts, self._callbacks)
-        if self._stop and self._unlogged:
-            control.should_log = True  # the step that stops the run logs its findings
+        several = self._processes.several
+        if self.stop_on and several:  # one integer all-reduce: every process stops after this same step
+            self._stop = self._processes.any(self._stop)
+        if self._stop and (self._unlogged or several):
+            control.should_log = True  # the step that stops the run logs its findings (on every process)
         return self._control(control)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -220,8 +261,13 @@ class ClinicWatch(TrainerCallback):
         since = [row for row in self.steps if row["step"] > self._last_log_step]
         covered, self._last_log_step = state.global_step - self._last_log_step, state.global_step
         extra = {}
+        raw = sum(row["raw_loss"] for row in since) / len(since) if since else None
+        if self._processes.several:  # every process logs at the same steps: the run's raw loss, and their findings
+            raws = [value for value in self._share(raw) if value is not None]
+            raw = sum(raws) / len(raws) if raws else None
+        if raw is not None:
+            extra["clinic/raw_loss"] = raw  # a mean over processes, like the logged loss
         if since:
-            extra["clinic/raw_loss"] = sum(row["raw_loss"] for row in since) / len(since)
             since[-1].update({k: logs[k] for k in ("loss", "grad_norm") if isinstance(logs.get(k), (int, float))})
         for key in self._rates:
             if isinstance(logs.get(key), (int, float)):
@@ -230,8 +276,11 @@ class ClinicWatch(TrainerCallback):
         self._dpo_flat(logs, state.global_step, covered)
         # GRPO's loss is ~0 on-policy by construction
         grpo_teaches = logs.get("frac_reward_zero_std", 1.0) < self.config.rate
-        if logs["loss"] == 0.0 and not grpo_teaches:
-            self._zero_loss(logs, since)
+        hidden = logs["loss"] == 0.0 and (raw is None or not math.isfinite(raw))  # a NaN the filter logged as 0
+        if not grpo_teaches and (raw == 0.0 or hidden):
+            self._zero_loss(logs, raw)
+        elif logs["loss"] == 0.0 and not grpo_teaches and not self.found("zero_loss"):
+            self.checks["zero_loss"] = quiet("zero_loss", "rounded", raw=raw)  # transformers <= 4.55 rounds the log
         for made in self._unlogged:
             extra.update(logged(made))
         self._unlogged = []
@@ -249,7 +298,12 @@ class ClinicWatch(TrainerCallback):
         if self._never and not self.found("no_gradient") and self._gradient_steps:
             self._no_gradient()
         self._grpo(final=True)
-        self._silent_checks()
+        counts = [r["label_tokens"] for r in self.steps if "label_tokens" in r]
+        fewest = min(counts) if counts else None
+        if self._processes.several:  # the last findings, and what the silent checks saw on every process
+            seen = [value for value in self._share(fewest) if value is not None]
+            fewest = min(seen) if seen else None
+        self._silent_checks(fewest)
         self._forwards.remove()
         if self._untap is not None:
             self._untap()
@@ -262,13 +316,17 @@ class ClinicWatch(TrainerCallback):
                 write_html(self, self.config.report)
         return control
 
-    def _silent_checks(self) -> None:
-        """What each check that found nothing saw, in the catalogue's words (for the summary and the report)."""
-        counts = [r["label_tokens"] for r in self.steps if "label_tokens" in r]
+    def _silent_checks(self, fewest: int | None) -> None:
+        """What each check that found nothing saw, in the catalogue's words (for the summary and the report);
+        ``fewest``: the fewest label tokens in a step, over every process."""
         forwards = self._forwards
         silent = {
-            "nonfinite": ("finite", {"steps": len(self.steps)}),
-            "no_labels": ("present", {"fewest": min(counts)}) if counts else ("not_tokens", {}),
+            "nonfinite": (
+                ("finite", {"steps": len(self.steps)})
+                if self._weights_read
+                else ("no_event", {"steps": len(self.steps), "version": transformers.__version__})
+            ),
+            "no_labels": ("present", {"fewest": fewest}) if fewest is not None else ("not_tokens", {}),
             "zero_loss": ("none", {}),
             "equal_rewards": ("not_logged", {}),
             "clipped": ("not_logged", {}),
@@ -402,6 +460,7 @@ class ClinicWatch(TrainerCallback):
 
     def _nonfinite(self, weights: list[str], raw: float | None, optimizer) -> None:
         gradients = nonfinite_names((name, p.grad) for name, p in self._trainable)
+        held = getattr(self._trainer, "is_deepspeed_enabled", False)  # DeepSpeed keeps them in its own buffers
         params = dict(self._trainable)
         bad = weights or gradients
         dtypes = sorted({str(params[name].dtype).replace("torch.", "") for name in bad}) if bad else []
@@ -432,7 +491,11 @@ class ClinicWatch(TrainerCallback):
                 names=_some(weights),
                 dtypes=", ".join(dtypes),
                 loss=raw,
-                gradients="finite" if not gradients else f"non-finite in {len(gradients)} tensors",
+                gradients="not read (DeepSpeed holds them)"
+                if held
+                else "finite"
+                if not gradients
+                else f"non-finite in {len(gradients)} tensors",
                 raw_loss="not seen" if raw is None else f"{raw:.4g}",
                 optimizer=described,
             )
@@ -510,8 +573,8 @@ class ClinicWatch(TrainerCallback):
             )
         )
 
-    def _zero_loss(self, logs: dict, since: list[dict]) -> None:
-        if any(not math.isfinite(row["raw_loss"]) for row in since) or self.found("nonfinite"):
+    def _zero_loss(self, logs: dict, raw: float | None) -> None:
+        if (raw is not None and not math.isfinite(raw)) or self.found("nonfinite"):
             cause = "filtered"
         elif logs.get("frac_reward_zero_std", 0) >= self.config.rate:
             cause = "equal_rewards"
@@ -523,9 +586,10 @@ class ClinicWatch(TrainerCallback):
             finding(
                 "zero_loss",
                 self._state.global_step,
-                "raw" if since else "logged",
+                "logged" if raw is None else "zero" if raw == 0.0 else "raw",
                 cause,
-                {"logged_loss": 0.0},
-                raw=since[-1]["raw_loss"] if since else None,
+                {"logged_loss": float(logs["loss"]), "raw_loss": float("nan") if raw is None else raw},
+                raw=raw,
+                logged=logs["loss"],
             )
         )

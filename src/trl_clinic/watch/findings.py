@@ -82,7 +82,11 @@ CATALOGUE = {
                 "train in bfloat16 or float32; logging_nan_inf_filter=False shows the NaN in the logged loss",
             ),
         },
-        quiet={"finite": "raw loss and trainable weights finite at all {steps} steps"},
+        quiet={
+            "finite": "raw loss and trainable weights finite at all {steps} steps",
+            "no_event": "raw loss finite at all {steps} steps; the weights not read: transformers {version} has no "
+            "on_optimizer_step callback event (added in 4.42.0)",
+        },
     ),
     "no_labels": Entry(
         "02",
@@ -104,9 +108,11 @@ CATALOGUE = {
     ),
     "zero_loss": Entry(
         "02",
-        "a logged loss of exactly 0.0, with the cause the watch saw (no label tokens, a NaN hidden by "
-        "the NaN filter, GRPO groups with equal rewards)",
+        "a raw loss of exactly 0 over a log's steps (the loss training_step returned, not the logged "
+        "number, which transformers <= 4.55 rounds to 4 decimals), or a logged 0.0 hiding a NaN, with the cause "
+        "the watch saw (no label tokens, a NaN hidden by the NaN filter, GRPO groups with equal rewards)",
         seen={
+            "zero": "raw loss is exactly 0 over the steps logged at step {step} (logged loss {logged:.4g})",
             "raw": "logged loss is exactly 0.0 at step {step} (raw loss {raw:.4g})",
             "logged": "logged loss is exactly 0.0 at step {step}",
         },
@@ -131,7 +137,11 @@ CATALOGUE = {
                 "look at one batch's labels (trainer.get_train_dataloader())",
             ),
         },
-        quiet={"none": "no logged loss was exactly 0.0"},
+        quiet={
+            "none": "no raw loss was exactly 0",
+            "rounded": "a logged loss of 0.0 was a rounded raw loss of {raw:.3g} (transformers <= 4.55 logs 4 "
+            "decimals): not a finding",
+        },
     ),
     "equal_rewards": Entry(
         "05",
@@ -201,6 +211,8 @@ CATALOGUE = {
         quiet={
             "reached": "every trainable tensor got a gradient within {steps} step(s)",
             "deepspeed": "not watched under DeepSpeed (it reads p.grad)",
+            "no_event": "not watched: transformers {version} has no on_pre_optimizer_step callback event (added in "
+            "4.45.0)",
         },
     ),
     "packing": Entry(
@@ -380,9 +392,14 @@ def quiet(key: str, case: str, **values) -> str:
 def line(finding: Finding) -> str:
     """The line the watch prints when it makes ``finding``."""
     return (
-        f"[trl-clinic watch] step {finding.step}: {finding.probe}: {finding.measured} | likely cause: "
+        f"[trl-clinic watch] step {finding.step}{where(finding)}: {finding.probe}: {finding.measured} | likely cause: "
         f"{finding.cause} | fix: {finding.fix} | {lesson_name(finding.lesson)} [{finding.decided}]"
     )
+
+
+def where(finding: Finding) -> str:
+    """ " (process 1)" after the step of a finding made in a run of several processes, else nothing."""
+    return "" if finding.process is None else f" (process {finding.process})"
 
 
 def logged(finding: Finding) -> dict[str, float]:

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from trl_clinic.probes.jsonable import json_safe
-from trl_clinic.watch.findings import CATALOGUE, as_dict, lesson_name
+from trl_clinic.watch.findings import CATALOGUE, as_dict, lesson_name, where
 
 
 def statuses(watch) -> dict[str, str]:
@@ -24,7 +24,7 @@ def summary(watch) -> str:
     )
     lines = [head]
     for f in watch.findings:
-        lines += [f"  step {f.step} {f.probe}, {lesson_name(f.lesson)}: {f.measured}", f"    fix: {f.fix}"]
+        lines += [f"  step {f.step}{where(f)} {f.probe}, {lesson_name(f.lesson)}: {f.measured}", f"    fix: {f.fix}"]
     lines += [f"  {key:<14} {state}" for key, state in statuses(watch).items() if not state.startswith("found")]
     return "\n".join(lines)
 

@@ -1,0 +1,265 @@
+"""The trainer's first optimizer step as the check-up sees it, once per check-up and shared by the probes.
+
+The first window of ``gradient_accumulation_steps`` micro-batches from the trainer's own dataloader (its
+dataset, sampler, collator and this process's shard) goes through its own ``training_step`` (the loss divided
+by k or by ``num_items_in_batch``, as the installed version does), with the activation checkpointing
+``train()`` would turn on: the gradient the optimizer's first step would be given, before the
+``max_grad_norm`` clipping, whose factor is kept beside it. The probes that stand for an optimizer step use
+this gradient (``fp16_adamw``), which tensors it reached (``gradients_reach``), and the accumulation probe
+compares it with its reference. Copies of it are bounded: only the tensors that fit in the budget are kept
+(from the last trainable tensor back, which every label token's loss reaches), and a probe that needs a
+tensor not kept says how many bytes a copy of every trainable gradient would take.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import Trainer
+
+from trl_clinic.probes.labels import targets
+
+
+@contextmanager
+def dropout_off(model: nn.Module) -> Iterator[None]:
+    """Dropout draws a different mask for a batch of b and one of b*k: zero every rate, then restore it
+    (``nn.Dropout`` modules, and the float ``*dropout`` attributes that functional dropout reads)."""
+    saved = []
+    for module in model.modules():
+        for name, value in vars(module).items():
+            if "dropout" in name and isinstance(value, float) and value > 0:
+                saved.append((module, name, value))
+        if isinstance(module, nn.Dropout) and module.p > 0:
+            saved.append((module, "p", module.p))
+    for module, name, _ in saved:
+        setattr(module, name, 0.0)
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+@contextmanager
+def window(trainer: Trainer, steps: int) -> Iterator[None]:
+    """Let ``training_step`` treat ``steps`` micro-batches as one accumulation window, whichever version reads
+    it where: ``args.gradient_accumulation_steps`` (every version), ``current_gradient_accumulation_steps`` (read
+    by 4.55.4's trainer.py, absent from 4.53.1's), and the accelerator, which divides each backward by the steps
+    it was given through transformers 4.46.1 (``Trainer.create_accelerator_and_postprocess`` passes it
+    ``num_steps`` in 4.45.2 and 4.46.1) and is given none from 4.46.2 (the same function: "We explicitly don't
+    rely on the Accelerator to do gradient accumulation")."""
+    args, accelerator = trainer.args, trainer.accelerator
+    original = args.gradient_accumulation_steps
+    accelerator_steps = accelerator.gradient_accumulation_steps
+    scales = original > 1 and accelerator_steps == original
+    missing = object()
+    current = vars(trainer).get("current_gradient_accumulation_steps", missing)
+    vars(args)["gradient_accumulation_steps"] = steps  # past a frozen TrainingArguments' __setattr__
+    trainer.current_gradient_accumulation_steps = steps
+    if scales:
+        accelerator.gradient_accumulation_steps = steps
+    try:
+        yield
+    finally:
+        vars(args)["gradient_accumulation_steps"] = original
+        if current is missing:
+            del vars(trainer)["current_gradient_accumulation_steps"]
+        else:
+            trainer.current_gradient_accumulation_steps = current
+        if scales:
+            accelerator.gradient_accumulation_steps = accelerator_steps
+
+
+def _window_samples(trainer: Trainer, batches: list[dict], device: torch.device) -> tuple[list[dict], object]:
+    """The window's batches and ``num_items_in_batch`` as the trainer counts them (None before transformers 4.46)."""
+    if not hasattr(trainer, "get_batch_samples"):
+        return batches, None
+    count = trainer.get_batch_samples
+    if "device" in inspect.signature(count).parameters:
+        return count(iter(batches), len(batches), device)
+    return count(iter(batches), len(batches))
+
+
+def _takes_num_items(method) -> bool:
+    """Whether ``training_step`` takes ``num_items_in_batch``: named in its signature, or passed on through
+    ``*args`` (TRL wraps it) to a transformers Trainer whose own ``training_step`` takes it (>= 4.46)."""
+    parameters = inspect.signature(method).parameters
+    passes_on = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters.values())
+    return "num_items_in_batch" in parameters or (
+        passes_on and "num_items_in_batch" in inspect.signature(Trainer.training_step).parameters
+    )
+
+
+def _deepspeed_backward(trainer: Trainer):
+    """Before ``train()`` DeepSpeed's engine does not exist and ``accelerator.backward`` has nothing to call: the
+    plain backward DeepSpeed would run for this loss (``scale_wrt_gas=False``: no division), else None."""
+    accelerator = trainer.accelerator
+    if getattr(trainer, "is_deepspeed_enabled", False) and getattr(accelerator, "deepspeed_engine_wrapped", 1) is None:
+        return lambda loss, **kwargs: loss.backward()
+    return None
+
+
+def run_window(trainer: Trainer, batches: list[dict], weights: list[float] | None = None) -> None:
+    """Accumulate into each trainable ``p.grad`` what the trainer's own ``training_step`` gives for ``batches``:
+    one window of ``len(batches)`` micro-batches (``weights`` None), or each micro-batch alone as a window of one,
+    its gradient weighted by ``weights[i]`` (the running sum is divided by the weight before the micro-batch's
+    backward and multiplied by it after: no second gradient is held). Dropout off; gradients start at None."""
+    model = trainer.model
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = None
+    device = next(model.parameters()).device
+    takes_items = _takes_num_items(trainer.training_step)
+    backward = _deepspeed_backward(trainer)
+    if backward is not None:
+        trainer.accelerator.backward = backward  # an instance attribute: untouched() removes it
+
+    def step(batch, num_items):
+        trainer.training_step(model, batch, num_items) if takes_items else trainer.training_step(model, batch)
+
+    with dropout_off(model):
+        if weights is None:
+            with window(trainer, len(batches)):
+                batches, num_items = _window_samples(trainer, batches, device)
+                for batch in batches:
+                    step(batch, num_items)
+            return
+        previous = 1.0
+        for batch, weight in zip(batches, weights):
+            if weight == 0:  # a micro-batch without label tokens has no share of a token mean
+                continue
+            with torch.no_grad():
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.mul_(previous / weight)
+            with window(trainer, 1):
+                (one,), num_items = _window_samples(trainer, [batch], device)
+                step(one, num_items)
+            previous = weight
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(previous)
+
+
+def micro_counts(trainer: Trainer, batches: list[dict]) -> list[float]:
+    """What ``training_step`` divides each micro-batch's summed loss by when it runs alone: its
+    ``num_items_in_batch`` as the trainer counts it (over every process under ``average_tokens_across_devices``),
+    else its own label tokens (before transformers 4.46)."""
+    device = next(trainer.model.parameters()).device
+    counts = []
+    for batch in batches:
+        _, num_items = _window_samples(trainer, [batch], device)
+        counts.append(float(num_items) if num_items is not None else float(targets(batch).sum()))
+    return counts
+
+
+GiB = 1 << 30
+DEFAULT_BUDGET = GiB  # bytes a probe may hold beyond what training holds (copies of gradients, clones)
+
+
+def size(nbytes: float) -> str:
+    return f"{nbytes / GiB:.3g} GiB" if nbytes >= GiB / 10 else f"{nbytes / (1 << 20):.3g} MiB"
+
+
+@dataclass
+class Step:
+    batches: list[dict]  # the window's micro-batches, as the dataloader gave them
+    trainable: list[str]  # every trainable tensor's name, in the model's order
+    missing: list[str]  # the trainable tensors no gradient reached
+    norm: float  # the gradient's total norm before clipping
+    clip: float  # the factor max_grad_norm clipping multiplies it by (1: no clipping)
+    needed: int  # bytes a copy of every trainable gradient takes
+    budget: int
+    kept: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> a copy of its gradient (not clipped)
+
+    def over_budget(self) -> str:
+        return (
+            f"a copy of the trainable gradient needs {size(self.needed)} and not one tensor of it fits the budget of "
+            f"{size(self.budget)}: checkup(trainer, budget=...) or --budget BYTES"
+        )
+
+    def coverage(self) -> str:
+        if len(self.kept) == len(self.trainable) - len(self.missing):
+            return ""
+        return (
+            f"on {len(self.kept)} of {len(self.trainable)} trainable tensors (the last ones; all need "
+            f"{size(self.needed)}, budget {size(self.budget)}): "
+        )
+
+
+def _checkpointing_asked(args) -> bool:
+    return bool(getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", False))
+
+
+@contextmanager
+def trainer_checkpointing(view) -> Iterator[None]:
+    """The activation checkpointing ``train()`` turns on (``args.gradient_checkpointing`` and its kwargs), on
+    while the probes train and off again after: the check-up runs before ``train()``, and without it a forward
+    and backward holds every layer's activations, more than the training step it stands for."""
+    model = view.base_model
+    turn_on = (
+        _checkpointing_asked(view.args)
+        and hasattr(model, "gradient_checkpointing_enable")
+        and getattr(model, "supports_gradient_checkpointing", False)
+        and not getattr(model, "is_gradient_checkpointing", True)
+    )
+    if turn_on:
+        kwargs = getattr(view.args, "gradient_checkpointing_kwargs", None)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    try:
+        yield
+    finally:
+        if turn_on:
+            model.gradient_checkpointing_disable()
+
+
+def first_step(view, budget: int) -> Step:
+    """Run the first window through ``training_step`` and keep what the probes need (see the module)."""
+    trainer, model = view.trainer, view.model
+    k = max(1, view.args.gradient_accumulation_steps)
+    batches = view.batches(k)
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    model.train()
+    if named:
+        with trainer_checkpointing(view):
+            try:
+                run_window(trainer, batches)
+            except RuntimeError as error:  # a loss without a grad_fn: no trainable tensor is reached
+                if "does not require grad" not in str(error):
+                    raise
+    grads = [p.grad for _, p in named if p.grad is not None]
+    norm = 0.0
+    if grads:
+        with torch.no_grad():
+            norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+    limit = getattr(view.args, "max_grad_norm", None)
+    clip = min(1.0, limit / (norm + 1e-6)) if limit and norm > 0 else 1.0  # as clip_grad_norm_ scales
+    needed = sum(g.numel() * g.element_size() for g in grads)
+    kept, used = {}, 0
+    for name, p in reversed(named):
+        if p.grad is None:
+            continue
+        nbytes = p.grad.numel() * p.grad.element_size()
+        if used + nbytes > budget:
+            break
+        kept[name] = p.grad.detach().clone()
+        used += nbytes
+    step = Step(
+        batches=batches,
+        trainable=[name for name, _ in named],
+        missing=[name for name, p in named if p.grad is None],
+        norm=norm,
+        clip=clip,
+        needed=needed,
+        budget=budget,
+        kept=dict(reversed(list(kept.items()))),
+    )
+    for p in model.parameters():
+        p.grad = None
+    return step
