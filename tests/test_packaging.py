@@ -1,23 +1,40 @@
 """The library's ranges, the workbook's lock, and the files that install them agree."""
 
+import importlib.metadata
 import re
 from pathlib import Path
 
 import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 LOCK = ROOT / "requirements-lock.txt"
 
 
-def locked() -> dict[str, str]:
+def lock_entries() -> list[Requirement]:
+    """The lock's pins, each with its environment marker (the lock is one universal resolution: a package a
+    platform alone needs, or a version only some Pythons get, carries a marker)."""
     lines = [line.strip() for line in LOCK.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    return [Requirement(line) for line in lines]
+
+
+def pinned(entry: Requirement) -> str:
+    (spec,) = entry.specifier
+    assert spec.operator == "==", entry
+    return spec.version
+
+
+def locked(environment: dict[str, str] | None = None) -> dict[str, str]:
+    """name -> locked version for one environment (this interpreter's by default)."""
     pins = {}
-    for line in lines:
-        name, version = re.fullmatch(r"([A-Za-z0-9_.-]+)==(\S+)", line).groups()
-        pins[canonicalize_name(name)] = version
+    for entry in lock_entries():
+        if entry.marker is None or entry.marker.evaluate(environment):
+            name = canonicalize_name(entry.name)
+            assert name not in pins, f"{name} is pinned twice for {environment or 'this interpreter'}"
+            pins[name] = pinned(entry)
     return pins
 
 
@@ -38,11 +55,16 @@ def test_the_library_declares_ranges_never_exact_pins():
 
 
 def test_the_lock_pins_every_requirement_inside_its_range():
-    pins = locked()
+    versions = {}
+    for entry in lock_entries():
+        versions.setdefault(canonicalize_name(entry.name), []).append(pinned(entry))
     for requirement in requirements("course", "test"):
-        version = pins.get(canonicalize_name(requirement.name))
-        assert version is not None, f"{requirement.name} is not in requirements-lock.txt"
-        assert requirement.specifier.contains(version, prereleases=True), f"{requirement} excludes the locked {version}"
+        found = versions.get(canonicalize_name(requirement.name))
+        assert found, f"{requirement.name} is not in requirements-lock.txt"
+        for version in found:
+            assert requirement.specifier.contains(version, prereleases=True), (
+                f"{requirement} excludes the locked {version}"
+            )
 
 
 def test_the_lock_keeps_the_versions_the_lessons_measure():
@@ -59,12 +81,27 @@ def test_the_lock_keeps_the_versions_the_lessons_measure():
 
 
 def test_make_and_conda_install_from_the_lock():
+    """As constraints (-c), not requirements (-r): the universal lock pins the nvidia-* packages of PyPI's Linux
+    torch, which a CPU build of torch does not need and -r would install all the same."""
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^LOCK := requirements-lock\.txt$", makefile, re.M)
     recipe = makefile[makefile.index("$(STAMP): pyproject.toml $(LOCK)") : makefile.index("touch $@")]
-    assert recipe.count('-r $(LOCK) -e ".[course,test]"') == 2  # uv, and the pip fallback
+    assert recipe.count('-c $(LOCK) -e ".[course,test]"') == 2  # uv, and the pip fallback
+    assert "-r $(LOCK)" not in recipe
     conda = [line.strip().removeprefix("- ").strip() for line in (ROOT / "environment.yml").read_text().splitlines()]
-    assert "-r requirements-lock.txt" in conda and "-e .[course,test]" in conda
+    assert "-c requirements-lock.txt" in conda and "-e .[course,test]" in conda
+
+
+def test_this_environment_holds_the_locked_versions():
+    """What `make` installed from the lock as constraints is the lock: every installed distribution the lock
+    names has the version locked for this interpreter (a local build's label aside: torch 2.13.0+cpu here)."""
+    pins = locked()
+    for dist in importlib.metadata.distributions():
+        name = canonicalize_name(dist.metadata["Name"])
+        if name in pins:
+            assert Version(dist.version).public == pins[name], (
+                f"{name} {dist.version} is installed, the lock has {pins[name]}"
+            )
 
 
 def test_make_lab_does_not_export_offline_mode():
