@@ -1,5 +1,17 @@
 # Two commands do all the set-up on a fresh machine: `make workbook` and `make test`.
-PYTHON ?= python3
+# The course runs on CPython 3.11 to 3.13 (requirements-lock.txt's header; the library alone keeps 3.10): PYTHON is
+# the first of python3, python3.11, python3.12 and python3.13 that is one, or what `make PYTHON=...` names; the
+# venv's recipe refuses another in one line that says what to install.
+COURSE_PYTHON := import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))
+ifndef PYTHON
+PYTHON := $(firstword $(foreach p,python3 python3.11 python3.12 python3.13,$(shell $(p) -c '$(COURSE_PYTHON)' \
+	2>/dev/null && echo $(p))))
+endif
+CHECK_PYTHON = py=$(if $(wildcard $(BIN)/python),$(BIN)/python,$(or $(PYTHON),python3)); \
+	$$py -c '$(COURSE_PYTHON)' 2>/dev/null || { echo "make: the course needs CPython 3.11, 3.12 or 3.13 and \
+	$$py is $$(command -v $$py >/dev/null && $$py --version 2>&1 || echo missing): install one \
+	(https://www.python.org/downloads/ or \`uv python install 3.12\`), then run \
+	$(if $(wildcard $(BIN)/python),rm -rf $(VENV) && )make PYTHON=python3.12" >&2; exit 1; }
 VENV ?= .venv
 OUT ?= workbook-output
 PROFILE ?= auto
@@ -31,11 +43,12 @@ $(OFFLINE_TARGETS): export HF_DATASETS_OFFLINE := 1
 # process then compiled torch, transformers and TRL again (`from trl import GRPOTrainer`: 10.9 s instead of 6.0).
 INSTALLER ?= uv
 UV := uv==0.13.8
-PIP_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+PIP_LINKS := $(if $(PYTHON),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 UV_OPTIONS := --quiet --compile-bytecode --python $(BIN)/python --index-strategy unsafe-best-match \
 	$(addprefix --find-links ,$(PIP_LINKS))
 LOCK := requirements-lock.txt
 $(STAMP): pyproject.toml $(LOCK) Makefile
+	@$(CHECK_PYTHON)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	if [ "$(INSTALLER)" = uv ] && $(BIN)/python -m pip install --quiet $(UV); then \
 	  $(BIN)/uv pip install $(UV_OPTIONS) -c $(LOCK) -e ".[course,test]" && \

@@ -1,7 +1,9 @@
 """The library's ranges, the workbook's lock, and the files that install them agree."""
 
 import importlib.metadata
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import tomllib
@@ -121,3 +123,37 @@ def test_ci_runs_the_readme_test_command():
 def test_the_makefile_installs_the_uv_that_the_lock_pins():
     """make installs with uv (seconds) and falls back to pip; both read the same lock."""
     assert re.search(rf"^UV := uv=={re.escape(locked()['uv'])}$", (ROOT / "Makefile").read_text(), re.M)
+
+
+def fake_pythons(folder: Path, good: set[str]) -> None:
+    """python3, python3.11, python3.12 and python3.13 on a PATH of their own: those in `good` pass the Makefile's
+    version check, the others are a Python 3.10.12."""
+    folder.mkdir()
+    for name in ("python3", "python3.11", "python3.12", "python3.13"):
+        status = 0 if name in good else 1
+        script = folder / name
+        script.write_text(f'#!/bin/sh\n[ "$1" = --version ] && echo "Python 3.10.12" && exit 0\nexit {status}\n')
+        script.chmod(0o755)
+
+
+def make(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{folder}{os.pathsep}/usr/bin{os.pathsep}/bin"}
+    env.pop("PYTHON", None)
+    return subprocess.run(["make", "-s", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_make_picks_the_first_python_the_course_supports(tmp_path):
+    fake_pythons(tmp_path / "bin", good={"python3.12", "python3.13"})
+    shown = make(tmp_path / "bin", "--eval", "show-python: ; @echo $(PYTHON)", "show-python")
+    assert shown.stdout.strip() == "python3.12", shown
+
+
+def test_make_without_a_supported_python_says_in_one_line_what_to_install(tmp_path):
+    """No venv is made with a Python 3.10 (the course's extra would then fail to resolve, pages later)."""
+    fake_pythons(tmp_path / "bin", good=set())
+    venv = tmp_path / "venv"
+    result = make(tmp_path / "bin", f"VENV={venv}", f"{venv}/.installed")
+    said = [line for line in result.stderr.splitlines() if not line.startswith("make: ***")]
+    assert result.returncode != 0 and not venv.exists()
+    assert len(said) == 1 and "CPython 3.11, 3.12 or 3.13" in said[0] and "python3 is Python 3.10.12" in said[0], said
+    assert "make PYTHON=python3.12" in said[0]
