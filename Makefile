@@ -132,9 +132,10 @@ clean:
 	rm -rf $(OUT) outputs
 
 # --- Eras: side environments with the library versions where each bug lived (trl_clinic.course.eras) ---
-# eras/NAME.txt pins one era; `make eras` builds each into .eras/NAME/ with uv, once per content of
+# src/trl_clinic/course/eras/requirements/NAME.txt pins one era (package data: a wheel install builds its eras
+# in the cache folder on first use); `make eras` builds each into .eras/NAME/ with uv, once per content of
 # its file (a stamp holds the file's SHA-256; a failed build leaves none), and reuses it after.
-# ERAS="02-transformers-4.45 04-transformers-4.51" picks some (default: every eras/*.txt).
+# ERAS="02-transformers-4.45 04-transformers-4.51" picks some (default: every one).
 # torch==2.13.0 comes from the wheel pip would install (here a local CPU build that uv cannot see).
 ERAS ?=
 # The eras whose scripts the tests run for real; under `make test` a missing one fails, not skips. They build in

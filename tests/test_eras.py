@@ -71,7 +71,7 @@ def attention_across(result: dict, case: str) -> int:
 
 # --- the era files ----------------------------------------------------------------------------------
 
-ERA_FILES = sorted((ROOT / "eras").glob("*.txt"))
+ERA_FILES = sorted(eras.requirements_dir().glob("*.txt"))
 
 
 def test_the_issue_s_eras_are_defined():
@@ -207,7 +207,7 @@ def test_an_era_whose_libraries_do_not_import_gets_no_stamp(fake_root, monkeypat
 
 
 def test_an_unknown_era_is_a_clear_error(fake_root):
-    with pytest.raises(eras.EraBuildError, match="no eras/nope.txt"):
+    with pytest.raises(eras.EraBuildError, match="no nope.txt in .*eras"):
         eras.build_era("nope", fake_root)
     assert "not defined" in eras.era_state("nope", fake_root)[1]
 
@@ -229,6 +229,54 @@ def test_a_missing_era_is_skipped_with_the_make_command_and_never_raises(fake_ro
     assert run.result is None and run.to_metrics()["status"] == "skipped"
     unknown = eras.run_in_era("no-such-era", "then_02_accumulation", {}, tmp_path / "work", root=fake_root)
     assert unknown.skipped and "not defined" in unknown.message
+
+
+@pytest.fixture
+def wheel_install(tmp_path, monkeypatch):
+    """The course as a wheel install sees it: no checkout, the era files in the package (here one fake era),
+    the cache folder as the root, and a fake uv on the path a lesson's first use takes."""
+    from trl_clinic.course import paths
+    from trl_clinic.course.eras import spec
+
+    packaged = tmp_path / "package"
+    packaged.mkdir()
+    (packaged / "99-test.txt").write_text("# test era\ntorch==2.13.0\n")
+    uv = tmp_path / "fake-uv"
+    uv.write_text(FAKE_UV.format(python=sys.executable))
+    uv.chmod(uv.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(paths, "checkout", lambda: None)
+    monkeypatch.setattr(spec, "PACKAGED", packaged)
+    monkeypatch.setattr(eras_build, "uv_command", lambda: [str(uv)])
+    monkeypatch.setattr(eras_build, "local_torch_links", lambda version: None)
+    monkeypatch.setattr(eras_build, "PROBE_IMPORTS", ("json",))
+    monkeypatch.delenv("TRL_CLINIC_ROOT", raising=False)
+    monkeypatch.setenv("TRL_CLINIC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("FAKE_UV_LOG", str(tmp_path / "uv.log"))
+    return tmp_path
+
+
+def test_outside_a_checkout_an_era_builds_in_the_cache_on_first_use(wheel_install, capsys):
+    assert eras.builds_on_demand() and "it builds on a lesson's first use" in eras.era_state("99-test")[1]
+    script = write_script(
+        wheel_install,
+        """\
+        import json, sys
+        json.dump({"ran": True}, open(sys.argv[2], "w"))
+        """,
+    )
+    run = eras.run_in_era("99-test", script, {}, wheel_install / "work")
+    assert run.finished and run.result == {"ran": True}, run.message
+    assert eras.era_python("99-test") == wheel_install / "cache" / ".eras" / "99-test" / "bin" / "python"
+    assert "not built yet; building it in" in capsys.readouterr().out
+    assert eras.run_in_era("99-test", script, {}, wheel_install / "work").finished  # built once, reused
+
+
+def test_outside_a_checkout_an_era_that_cannot_be_built_is_skipped_with_what_the_build_said(wheel_install):
+    """No PyPI (here: an install that fails) and no `make eras` to point at: the message says what failed."""
+    (wheel_install / "package" / "99-test.txt").write_text("# test era\nFAIL\n")
+    run = eras.run_in_era("99-test", "then_02_accumulation", {}, wheel_install / "work")
+    assert run.skipped and run.message.startswith("skipped: era 99-test could not be built here: uv pip install failed")
+    assert "make eras" not in run.message and eras.era_python("99-test") is None
 
 
 def write_script(folder: Path, body: str) -> Path:

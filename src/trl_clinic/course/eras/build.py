@@ -1,6 +1,6 @@
 """Building eras with uv (``make eras``): once per content of their requirements file, one build at a time.
 
-``build_era`` makes ``.eras/<name>/`` with ``uv venv`` and ``uv pip install -r eras/<name>.txt``, imports
+``build_era`` makes ``.eras/<name>/`` with ``uv venv`` and ``uv pip install -r requirements/<name>.txt``, imports
 the era's libraries with its interpreter (``PROBE_IMPORTS``) and writes the stamp last, so that a failed
 build leaves none. A file lock (``.eras/.lock``) lets one process build at a time per checkout; ``main``
 (``python -m trl_clinic.course.eras``) can take it and hand the builds to a forked background process
@@ -23,7 +23,6 @@ from pathlib import Path
 from trl_clinic.course.eras.spec import (
     CHILD_ENV,
     ERAS_DIR,
-    REQUIREMENTS_DIR,
     STAMP,
     era_dir,
     era_names,
@@ -84,7 +83,8 @@ def local_torch_links(version: str) -> Path | None:
     return None
 
 
-def _uv() -> list[str]:
+def uv_command() -> list[str]:
+    """uv beside this interpreter (the course extra installs it), else on PATH, else as a module."""
     beside = Path(sys.executable).with_name("uv")
     if beside.exists():
         return [str(beside)]
@@ -93,10 +93,14 @@ def _uv() -> list[str]:
 
 
 def _run(command: list[str], what: str) -> None:
+    """Run one step, its output printed through Python (a notebook shows it; a child's own stdout would go to
+    the kernel's terminal), and what it said last in the error when it fails (no network, a missing wheel)."""
     print("  $", " ".join(command), flush=True)
-    done = subprocess.run(command)
+    done = subprocess.run(command, capture_output=True, text=True)
+    print(done.stdout + done.stderr, end="", flush=True)
     if done.returncode != 0:
-        raise EraBuildError(f"{what} failed (exit code {done.returncode})")
+        said = " ".join(done.stderr.split()[-60:])
+        raise EraBuildError(f"{what} failed (exit code {done.returncode}): {said}")
 
 
 # Imported by the build's check in the new era: an undeclared dependency (trl 0.11's rich) shows here.
@@ -197,20 +201,20 @@ def build_era(
     The stamp is written last, only after the install and an import check succeeded, so a failed
     build leaves none (and the next ``make eras`` tries again from an empty folder).
     """
-    root = root or repo_root()
     requirements = requirements_file(name, root)
     if not requirements.is_file():
-        raise EraBuildError(f"no {REQUIREMENTS_DIR}/{name}.txt (eras: {', '.join(era_names(root)) or 'none'})")
-    with _build_lock(root):
+        known = ", ".join(era_names(root)) or "none"
+        raise EraBuildError(f"no {requirements.name} in {requirements.parent} (eras: {known})")
+    with _build_lock(root or repo_root()):
         if not force and era_state(name, root)[0]:
-            print(f"era {name}: up to date ({ERAS_DIR}/{name})", flush=True)
+            print(f"era {name}: up to date ({era_dir(name, root)})", flush=True)
             return False
         start = time.perf_counter()
         venv = era_dir(name, root)
-        print(f"era {name}: building {ERAS_DIR}/{name} from {REQUIREMENTS_DIR}/{name}.txt", flush=True)
+        print(f"era {name}: building {venv} from {requirements.name}", flush=True)
         shutil.rmtree(venv, ignore_errors=True)
         try:
-            uv = installer or _uv()
+            uv = installer or uv_command()
             _run([*uv, "venv", "--quiet", "--python", sys.executable, str(venv)], "uv venv")
             links = torch_links
             if links == "auto":
@@ -247,7 +251,7 @@ def build_era(
 def main(argv: list[str] | None = None) -> int:
     """``python -m trl_clinic.course.eras [NAME ...]``: build the named eras (all by default); exit 1 on failure."""
     parser = argparse.ArgumentParser(prog="python -m trl_clinic.course.eras", description=main.__doc__)
-    parser.add_argument("names", nargs="*", help="eras to build (default: every eras/*.txt)")
+    parser.add_argument("names", nargs="*", help="eras to build (default: every one the course defines)")
     parser.add_argument("--force", action="store_true", help="rebuild even when the stamp matches")
     parser.add_argument("--list", action="store_true", help="say which eras are ready and exit")
     parser.add_argument(
