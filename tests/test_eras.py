@@ -219,6 +219,16 @@ def test_the_local_torch_wheel_is_found_when_pip_has_one():
     assert any(folder.glob("torch-2.13.0*.whl"))
 
 
+def test_the_local_torch_wheel_is_found_inside_a_jupyter_kernel_too(monkeypatch):
+    """ipykernel sets FORCE_COLOR=1, CLICOLOR_FORCE=1 and TERM=xterm-color (read in a kernel's environment), and pip
+    then colours the JSON it prints: an era built on a lesson's first use found no local torch and took PyPI's."""
+    if eras.local_torch_links("2.13.0") is None:
+        pytest.skip("pip takes torch 2.13.0 from a registry here: uv fetches it itself")
+    for name, value in {"FORCE_COLOR": "1", "CLICOLOR_FORCE": "1", "CLICOLOR": "1", "TERM": "xterm-color"}.items():
+        monkeypatch.setenv(name, value)
+    assert eras.local_torch_links("2.13.0") is not None
+
+
 # --- running: the skip path and the runner --------------------------------------------------------
 
 

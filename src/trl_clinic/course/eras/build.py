@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,33 +54,37 @@ def local_torch_links(version: str) -> Path | None:
 
     On these machines pip is configured with a local CPU build of torch 2.13.0 that uv does not know
     about; without it uv takes PyPI's CUDA build (GBs). pip is asked (dry run, nothing installed or
-    copied) where the wheel comes from; a remote wheel gives None, and uv then fetches torch itself.
+    copied) where the wheel comes from; a remote wheel gives None, and uv then fetches torch itself. The
+    report goes to a file: inside a Jupyter kernel pip colours what it prints (an era built on a lesson's
+    first use read no JSON there, and took PyPI's torch).
     """
-    with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError, KeyError):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--dry-run",
-                "--quiet",
-                "--ignore-installed",
-                "--no-deps",
-                "--report",
-                "-",
-                f"torch=={version}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if done.returncode == 0:
-            url = json.loads(done.stdout)["install"][0]["download_info"]["url"]
-            if url.startswith("file://"):
-                from urllib.parse import unquote, urlparse
+    with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError):
+        with tempfile.TemporaryDirectory(prefix="trl-clinic-pip-") as folder:
+            report = Path(folder) / "report.json"
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--dry-run",
+                    "--quiet",
+                    "--ignore-installed",
+                    "--no-deps",
+                    "--report",
+                    str(report),
+                    f"torch=={version}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            if done.returncode == 0:
+                url = json.loads(report.read_text())["install"][0]["download_info"]["url"]
+                if url.startswith("file://"):
+                    from urllib.parse import unquote, urlparse
 
-                return Path(unquote(urlparse(url).path)).parent
+                    return Path(unquote(urlparse(url).path)).parent
     return None
 
 
