@@ -132,7 +132,7 @@ def test_era_scripts_ship_with_the_package_and_do_not_import_trl_clinic():
 FAKE_UV = textwrap.dedent('''\
     #!{python}
     """A stand-in for uv: `venv ... DIR` makes DIR/bin/python (today's interpreter); `pip install`
-    fails when the requirements file says FAIL. Every call is logged."""
+    fails when the requirements file says FAIL, in colour unless NO_COLOR is set, as uv. Every call is logged."""
     import os, sys
     from pathlib import Path
     args = sys.argv[1:]
@@ -145,7 +145,9 @@ FAKE_UV = textwrap.dedent('''\
         python.chmod(0o755)
     elif args[:2] == ["pip", "install"]:
         requirements = Path(args[args.index("-r") + 1]).read_text()
-        sys.exit(1 if "FAIL" in requirements else 0)
+        if "FAIL" in requirements:
+            print("error: no such release" if os.environ.get("NO_COLOR") else "\\x1b[31merror\\x1b[0m", file=sys.stderr)
+            sys.exit(1)
     ''')
 
 
@@ -281,11 +283,14 @@ def test_outside_a_checkout_an_era_builds_in_the_cache_on_first_use(wheel_instal
     assert eras.run_in_era("99-test", script, {}, wheel_install / "work").finished  # built once, reused
 
 
-def test_outside_a_checkout_an_era_that_cannot_be_built_is_skipped_with_what_the_build_said(wheel_install):
-    """No PyPI (here: an install that fails) and no `make eras` to point at: the message says what failed."""
+def test_outside_a_checkout_an_era_that_cannot_be_built_is_skipped_with_what_the_build_said(wheel_install, monkeypatch):
+    """No PyPI (here: an install that fails) and no `make eras` to point at: the message says what failed, in plain
+    text even inside a Jupyter kernel (ipykernel sets FORCE_COLOR=1, and uv then colours its errors)."""
+    monkeypatch.setenv("FORCE_COLOR", "1")
     (wheel_install / "package" / "99-test.txt").write_text("# test era\nFAIL\n")
     run = eras.run_in_era("99-test", "then_02_accumulation", {}, wheel_install / "work")
     assert run.skipped and run.message.startswith("skipped: era 99-test could not be built here: uv pip install failed")
+    assert run.message.endswith("error: no such release") and "\x1b" not in run.message
     assert "make eras" not in run.message and eras.era_python("99-test") is None
 
 

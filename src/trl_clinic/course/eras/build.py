@@ -99,9 +99,11 @@ def uv_command() -> list[str]:
 
 def _run(command: list[str], what: str) -> None:
     """Run one step, its output printed through Python (a notebook shows it; a child's own stdout would go to
-    the kernel's terminal), and what it said last in the error when it fails (no network, a missing wheel)."""
+    the kernel's terminal), and what it said last in the error when it fails (no network, a missing wheel).
+    Without colours: a Jupyter kernel sets FORCE_COLOR=1, and the message goes into metrics.json."""
     print("  $", " ".join(command), flush=True)
-    done = subprocess.run(command, capture_output=True, text=True)
+    plain = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CLICOLOR_FORCE")} | {"NO_COLOR": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=plain)
     print(done.stdout + done.stderr, end="", flush=True)
     if done.returncode != 0:
         said = " ".join(done.stderr.split()[-60:])
