@@ -46,7 +46,7 @@ INSTALLER ?= uv
 UV := uv==0.13.8
 PIP_LINKS := $(if $(PYTHON),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 UV_OPTIONS := --quiet --compile-bytecode --python $(BIN)/python --index-strategy unsafe-best-match \
-	$(addprefix --find-links ,$(PIP_LINKS))
+	$(addprefix --find-links ,$(PIP_LINKS) $(if $(WHEELHOUSE),$(abspath $(WHEELHOUSE))))
 LOCK := requirements-lock.txt
 $(STAMP): pyproject.toml $(LOCK) Makefile
 	@$(CHECK_PYTHON)
@@ -121,7 +121,8 @@ preflight:
 	  $(BIN)/python -m trl_clinic.course.preflight --started $$started
 
 # An offline room: WHEELHOUSE=path (built the day before: docs/workshop.md) makes pip and uv install the venv and
-# the eras from that folder alone, network off.
+# the eras from that folder alone, network off (uv reads UV_FIND_LINKS only where no --find-links is given: the
+# venv's install above and an era's build name the folder too).
 WHEELHOUSE ?=
 ifneq ($(WHEELHOUSE),)
 export PIP_NO_INDEX := 1

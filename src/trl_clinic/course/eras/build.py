@@ -227,7 +227,8 @@ def build_era(
             if links == "auto":
                 pin = _torch_pin(requirements)
                 links = local_torch_links(pin) if pin else None
-            extra = ["--find-links", str(links)] if links else []
+            # uv reads UV_FIND_LINKS (an offline room's wheelhouse) only when no --find-links is given
+            extra = [f"--find-links={link}" for link in [links, *os.environ.get("UV_FIND_LINKS", "").split()] if link]
             # no --compile-bytecode: the import check below compiles what it imports (CHILD_ENV), and the
             # era scripts' first runs the rest they need
             _run(
