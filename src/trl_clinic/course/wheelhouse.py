@@ -50,15 +50,18 @@ def resolve(args: list[str], platform: str, python: str, root: Path) -> list[str
 
 
 def pins(platform: str, python: str, root: Path) -> list[str]:
-    """Everything the room installs on that platform: the course's venv, every era, and what make adds."""
+    """Everything the room installs on that platform: the course's venv, every era, and what make adds, for
+    every patch release of the Python (the lock forks at 3.11.5: soupsieve 2.10 before, 4.1.3 from there)."""
     course = ["pyproject.toml", "--extra", "course", "--extra", "test", "-c", "requirements-lock.txt"]
-    found = set(resolve(course, platform, python, root))
-    for name in era_names():
-        found |= set(resolve([str(requirements_file(name))], platform, python, root))
+    found = set()
     with tempfile.TemporaryDirectory() as folder:
         beside = Path(folder) / "beside.in"
         beside.write_text("\n".join(BESIDE[:2]) + "\n")
-        found |= set(resolve([str(beside)], platform, python, root))
+        for patch in (f"{python}.0", f"{python}.99"):
+            found |= set(resolve(course, platform, patch, root))
+            for name in era_names():
+                found |= set(resolve([str(requirements_file(name))], platform, patch, root))
+            found |= set(resolve([str(beside)], platform, patch, root))
     return sorted(found | {BESIDE[2]})
 
 
@@ -86,6 +89,7 @@ def download(requirements: list[str], platform: str, python: str, out: Path) -> 
             listed.write_text("\n".join(batch) + "\n")
             subprocess.run(
                 [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--isolated"]
+                + ["--ignore-requires-python"]  # the pins are already per patch release (pins())
                 + ["--implementation", "cp", "--python-version", python, *tags, "-d", str(out), "-r", str(listed)],
                 check=True,
             )
