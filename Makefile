@@ -29,8 +29,8 @@ OFFLINE_TARGETS := workbook test test-slow seeds executed preflight
 $(OFFLINE_TARGETS): export HF_HUB_OFFLINE := 1
 $(OFFLINE_TARGETS): export HF_DATASETS_OFFLINE := 1
 
-.PHONY: workbook test test-slow seeds browser lab smoke preflight hide-solutions solutions notebooks executed clean eras \
-	eras-for-workbook
+.PHONY: workbook test test-slow seeds browser lab smoke preflight hide-solutions solutions notebooks executed deck clean \
+	eras eras-for-workbook
 
 # The exact versions the lessons measure are requirements-lock.txt, a pinned requirements file of the whole
 # environment (uv pip compile's output), not uv.lock: uv and the pip fallback both read it, it installs into the
@@ -157,6 +157,11 @@ executed: $(STAMP) eras-for-workbook
 	rm -rf $(EXECUTED_RUN)
 	$(BIN)/trl-clinic run --profile cpu --seed 0 --out $(EXECUTED_RUN) --no-progress
 	$(BIN)/python -m trl_clinic.course.executed $(EXECUTED_RUN) docs/executed
+
+# The presenter's deck, one slide per core (symptom, mechanism figure, fix, check) from lessons.yaml, the cheat
+# sheet and the executed copies' figures: docs/deck.html, offline in any browser (tests/test_deck.py opens it).
+deck: $(STAMP)
+	$(BIN)/python -m trl_clinic.course.deck
 
 clean:
 	rm -rf $(OUT) outputs
