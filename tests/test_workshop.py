@@ -158,3 +158,45 @@ def test_solutions_leave_the_learners_tree_and_come_back(tmp_path):
     assert status.stdout == ""  # nothing deleted: the learner's clone stays clean
     assert make_in(tmp_path, "solutions").returncode == 0
     assert (tmp_path / "notebooks" / "solutions" / "01.ipynb").exists()
+
+
+def agenda(title: str) -> list[tuple[int, str]]:
+    """The (minute, what) rows of the agenda table that follows the bold title ``title`` in the guide."""
+    guide = GUIDE.read_text()
+    table = guide[guide.index(f"**{title}**") :].split("\n\n", 2)[1]
+    rows = re.findall(r"^\| (\d+):(\d\d) \| (.+?) \|$", table, re.M)
+    return [(int(hours) * 60 + int(minutes), what) for hours, minutes, what in rows]
+
+
+def cores_in(what: str) -> list[str]:
+    return [key for key, lesson in lessons().items() if lesson.is_core and re.match(rf"{key} ", what)]
+
+
+def cores_with_an_era() -> set[str]:
+    """The cores whose executed copy ran an era (its output names one: "era 01-trl-0.14 ...")."""
+    from trl_clinic.course.eras import era_names
+
+    found = set()
+    for key, lesson in lessons().items():
+        executed = ROOT / "docs" / "executed" / f"{lesson.notebook}.ipynb"
+        if lesson.is_core and any(f"era {name}" in executed.read_text() for name in era_names()):
+            found.add(key)
+    return found
+
+
+def test_the_3_hour_agendas_add_up_and_the_one_without_eras_runs_none():
+    with_eras = agenda("Half day, 3 hours, with the eras")
+    without = agenda("Half day, 3 hours, without the eras")
+    assert cores_with_an_era() == {"01", "04"}  # the guide's premise, read in the executed copies
+    for rows in (with_eras, without):
+        times = [minute for minute, _ in rows]
+        assert times[0] == 0 and times[-1] == 180 and times == sorted(set(times)), rows
+        assert rows[-1][1] == "end"
+        for (start, what), (end, _) in zip(rows, rows[1:]):
+            for key in cores_in(what):
+                assert lessons()[key].seconds["cpu"] <= 60 and end - start >= 20, (key, start, end)
+    run_without = {key for _, what in without if "executed copy" not in what for key in cores_in(what)}
+    assert run_without and not run_without & cores_with_an_era(), run_without
+    shown = {key for _, what in without if "executed copy" in what for key in cores_in(what)}
+    assert shown == {"01", "04"}
+    assert {"01", "04"} <= {key for _, what in with_eras for key in cores_in(what)}
