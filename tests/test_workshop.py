@@ -200,3 +200,15 @@ def test_the_3_hour_agendas_add_up_and_the_one_without_eras_runs_none():
     shown = {key for _, what in without if "executed copy" in what for key in cores_in(what)}
     assert shown == {"01", "04"}
     assert {"01", "04"} <= {key for _, what in with_eras for key in cores_in(what)}
+
+
+def test_the_wheelhouse_downloads_an_eras_older_release_beside_the_course_s():
+    """pip refuses two versions of one package in one call: the pins go in batches that never repeat a name."""
+    from trl_clinic.course.wheelhouse import batches
+
+    pins = ["accelerate==1.15.0", "accelerate==1.0.1", "trl==1.16.0", "accelerate==0.30.1", "trl==0.14.0"]
+    assert batches(pins) == [
+        ["accelerate==1.15.0", "trl==1.16.0"],
+        ["accelerate==1.0.1", "trl==0.14.0"],
+        ["accelerate==0.30.1"],
+    ]
