@@ -4,6 +4,7 @@ import importlib.metadata
 import os
 import re
 import subprocess
+import sysconfig
 from pathlib import Path
 
 import tomllib
@@ -98,7 +99,10 @@ def test_this_environment_holds_the_locked_versions():
     """What `make` installed from the lock as constraints is the lock: every installed distribution the lock
     names has the version locked for this interpreter (a local build's label aside: torch 2.13.0+cpu here)."""
     pins = locked()
-    for dist in importlib.metadata.distributions():
+    # the venv's own site-packages: a test that imports setuptools puts its vendored copies (platformdirs 4.4.0...)
+    # on sys.path, and those are not installed
+    installed = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    for dist in importlib.metadata.distributions(path=installed):
         name = canonicalize_name(dist.metadata["Name"])
         if name in pins:
             assert Version(dist.version).public == pins[name], (
