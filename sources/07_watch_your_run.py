@@ -293,15 +293,15 @@ def checks(n: dict) -> tuple[dict, dict]:
 # %% jupyter={"source_hidden": true}
 from trl_clinic.probes.recording import replay_nan_filter  # the Trainer's filter, step by step
 
-found = {f.key: f for f in watch.findings}
+found = {f.probe: f for f in watch.findings}
 numbers = {
     "plain_logged": plain_rows, "watched_logged": watched_rows, "raw_loss": raw, "train_steps": sizes.train_steps,
     "replayed_logs": replay_nan_filter(raw, 1, plain.args.logging_steps),
-    "findings": {key: f.step for key, f in found.items()}, "nonfinite_seen": found["nonfinite"].seen,
+    "findings": {key: f.step for key, f in found.items()}, "nonfinite_seen": found["nonfinite"].measured,
     "zero_loss_lesson": found["zero_loss"].lesson, "weight_sums": weight_sums,
     "stopped_step": stopped.state.global_step, "pasted_step": pasted_check.step, "pasted_names": pasted_check.names,
     "identical": identical, "checkup_fp16_adamw": {f.probe: f.status for f in probe.findings}["fp16_adamw"],
-    "fixed_findings": [f.key for f in fixed_watch.findings],
+    "fixed_findings": [f.probe for f in fixed_watch.findings],
     "fixed_raw_loss": [row["raw_loss"] for row in fixed_watch.steps],
     "seconds": {"plain": plain_seconds, "watched": watched_seconds, "stopped": stopped_seconds,
                 "fixed": fixed_seconds, "fixed_plain": fixed_plain_seconds},

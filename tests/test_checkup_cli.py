@@ -128,7 +128,7 @@ def test_grpo_config_that_trl_refuses_is_a_fail_with_trls_message(local, capsys)
 
 
 def test_any_other_build_error_is_an_error_not_a_config_fail(local, capsys):
-    """AUDIT C11: only what TRL's config classes refuse is the config's fail; a model folder that does not exist
+    """Only what TRL's config classes refuse is the config's fail; a model folder that does not exist
     stops the build elsewhere, which is an error (exit code 3), never a grpo_config fail."""
     config = recipe(
         local,

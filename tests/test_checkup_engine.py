@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from trl_clinic.checkup.engine import DECISIONS, EXIT_CODES, Finding, Probe, Report, Skip, run_probe, selected
+from trl_clinic.checkup.engine import EXIT_CODES, Probe, Report, Skip, run_probe, selected
+from trl_clinic.probes.finding import DECISIONS, Finding
 
 
 def test_a_finding_takes_only_the_five_statuses():

@@ -1,5 +1,5 @@
 """Every probe trips on a real tiny trainer carrying its trap and passes a healthy one (local models, no hub), and
-says how it decided. Each item of ../shared/AUDIT.md section C has a trip and a pass test here (the era tests,
+says how it decided: a trip and a pass test for each probe and for each way it once went wrong (the era tests,
 tests/test_checkup_eras.py, run the same probes on the versions where the bugs lived)."""
 
 import pytest
@@ -28,7 +28,7 @@ def packed_collator(tokenizer):
     return TRLCollator(pad_token_id=tokenizer.pad_token_id, padding_free=True)
 
 
-# --- packing (lesson 01; AUDIT C2 known_bugs-by-name, C4 16-bit tolerance) ---------------------------------------
+# --- packing (lesson 01) ---------------------------------------------------------------------------------------
 
 
 def test_packing_trips_on_opt_padding_free_by_measurement_and_passes_llama(tokenizer, tmp_path):
@@ -51,7 +51,7 @@ def test_packing_trips_on_opt_padding_free_by_measurement_and_passes_llama(token
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_packing_in_16_bits_still_fails_the_opt_trap_and_passes_llama(tokenizer, tmp_path, dtype):
-    """AUDIT C4: the old 16-bit tolerance (2e-2 on the loss) was above the OPT contamination lesson 06 measures
+    """The old 16-bit tolerance (2e-2 on the loss) was above the OPT contamination lesson 06 measures
     (9.6e-3). The decision is by logits now, against the first sequences' own rounding in this dtype."""
 
     def probe(family):
@@ -100,7 +100,7 @@ def test_packing_recognises_a_packed_row_by_its_rows_whatever_keys_it_carries(to
     )
 
 
-# --- accumulation (lesson 02; AUDIT C3) ------------------------------------------------------------------------
+# --- accumulation (lesson 02) ----------------------------------------------------------------------------------
 
 
 def test_accumulation_trips_on_a_loss_that_ignores_num_items_and_on_the_old_path(tokenizer, tmp_path):
@@ -124,7 +124,7 @@ def test_accumulation_trips_on_a_loss_that_ignores_num_items_and_on_the_old_path
 
 
 def test_accumulation_on_packed_rows_compares_like_with_like_and_names_the_real_cause(tokenizer, tmp_path):
-    """AUDIT C3: OPT padding-free is contaminated, which is packing's finding, not accumulation's; a packed
+    """OPT padding-free is contaminated, which is packing's finding, not accumulation's; a packed
     custom loss that ignores num_items_in_batch still fails accumulation, blamed on its compute_loss."""
     opt = checkup(
         examples.sft_trainer(
@@ -162,7 +162,7 @@ def test_accumulation_is_skipped_without_a_window(tokenizer, tmp_path):
     assert status(examples.sft_trainer(tokenizer, tmp_path), "accumulation").status == "skipped"
 
 
-# --- precision (lesson 03; AUDIT C2 fp16_adamw, C6) -------------------------------------------------------------
+# --- precision (lesson 03) -------------------------------------------------------------------------------------
 
 
 def half(tokenizer):
@@ -198,7 +198,7 @@ def test_fp16_adamw_reads_the_optimizer_passed_in_optimizers_not_args_optim(toke
 
 
 def test_fp16_rmsprop_is_measured_not_assumed_to_compute_in_fp32(tokenizer, tmp_path):
-    """AUDIT C2: the old probe warned that rmsprop 'computes in fp32'; torch's RMSprop keeps its state in the
+    """The old probe warned that rmsprop 'computes in fp32'; torch's RMSprop keeps its state in the
     weights' dtype (optim/rmsprop.py), and one step on fp16 clones turns them non-finite."""
     found = status(examples.custom_trainer(tokenizer, tmp_path, model=half(tokenizer), optim="rmsprop"), "fp16_adamw")
     assert (found.status, found.decided) == ("fail", "measured") and "RMSprop" in found.measured
@@ -220,7 +220,7 @@ def test_an_optimizer_that_cannot_step_here_is_an_error_with_its_reason(tokenize
 
 
 def test_init_dtype_warns_when_the_built_model_lacks_the_dtype_asked_for(tokenizer, tmp_path):
-    """AUDIT C6's entry, decided from the built model: model_init_kwargs applies only when TRL loads the model."""
+    """The known-bugs entry, decided from the built model: model_init_kwargs applies only when TRL loads the model."""
     ignored = status(
         examples.sft_trainer(tokenizer, tmp_path, model_init_kwargs={"torch_dtype": "bfloat16"}), "init_dtype"
     )
@@ -245,7 +245,7 @@ def test_reward_head_trips_on_lora_without_seq_cls(tokenizer, tmp_path):
     assert status(examples.reward_trainer(tokenizer, tmp_path), "reward_head").status == "ok"
 
 
-# --- padding and the cache (lesson 04; AUDIT C2 padding_cache, C5) ---------------------------------------------
+# --- padding and the cache (lesson 04) -------------------------------------------------------------------------
 
 
 def test_padding_cache_counts_real_forwards_and_warns_from_the_table_only_on_another_kernel(
@@ -272,7 +272,7 @@ def test_padding_cache_counts_real_forwards_and_warns_from_the_table_only_on_ano
 
 
 def test_padding_cache_audits_grpos_scoring_forwards(tokenizer, tmp_path):
-    """AUDIT C5: GRPO was skipped ('pads prompts left itself'), but its scoring forwards carry right-padded
+    """GRPO was skipped ('pads prompts left itself'), but its scoring forwards carry right-padded
     completions. Completions end early here (every token but EOS and two others suppressed), so some rows are
     right-padded; TRL 1.16 passes use_cache=False there, so none builds a cache (the era test counts TRL 0.17's)."""
     keep = {tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(tokenizer.tokenize("a b"))}
@@ -290,7 +290,7 @@ def test_padding_cache_audits_grpos_scoring_forwards(tokenizer, tmp_path):
 
 
 def test_the_right_padding_guard_windows_are_the_families_read_in_each_release():
-    """AUDIT C5: transformers 4.51.3 has the guard in mistral, mixtral, phi3, qwen2_moe, qwen2_vl, qwen2_5_vl,
+    """In transformers 4.51.3 the guard is in mistral, mixtral, phi3, qwen2_moe, qwen2_vl, qwen2_5_vl,
     qwen3, qwen3_moe and starcoder2 too; qwen2_moe, phimoe and jetmoe keep it after 4.53.0."""
 
     def ids(model_type, version):
@@ -320,7 +320,7 @@ def test_the_right_padding_guard_windows_are_the_families_read_in_each_release()
     assert ids("mistral", "4.55.4") == []
 
 
-# --- GRPO (lesson 05; AUDIT C2 grpo_config, C10) ---------------------------------------------------------------
+# --- GRPO (lesson 05) ------------------------------------------------------------------------------------------
 
 
 def test_grpo_equal_rewards_trips_on_a_reward_a_random_policy_never_earns(tokenizer, tmp_path):
@@ -332,7 +332,7 @@ def test_grpo_equal_rewards_trips_on_a_reward_a_random_policy_never_earns(tokeni
 
 
 def test_grpo_config_is_not_a_probe_of_a_built_trainer():
-    """AUDIT C2: a built GRPOTrainer has passed TRL's own validation, so such a probe could only say ok; the
+    """A built GRPOTrainer has passed TRL's own validation, so such a probe could only say ok; the
     command line reports a config TRL refuses (tests/test_checkup_cli.py)."""
     assert "grpo_config" not in load_probes()
 
@@ -367,11 +367,11 @@ def test_gradients_reach_trips_when_checkpointed_lora_inputs_need_no_gradient(to
     assert status(examples.sft_trainer(tokenizer, tmp_path), "gradients_reach").status == "ok"
 
 
-# --- the known-bugs table (AUDIT C1, C2 known_bugs, C6, C7, C8) -------------------------------------------------
+# --- the known-bugs table --------------------------------------------------------------------------------------
 
 
 def test_known_bugs_never_fails_a_family_by_name(tokenizer, tmp_path, monkeypatch):
-    """AUDIT C2: OPT padding-free is packing's measured fail; the table-only probe has nothing to say about it,
+    """OPT padding-free is packing's measured fail; the table-only probe has nothing to say about it,
     and a table-only entry (stated here: an H20 with the reported cuBLAS) warns, never fails."""
     trainer = examples.sft_trainer(tokenizer, tmp_path, family="opt", padding_free=True, max_length=None)
     found = status(trainer, "known_bugs")
@@ -383,7 +383,7 @@ def test_known_bugs_never_fails_a_family_by_name(tokenizer, tmp_path, monkeypatc
 
 
 def test_gpu_names_match_whole_never_as_substrings():
-    """AUDIT C1: "H20" is in "NVIDIA H200"."""
+    """ "H20" is in "NVIDIA H200"."""
 
     def ids(gpu):
         return [
@@ -396,13 +396,13 @@ def test_gpu_names_match_whole_never_as_substrings():
 
 
 def test_the_cublas_entries_say_which_versions_were_reported_and_that_the_rest_are_unmeasured():
-    """AUDIT C8: only 12.1.3.1 (bad) and 12.4.5.8 (cure) were reported."""
+    """Only 12.1.3.1 (bad) and 12.4.5.8 (cure) were reported."""
     for entry in (e for e in load() if e["id"].startswith("05-h20-cublas")):
         assert "12.1.3.1" in entry["bug"] and "between are unmeasured" in entry["bug"] and "probe" not in entry
 
 
 def test_the_torch_dtype_entry_starts_with_trl_0_27():
-    """AUDIT C6: TRL's dtype='float32' default starts in 0.27.0 (0.26.2 defaults to 'auto')."""
+    """TRL's dtype='float32' default starts in 0.27.0 (0.26.2 defaults to 'auto')."""
 
     def ids(trl):
         return [e["id"] for e in matching(Facts(init_kwargs=["torch_dtype"], versions={"trl": trl}), "init_dtype")]
@@ -411,7 +411,7 @@ def test_the_torch_dtype_entry_starts_with_trl_0_27():
 
 
 def test_the_01_entries_match_the_collator_object_not_an_argument():
-    """AUDIT C7: SFTConfig has no padding_free in TRL 0.12.2-0.15.2; the collators that send position_ids and no
+    """SFTConfig has no padding_free in TRL 0.12.2-0.15.2; the collators that send position_ids and no
     mask (TRL's completion-only collator, transformers' DataCollatorWithFlattening) are matched by class."""
 
     def ids(collator, versions, **collator_args):

@@ -2,7 +2,7 @@
 flags, gradients, buffers, configs, the tokenizer's padding side, the accelerator and the trainer's attributes.
 
 Two ways: the whole check-up on real trainers whose probes are asserted to have run (not skipped), compared
-byte for byte; and a probe that changes each of those on purpose, which ``untouched`` must undo (AUDIT C9, C10).
+byte for byte; and a probe that changes each of those on purpose, which ``untouched`` must undo.
 """
 
 import copy

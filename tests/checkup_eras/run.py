@@ -40,7 +40,8 @@ def tokenizer():
 
 def model(family: str = "llama", attention: str = "sdpa", fa2_set: bool = False, use_cache: bool = True):
     """A tiny random model of ``family``; ``fa2_set``: loaded eager, then told it is FlashAttention-2, as
-    LESSONS.md section 6 does on transformers 4.51.3 (the right-padding guard runs before any kernel)."""
+    lesson 04's era script does on transformers 4.51.3 (``then_04_padding_side.py``: the right-padding guard
+    runs before any kernel)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config}[family]
@@ -146,6 +147,38 @@ def sft_trainer(rows: list[list[int]], collator=None, **settings):
     )
 
 
+# a ChatML-like template over the word vocabulary: t3 opens a turn, t4/t5 name user/assistant, t6 ends a turn
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ 't3 ' + ('t4' if m['role'] == 'user' else 't5') + ' ' + m['content'] + ' t6 ' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 't3 t5 ' }}{% endif %}"
+)
+
+
+def chat_sft_trainer(rows: int = 16):
+    """SFTTrainer on conversational prompt-completion rows (TRL #6105's setting): its own tokenization splits
+    prompt and completion with apply_chat_template."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    words = tokenizer()
+    words.chat_template = CHAT_TEMPLATE
+    rng = random.Random(0)
+
+    def text(n: int) -> str:
+        return " ".join(f"t{rng.randrange(7, VOCAB)}" for _ in range(n))
+
+    data = Dataset.from_list(
+        [
+            {
+                "prompt": [{"role": "user", "content": text(rng.randint(3, 8))}],
+                "completion": [{"role": "assistant", "content": text(rng.randint(2, 6))}],
+            }
+            for _ in range(rows)
+        ]
+    )
+    return SFTTrainer(model=model(), args=SFTConfig(**common()), train_dataset=data, processing_class=words)
+
+
 def _parameters(cls) -> set[str]:
     import inspect
 
@@ -211,7 +244,7 @@ def grpo_trainer():
 # Each era's trainers: the bug as the era shipped it, and the healthy setting of the same era.
 SCENARIOS = {
     "02-transformers-4.45": {
-        # LESSONS.md section 6: examples with 2, 4, 8 and 16 label tokens at batch 1 x accumulation 4
+        # examples with 2, 4, 8 and 16 label tokens at batch 1 x accumulation 4
         "accumulation, unequal micro-batches": lambda: plain_trainer(
             token_rows(4, [2, 4, 8, 16]), per_device_train_batch_size=1, gradient_accumulation_steps=4
         ),
@@ -246,6 +279,9 @@ SCENARIOS = {
         "DPO, Qwen2 on sdpa": lambda: dpo_trainer(),
         "DPO, Qwen2 on sdpa, use_cache=False": lambda: dpo_trainer(use_cache=False),
         "GRPO, Qwen2 on sdpa": grpo_trainer,
+    },
+    "06-trl-0.24": {
+        "SFT, conversational prompt-completion": chat_sft_trainer,
     },
     "04-transformers-4.40": {
         # completions of 2 and 6 tokens: the first batch's shorter row ends in padding

@@ -24,17 +24,31 @@ import types
 from collections.abc import Iterable
 from pathlib import Path
 
-from trl_clinic.checkup.engine import PROBES, Finding, Report, run_probe, selected
+from trl_clinic.checkup.engine import PROBES, Report, run_probe, selected
+from trl_clinic.probes.finding import Finding
 
 __all__ = ["PROBES", "Finding", "Report", "checkup", "load_probes", "probe_catalogue", "run_checkup"]
 # one module per probe family; importing one registers its probes, in the issue's order
-PROBE_MODULES = ("packing", "accumulation", "precision", "padding", "grpo", "labels", "known_bugs")
+PROBE_MODULES = (
+    "packing",
+    "accumulation",
+    "precision",
+    "updates",
+    "padding",
+    "grpo",
+    "gspo",
+    "labels",
+    "turns",
+    "prompts",
+    "pairs",
+    "known_bugs",
+)
 
 
 def probe_catalogue() -> list[tuple[str, str, str]]:
     """Each probe's (name, lesson, explains), read from its ``@probe(...)`` line in the modules' source
     without importing them: the modules import torch (7 s), and ``trl-clinic checkup --help`` answers in
-    well under a second (issue 23)."""
+    well under a second."""
     folder = Path(__file__).resolve().parent
     catalogue = []
     for name in PROBE_MODULES:

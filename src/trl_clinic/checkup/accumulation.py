@@ -8,8 +8,8 @@ micro-batches of b samples, and compares that gradient with a reference on the s
 * padded rows: one batch of b*k through the same ``training_step`` (what "batch b*k" means to a user);
 * packed rows: the same k micro-batches, each forwarded exactly as the trainer forwards it, their summed
   token losses divided by the window's own ``num_items_in_batch``. A packed batch of b*k would pack
-  differently from k rows of b, so a contaminated packing would show here as an accumulation error
-  (AUDIT C3); the like-with-like reference leaves contamination to the ``packing`` probe.
+  differently from k rows of b, so a contaminated packing would show here as an accumulation error; the
+  like-with-like reference leaves contamination to the ``packing`` probe.
 
 Dropout is off while it runs, so every pass sees the same function. The trainer is told the window's
 length the way its version reads it (``window``).
@@ -26,11 +26,12 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import Trainer
 
-from trl_clinic.checkup.engine import Finding, Skip, probe
+from trl_clinic.checkup.engine import Skip, probe
 from trl_clinic.checkup.known_bugs import explain
-from trl_clinic.checkup.labels import targets
 from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.batches import batch_layout
+from trl_clinic.probes.finding import Finding
+from trl_clinic.probes.labels import IGNORE_INDEX, targets
 
 MAX_STEPS = 4  # the reweighting shows at any k >= 2; more micro-batches only cost time
 TOLERANCE = {"full": 1e-3, "half": 5e-2}  # relative gradient error; lesson 02 measures <= 4e-7 fixed, >= 0.42 buggy
@@ -61,8 +62,9 @@ def window(trainer: Trainer, steps: int) -> Iterator[None]:
     """Let ``training_step`` treat ``steps`` micro-batches as one accumulation window, whichever version reads
     it where: ``args.gradient_accumulation_steps`` (every version), ``current_gradient_accumulation_steps`` (read
     by 4.55.4's trainer.py, absent from 4.53.1's), and the accelerator, which divides each backward by the steps
-    it was given through transformers 4.46.1 (trainer.py 4.45.2:4818, 4.46.1:4910) and is given none from 4.46.2
-    ("We explicitly don't rely on the Accelerator to do gradient accumulation", 4.46.2 trainer.py:4908)."""
+    it was given through transformers 4.46.1 (``Trainer.create_accelerator_and_postprocess`` passes it
+    ``num_steps`` in 4.45.2 and 4.46.1) and is given none from 4.46.2 (the same function: "We explicitly don't
+    rely on the Accelerator to do gradient accumulation")."""
     args, accelerator = trainer.args, trainer.accelerator
     original = args.gradient_accumulation_steps
     accelerator_steps = accelerator.gradient_accumulation_steps
@@ -142,7 +144,10 @@ def token_sum_gradient(view: TrainerView, batches: list[dict]) -> torch.Tensor:
         for batch, labels in zip(batches, shifted):
             logits = model(**view.forward_inputs(batch)).logits[..., :-1, :]
             loss = F.cross_entropy(
-                logits.flatten(0, 1).float(), labels.flatten().to(logits.device), ignore_index=-100, reduction="sum"
+                logits.flatten(0, 1).float(),
+                labels.flatten().to(logits.device),
+                ignore_index=IGNORE_INDEX,
+                reduction="sum",
             )
             (loss / total).backward()
     return _gradient(model)
@@ -152,6 +157,16 @@ def _why(view: TrainerView, entry: dict | None) -> str:
     trainer = view.trainer
     if entry:
         return entry["fix"]
+    loss_types = getattr(view.args, "loss_type", None)
+    loss_types = [loss_types] if isinstance(loss_types, str) else list(loss_types or [])
+    if view.kind == "dpo" and "sft" in loss_types:
+        # TRL 1.16.0 DPOTrainer._compute_loss: the 'sft' term is -chosen_per_token_logps[chosen_mask].mean(), a mean
+        # over this micro-batch's chosen tokens, and Trainer divides it by the accumulation steps
+        return (
+            "DPO's 'sft' loss term is a mean over each micro-batch's chosen tokens, so accumulation weighs the tokens "
+            "of short micro-batches more: raise per_device_train_batch_size and lower gradient_accumulation_steps, "
+            "or leave 'sft' out of loss_type"
+        )
     if (
         getattr(trainer, "model_accepts_loss_kwargs", True) is False
         and getattr(trainer, "compute_loss_func", None) is None
@@ -175,7 +190,8 @@ def _why(view: TrainerView, entry: dict | None) -> str:
     "gradient accumulation that reweights tokens: the first step's gradient at batch b x "
     "accumulation k differs from one batch of b*k on the same samples, or on packed rows from the window's summed "
     "token loss over its label count (a custom compute_loss or model that ignores num_items_in_batch, "
-    "model_accepts_loss_kwargs=False, transformers < 4.46); average_tokens_across_devices=False with "
+    "model_accepts_loss_kwargs=False, transformers < 4.46, DPO's per-micro-batch 'sft' term); for DPO and reward "
+    "pairs the same comparison through their own collators; average_tokens_across_devices=False with "
     "several processes.",
 )
 def accumulation(view: TrainerView) -> list[Finding]:

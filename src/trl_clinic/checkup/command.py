@@ -1,8 +1,8 @@
 """``trl-clinic checkup sft|dpo|reward|grpo``: TRL's own script builds the trainer, the check-up examines it.
 
-The arguments after the trainer kind are those of ``trl sft`` (a ``--config`` YAML, or flags), parsed
-by the script's own ``make_parser`` (``TrlParser`` over TRL's dataclasses). The script's own ``main``
-then builds the trainer; its call to ``train()`` is intercepted, so the trainer checked is exactly the
+The command's shape is the one the watch shares (``trl_clinic.probes.command``): the arguments after the
+trainer kind are those of ``trl sft``, parsed by the script's own ``make_parser``, and the script's own
+``main`` builds the trainer; its call to ``train()`` is intercepted, so the trainer checked is exactly the
 one ``trl sft`` would train, and nothing is trained. A config that one of TRL's config classes rejects
 (``GRPOConfig``'s batch rules) is a failed finding carrying TRL's message, decided ``config``; anything
 else that stops the build (a missing file, a TRL without that script) is an ``error`` finding with its
@@ -17,9 +17,9 @@ import sys
 import textwrap
 import traceback
 from pathlib import Path
-from unittest import mock
 
-KINDS = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "reward": "RewardTrainer", "grpo": "GRPOTrainer"}
+from trl_clinic.probes.command import add_script_command, own_options, run_script
+
 BUILD_PROBE = {"grpo": ("grpo_config", "05")}  # where a config TRL refuses belongs; others are reported as "build"
 
 
@@ -45,16 +45,14 @@ def build_trainer(kind: str, argv: list[str]):
             f"trl {trl.__version__}'s trl.scripts.{kind} has no make_parser: build the trainer in "
             "your own script and call checkup(trainer)"
         )
-    parsed = script.make_parser(prog=f"trl-clinic checkup {kind}").parse_args_and_config(args=argv)
 
     def intercept(trainer, *args, **kwargs):
         raise _Built(trainer)
 
-    with mock.patch.object(getattr(trl, KINDS[kind]), "train", intercept):
-        try:
-            script.main(*parsed)
-        except _Built as built:
-            return built.trainer
+    try:
+        run_script(script, kind, argv, "checkup", intercept)
+    except _Built as built:
+        return built.trainer
     raise RuntimeError(f"trl.scripts.{kind}.main returned without calling train()")
 
 
@@ -70,7 +68,8 @@ def checkup_from_command_line(kind: str, argv: list[str], only=None, skip=None, 
     """The check-up report of the trainer TRL's script builds from ``argv``; a config TRL refuses is a fail,
     any other build error an error."""
     from trl_clinic.checkup import run_checkup
-    from trl_clinic.checkup.engine import Finding, Report
+    from trl_clinic.checkup.engine import Report
+    from trl_clinic.probes.finding import Finding
 
     try:
         trainer = build_trainer(kind, argv)
@@ -95,7 +94,7 @@ def checkup_from_command_line(kind: str, argv: list[str], only=None, skip=None, 
 def explain() -> str:
     """Every probe, the lesson that explains it, and what its fail or warn means (for --help)."""
     from trl_clinic.checkup import probe_catalogue
-    from trl_clinic.checkup.engine import DECISIONS
+    from trl_clinic.probes.finding import DECISIONS
 
     lines = [
         "probes (each finding: ok / warn / fail, or skipped with the reason it does not apply, or error with the "
@@ -134,25 +133,6 @@ def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--skip", nargs="+", metavar="PROBE", help="leave these probes out")
     parser.add_argument("--json", action="store_true", help="print the report as JSON (for CI) instead of a table")
     return parser
-
-
-def add_script_command(
-    commands: argparse._SubParsersAction, name: str, options, handle, kind_help: str, **parser_kwargs
-) -> argparse.ArgumentParser:
-    """Register ``trl-clinic <name> <kind> [our options] [TRL's arguments]``, the shape ``checkup`` and ``watch``
-    share: ``options(parser)`` adds our options, everything after the kind goes to TRL's script."""
-    parser = commands.add_parser(name, formatter_class=argparse.RawDescriptionHelpFormatter, **parser_kwargs)
-    parser.add_argument("kind", choices=list(KINDS), help=kind_help)
-    options(parser)
-    parser.add_argument("trl_args", nargs=argparse.REMAINDER, help="the arguments `trl <kind>` takes")
-    parser.set_defaults(handler=handle)
-    return parser
-
-
-def own_options(options, args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
-    """Our options, which may also come after the kind among TRL's arguments, and TRL's arguments without them."""
-    own, trl_args = options(argparse.ArgumentParser(add_help=False)).parse_known_args(args.trl_args)
-    return argparse.Namespace(**{key: value or getattr(args, key) for key, value in vars(own).items()}), trl_args
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

@@ -3,9 +3,10 @@
 A probe is a function of a ``TrainerView`` that returns a ``Finding``. It raises ``Skip`` when it
 does not apply to this trainer (the reason says why); any other exception it raises is an ``error``
 finding with the exception's type and text, never a skip, so one broken probe never ends the check-up
-and never hides. Every ok, warn or fail says how it was decided (``DECISIONS``): ``measured`` on the
-user's trainer, ``config`` read from its arguments or model, or ``table`` (a known-bugs entry). The
-report prints as a table (rich), as JSON for CI, and gives the exit code (``EXIT_CODES``).
+and never hides. The finding is the library's (``trl_clinic.probes.finding``): every ok, warn or fail says
+how it was decided (``DECISIONS``): ``measured`` on the user's trainer, ``config`` read from its arguments or
+model, or ``table`` (a known-bugs entry). The report prints as a table (rich), as JSON for CI, and gives the
+exit code (``EXIT_CODES``).
 """
 
 from __future__ import annotations
@@ -16,13 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-STATUSES = ("ok", "warn", "fail", "skipped", "error")
-STYLES = {"ok": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim", "error": "bold magenta"}
-DECISIONS = {
-    "measured": "run on the trainer's own model, collator, loss or optimizer class, and compared with a threshold",
-    "config": "read from the trainer's arguments or the model (nothing run)",
-    "table": "a known-bugs entry matched the installed versions and settings (nothing run)",
-}
+from trl_clinic.probes.finding import Finding
+
+STYLES = {"ok": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim", "error": "bold magenta"}  # by status
 # 0: no fail and no error; 1: a probe failed (whatever else happened); 3: no fail, but a probe crashed, so
 # the check-up is incomplete. 2 stays the command line's own (a usage error, a bad file).
 EXIT_CODES = {"clean": 0, "fail": 1, "error": 3}
@@ -30,31 +27,6 @@ EXIT_CODES = {"clean": 0, "fail": 1, "error": 3}
 
 class Skip(Exception):
     """Raised by a probe that does not apply to this trainer; the message says why (one line)."""
-
-
-@dataclass
-class Finding:
-    probe: str
-    status: str  # one of STATUSES
-    measured: str = ""  # the number the verdict rests on, with its unit or meaning
-    fix: str = ""  # one line the user can apply
-    lesson: str = ""  # the lesson that explains it
-    reason: str = ""  # why the probe was skipped or crashed, or what it saw
-    value: float | None = None  # the measured number alone, for CI
-    decided: str = ""  # how an ok/warn/fail was decided: one of DECISIONS ("" for skipped and error)
-    known_bug: str = ""  # the known-bugs entry that names this finding's cause, if one matched
-    seconds: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"status {self.status!r}: expected one of {', '.join(STATUSES)}")
-        verdict = self.status in ("ok", "warn", "fail")
-        if verdict and self.decided not in DECISIONS:
-            raise ValueError(
-                f"a {self.status} finding says how it was decided: one of {', '.join(DECISIONS)}, not {self.decided!r}"
-            )
-        if not verdict and self.decided:
-            raise ValueError(f"a {self.status} finding decided nothing (decided={self.decided!r})")
 
 
 @dataclass(frozen=True)

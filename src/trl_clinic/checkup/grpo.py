@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trl_clinic.checkup.engine import Finding, Skip, probe
+from trl_clinic.checkup.engine import Skip, probe
 from trl_clinic.checkup.view import TrainerView
+from trl_clinic.probes.finding import Finding
 
 MAX_PROMPTS = 4
 MAX_NEW_TOKENS = 32

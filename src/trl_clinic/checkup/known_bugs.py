@@ -19,8 +19,9 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from trl_clinic.checkup.engine import Finding, probe
+from trl_clinic.checkup.engine import probe
 from trl_clinic.checkup.view import TrainerView
+from trl_clinic.probes.finding import Finding
 
 CONDITIONS = (
     "packages",
@@ -34,6 +35,8 @@ CONDITIONS = (
     "args",
     "config",
     "init_kwargs",
+    "quantized",
+    "peft",
 )
 
 
@@ -66,6 +69,8 @@ class Facts:
     args: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     init_kwargs: list[str] = field(default_factory=list)
+    quantized: bool = False  # the base model was loaded in 4 or 8 bits (bitsandbytes)
+    peft: dict[str, Any] = field(default_factory=dict)  # the PEFT adapter's config attributes (use_dora, r...)
     versions: dict[str, str] = field(default_factory=dict)  # overrides the installed versions (tests, "what if")
 
     def version(self, package: str) -> str | None:
@@ -91,7 +96,19 @@ class Facts:
             args=args,
             config=config.to_dict() | {"use_cache": getattr(config, "use_cache", None)},
             init_kwargs=list(getattr(view.args, "model_init_kwargs", None) or {}),
+            quantized=bool(getattr(view.base_model, "is_loaded_in_4bit", False))
+            or bool(getattr(view.base_model, "is_loaded_in_8bit", False)),
+            peft=_adapter_settings(view.model),
         )
+
+
+def _adapter_settings(model) -> dict[str, Any]:
+    """The first PEFT adapter's plain settings (``use_dora``, ``r``...); {} without PEFT."""
+    configs = getattr(model, "peft_config", None)
+    if not configs:
+        return {}
+    config = next(iter(configs.values()))
+    return {k: v for k, v in vars(config).items() if isinstance(v, (bool, int, float, str))}
 
 
 def _value_holds(wanted: Any, actual: Any) -> bool:
@@ -118,6 +135,8 @@ def applies(entry: dict[str, Any], facts: Facts) -> bool:
         all(_value_holds(v, facts.args.get(k)) for k, v in when.get("args", {}).items()),
         all(_value_holds(v, facts.config.get(k)) for k, v in when.get("config", {}).items()),
         all(key in facts.init_kwargs for key in when.get("init_kwargs", [])),
+        facts.quantized == when["quantized"] if "quantized" in when else True,
+        all(_value_holds(v, facts.peft.get(k)) for k, v in when.get("peft", {}).items()),
     ]
     return all(checks)
 

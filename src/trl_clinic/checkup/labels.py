@@ -12,21 +12,21 @@ from __future__ import annotations
 
 import torch
 
-from trl_clinic.checkup.engine import Finding, Skip, probe
+from trl_clinic.checkup.engine import Skip, probe
+from trl_clinic.checkup.turns import chat_formatted
 from trl_clinic.checkup.view import TrainerView
+from trl_clinic.probes.finding import Finding
+from trl_clinic.probes.labels import targets
 
 BATCHES = 4  # how many of the first batches are read
 
 
-def targets(batch: dict) -> torch.Tensor:
-    """The token ids the loss trains on, one boolean per position (a causal LM shifts labels by one)."""
-    if "labels" in batch:
-        mask = torch.zeros_like(batch["labels"], dtype=torch.bool)
-        mask[..., 1:] = batch["labels"][..., 1:] != -100
-        return mask
-    if "completion_mask" in batch:
-        return batch["completion_mask"].bool()
-    raise Skip("the batches have neither labels nor a completion_mask (a reward or classification loss)")
+def _targets(batch: dict) -> torch.Tensor:
+    """``probes.labels.targets``, or a Skip for batches whose loss is not over tokens."""
+    mask = targets(batch)
+    if mask is None:
+        raise Skip("the batches have neither labels nor a completion_mask (a reward or classification loss)")
+    return mask
 
 
 def _first_batches(view: TrainerView) -> list[dict]:
@@ -46,7 +46,7 @@ def _first_batches(view: TrainerView) -> list[dict]:
     "(prompt longer than max_length, a completion mask or assistant_only_loss template that masks every token).",
 )
 def labels_present(view: TrainerView) -> Finding:
-    counts = [int(targets(batch).sum()) for batch in _first_batches(view)]
+    counts = [int(_targets(batch).sum()) for batch in _first_batches(view)]
     empty = sum(c == 0 for c in counts)
     measured = f"label tokens in the first {len(counts)} batches: {counts}"
     if not empty:
@@ -79,11 +79,18 @@ def eos_label(view: TrainerView) -> Finding:
     if tokenizer is None or tokenizer.eos_token_id is None:
         raise Skip("no tokenizer with an eos token on the trainer")
     eos, found = tokenizer.eos_token_id, 0
-    for batch in _first_batches(view):
-        found += int((targets(batch) & (batch["input_ids"] == eos)).sum())
+    batches = _first_batches(view)
+    for batch in batches:
+        found += int((_targets(batch) & (batch["input_ids"] == eos)).sum())
     measured = f"{found} EOS targets in the first batches (pad == eos: {tokenizer.pad_token_id == eos})"
     if found:
         return Finding("eos_label", "ok", measured, value=found, decided="measured", reason="EOS is a target")
+    turn_end = chat_formatted(view, batches)
+    if turn_end is not None:  # a ChatML turn ends with <|im_end|>, not EOS: no EOS target is right there
+        raise Skip(
+            f"chat-formatted batches end their turns with {tokenizer.convert_ids_to_tokens(turn_end)}, not EOS: "
+            "turn_end checks them"
+        )
     fix = (
         "pad == eos and the collator masks pad tokens, so EOS is masked too: set a pad token distinct from "
         "eos (tokenizer.pad_token = ...)"

@@ -19,10 +19,12 @@ import torch
 import torch.nn.functional as F
 
 from trl_clinic.checkup.accumulation import dropout_off
-from trl_clinic.checkup.engine import Finding, Skip, probe
+from trl_clinic.checkup.engine import Skip, probe
 from trl_clinic.checkup.known_bugs import explain
 from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.batches import Layout, batch_layout
+from trl_clinic.probes.finding import Finding
+from trl_clinic.probes.labels import IGNORE_INDEX
 
 FLOOR_FACTOR = 4  # a later sequence must differ by more than 4x the first sequences' rounding...
 ULPS = 4  # ...and by more than 4 units in the last place of the dtype at the logits' scale
@@ -47,9 +49,9 @@ def packed_layout(view: TrainerView) -> tuple[dict, Layout]:
 
 
 def _label_loss(logits: torch.Tensor, labels: torch.Tensor | None) -> float | None:
-    if labels is None or not (labels[1:] != -100).any():
+    if labels is None or not (labels[1:] != IGNORE_INDEX).any():
         return None
-    return F.cross_entropy(logits[:-1].float(), labels[1:], ignore_index=-100).item()
+    return F.cross_entropy(logits[:-1].float(), labels[1:], ignore_index=IGNORE_INDEX).item()
 
 
 @torch.no_grad()

@@ -17,9 +17,10 @@ import traceback
 import torch
 
 from trl_clinic.checkup.accumulation import window
-from trl_clinic.checkup.engine import Finding, probe
+from trl_clinic.checkup.engine import probe
 from trl_clinic.checkup.known_bugs import Facts, matching
 from trl_clinic.checkup.view import TrainerView
+from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.padding import ForwardAudit
 
 GUARD = "padding_side='right'"  # the words of transformers' own ValueError (modeling_qwen2.py and the others)

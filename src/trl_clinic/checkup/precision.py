@@ -14,9 +14,10 @@ from __future__ import annotations
 import torch
 from transformers import Trainer
 
-from trl_clinic.checkup.engine import Finding, Skip, probe
+from trl_clinic.checkup.engine import Skip, probe
 from trl_clinic.checkup.known_bugs import explain
 from trl_clinic.checkup.view import TrainerView
+from trl_clinic.probes.finding import Finding
 
 HEADS = ("score", "classifier")  # what transformers calls a sequence-classification head
 MAX_ELEMENTS = 16_000_000  # cloned for the optimizer step: the first tensors up to this many elements

@@ -26,8 +26,9 @@ from torch import nn
 from transformers import PreTrainedModel, Trainer
 
 from trl_clinic.checkup.engine import Skip
+from trl_clinic.probes.command import TRAINERS
 
-KINDS = {"SFTTrainer": "sft", "DPOTrainer": "dpo", "RewardTrainer": "reward", "GRPOTrainer": "grpo"}
+KINDS = {trainer: kind for kind, trainer in TRAINERS.items()}  # TRL's trainer class names, and their kind
 # keys of a batch the model's forward never takes (the trainer's loss reads them), and TRL's own forward flags
 NOT_MODEL_INPUTS = (
     "labels",

@@ -219,7 +219,9 @@ def dequantized_smollm2() -> Path:
     from trl_clinic.course.paths import cache_dir
 
     gguf = smollm2_gguf()
-    key = hashlib.sha256(f"{gguf.name} {gguf.stat().st_size} {transformers.__version__}".encode()).hexdigest()[:16]
+    # "specials": caches made before the tokenizer's special tokens were taken from the GGUF's ids are stale
+    made = f"{gguf.name} {gguf.stat().st_size} {transformers.__version__} specials"
+    key = hashlib.sha256(made.encode()).hexdigest()[:16]
     folder = cache_dir() / f"smollm2-{key}"
     if (folder / "config.json").is_file():
         return folder
@@ -234,12 +236,27 @@ def dequantized_smollm2() -> Path:
     folder.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f"{folder.name}.", dir=folder.parent))
     model.save_pretrained(partial)
-    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True).save_pretrained(partial)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    gguf_special_tokens(tokenizer, model.config).save_pretrained(partial)
     try:
         os.rename(partial, folder)
     except OSError:  # another process made it first
         shutil.rmtree(partial, ignore_errors=True)
     return folder
+
+
+def gguf_special_tokens(tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig) -> PreTrainedTokenizerBase:
+    """The tokenizer's bos, eos and pad tokens set from the ids the GGUF file declares, which the model's config holds.
+
+    transformers 5.17.0 (the GPU machines' version) builds a GGUF llama's tokenizer with the bos token named as eos
+    and no pad token (``GGUFLlamaConverter.tokenizer`` in ``integrations/ggml.py``): SmolLM2's eos came out as
+    ``<|im_start|>``, and padding raised. 5.23.0 reads eos = pad = ``<|im_end|>``, as the file says; there this
+    changes nothing."""
+    for name in ("bos", "eos", "pad"):
+        token_id = getattr(config, f"{name}_token_id", None)
+        if token_id is not None:
+            setattr(tokenizer, f"{name}_token", tokenizer.convert_ids_to_tokens(token_id))
+    return tokenizer
 
 
 PRETRAINED_SIZES = ("smollm2",)  # model_size names that load real weights instead of building from a config

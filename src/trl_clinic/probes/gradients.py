@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import Trainer, TrainerCallback
 
+from trl_clinic.probes.labels import targets
 from trl_clinic.probes.recording import quiet
 
 
@@ -52,8 +53,8 @@ def cosine(gradient: torch.Tensor, reference: torch.Tensor) -> float:
 def label_counts(trainer: Trainer, batches: int | None = None) -> list[int]:
     """Label tokens the loss sees in each of the trainer's first ``batches`` training batches (all by default).
 
-    Read from the trainer's own dataloader, so collation, packing and sampling are the real ones; a causal
-    LM's loss shifts the labels, so the first position never counts.
+    Read from the trainer's own dataloader, so collation, packing and sampling are the real ones; counted as
+    ``probes.labels.targets`` counts them (a causal LM's loss shifts the labels: the first position never counts).
     """
     loader = trainer.get_train_dataloader()
-    return [int((batch["labels"][..., 1:] != -100).sum()) for batch, _ in zip(loader, range(batches or len(loader)))]
+    return [int(targets(batch).sum()) for batch, _ in zip(loader, range(batches or len(loader)))]

@@ -30,7 +30,10 @@ def nonfinite_names(named: Iterable[tuple[str, torch.Tensor | None]]) -> list[st
 
 
 @dataclass
-class Finding:
+class FirstNonFinite:
+    """Where ``NonFiniteProbe`` stopped: the step, and the tensors that held a NaN or inf (a plain record the
+    lessons print; the library's reports use ``trl_clinic.probes.finding.Finding``)."""
+
     step: int  # the optimizer step (1-based) after which the tensor was found
     where: str  # "gradient" (before the optimizer step) or "weight" (after it)
     names: list[str] = field(default_factory=list)
@@ -45,7 +48,7 @@ class NonFiniteProbe(TrainerCallback):
     """
 
     def __init__(self) -> None:
-        self.finding: Finding | None = None
+        self.finding: FirstNonFinite | None = None
 
     def _check(self, model, state, control, where: str):
         if self.finding is not None:
@@ -56,7 +59,7 @@ class NonFiniteProbe(TrainerCallback):
             if param.requires_grad
         )
         if bad:
-            self.finding = Finding(step=state.global_step + 1, where=where, names=bad)
+            self.finding = FirstNonFinite(step=state.global_step + 1, where=where, names=bad)
             control.should_training_stop = True
         return control
 

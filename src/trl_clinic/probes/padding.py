@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
 
+from trl_clinic.probes.labels import targets
 from trl_clinic.probes.packing import pack
 
 SCORING_MODES = ("left", "right", "padding_free")
@@ -125,8 +126,8 @@ def per_row_eval_losses(trainer: Trainer) -> list[tuple[float, int]]:
         return [
             (
                 trainer.prediction_step(trainer.model, batch, prediction_loss_only=True)[0].item(),
-                int((batch["labels"][:, 1:] != -100).sum()),
-            )  # the targets a causal LM's loss sees
+                int(targets(batch).sum()),  # the targets a causal LM's loss sees
+            )
             for batch in trainer.get_eval_dataloader()
         ]
     finally:

@@ -25,7 +25,7 @@ def tap_training_step(trainer: Trainer, listener: Callable[[torch.Tensor, object
     loss ``training_step`` returned (detached), changing neither; returns the function that undoes the tap.
 
     A callback never sees the loss: transformers 5.23 ``Trainer._run_epoch`` keeps it in a local
-    (trainer.py:1909), so the instance's ``training_step`` is wrapped. ``_run_epoch`` looks the method up
+    (``tr_loss_step``), so the instance's ``training_step`` is wrapped. ``_run_epoch`` looks the method up
     on every micro-batch, so a tap put in place at ``on_train_begin`` applies from the first step.
     ``inputs`` is a shallow copy of the batch as the dataloader gave it (a ``compute_loss`` that pops
     ``labels`` leaves the copy whole); GRPO's is its list of prompts, generated from inside the step.
@@ -115,7 +115,8 @@ class StepRecorder(TrainerCallback):
 def replay_nan_filter(step_losses: list[float], accumulation: int, logging_steps: int) -> list[float]:
     """What Trainer logs every ``logging_steps`` optimizer steps, replayed from each step's raw loss.
 
-    With ``logging_nan_inf_filter=True`` (the default) ``Trainer._inner_training_loop`` adds, for a
+    With ``logging_nan_inf_filter=True`` (the default) transformers' training loop (4.55.4's
+    ``Trainer._inner_training_loop``, 5.23's ``Trainer._run_epoch``) adds, for a
     non-finite micro-batch loss, ``running_sum / (1 + global_step - last_logged_step)`` instead of the
     loss; a log divides the running sum by the steps since the last log and restarts it at 0. This
     replays that arithmetic micro-batch by micro-batch, so a lesson can show that the logged numbers

@@ -1,27 +1,29 @@
 """``ClinicWatch``: the lessons' symptoms caught live in a real training run, with their cause.
 
-    trainer.add_callback(ClinicWatch())     # or ClinicWatch(stop_on="nonfinite", report="watch.html")
+    trainer.add_callback(ClinicWatch(trainer=trainer))  # or ClinicWatch(stop_on="nonfinite", report="watch.html")
     trainer.train()
 
 At the first sign it prints what it sees, the likely cause, the fix in one line and the lesson that
 explains it; each finding once, also as numbers under ``clinic/`` in the trainer's own logs; a summary at
-the end. Where it looks, in transformers 5.23 ``trainer.py`` (``Trainer._run_epoch``, lines 1894-1961,
-and ``Trainer.log``, 4181-4203):
+the end. Its options and thresholds are a ``WatchConfig`` (``watch.config``); every word it says is in the
+catalogue (``watch.findings.CATALOGUE``); this module decides. Where it looks, in transformers 5.23's
+``Trainer._run_epoch`` and ``Trainer.log``:
 
-* ``on_train_begin``: the trainer and its callback handler, found in the calling frames (a callback is
-  not given them). The watch moves itself to just after ``DefaultFlowCallback``: the handler calls
-  callbacks in list order (``trainer_callback.py``, ``CallbackHandler.call_event``) and ``Trainer.__init__``
-  puts the ``report_to`` integrations and the printer before any callback added later (trainer.py:586-599),
-  so the ``clinic/`` keys it adds to ``logs`` in ``on_log`` reach TensorBoard, W&B and trackio.
-* ``training_step``, tapped (``probes.recording.tap_training_step``): each micro-batch's loss as it
-  returns, before ``logging_nan_inf_filter`` replaces a NaN (trainer.py:1911-1917), and its label count.
-  After the last micro-batch of a step the gradients are whole and not yet clipped.
-* ``on_pre_optimizer_step`` (after clipping, trainer.py:1929-1934): which trainable tensors got a gradient.
-* ``on_optimizer_step`` (after ``optimizer.step()``, before ``model.zero_grad()``, trainer.py:1936-1946):
-  are the trainable weights finite.
-* ``on_log`` (called after ``state.log_history`` took its copy of ``logs``): the logged loss and TRL's
-  GRPO metrics (``frac_reward_zero_std``, ``completions/clipped_ratio``: trl 1.16 grpo_trainer.py:2304,
-  2830, averaged per log by ``GRPOTrainer.log``, 3302-3321).
+* ``on_train_begin`` calls ``setup`` once per run (transformers' ``WandbCallback`` pattern), which sets all the
+  run's state. The trainer is the one given (``ClinicWatch(trainer=...)``, as TRL's ``WinRateCallback`` takes
+  it), else the one found in the calling frames (a callback is not given it). The watch moves itself to just
+  after ``DefaultFlowCallback`` in the trainer's callback handler: the handler calls callbacks in list order
+  (``CallbackHandler.call_event``) and ``Trainer.__init__`` puts the ``report_to`` integrations and the printer
+  before any callback added later, so the ``clinic/`` keys it adds to ``logs`` in ``on_log`` reach
+  TensorBoard, W&B and trackio.
+* ``training_step``, tapped (``probes.recording.tap_training_step``): each micro-batch's loss as it returns,
+  before ``_run_epoch`` replaces a NaN under ``logging_nan_inf_filter``, and its label count. After the last
+  micro-batch of a step the gradients are whole and not yet clipped.
+* ``on_pre_optimizer_step`` (``_run_epoch`` calls it after clipping): which trainable tensors got a gradient.
+* ``on_optimizer_step`` (after ``optimizer.step()``, before ``model.zero_grad()``): are the trainable weights finite.
+* ``on_log`` (``Trainer.log`` calls it after ``state.log_history`` took its copy of ``logs``): the logged loss
+  and TRL's GRPO metrics (in trl 1.16 ``frac_reward_zero_std`` from ``GRPOTrainer._generate_and_score_completions``
+  and ``completions/clipped_ratio`` from ``GRPOTrainer._generate``, averaged per log by ``GRPOTrainer.log``).
 * forward hooks on the model (``watch.forwards``): packed rows and right-padded generation.
 
 It never changes what the trainer computes: no extra forward, no mode change, no random numbers, no
@@ -33,32 +35,25 @@ from __future__ import annotations
 import math
 import statistics
 import sys
-from collections.abc import Iterable
-from pathlib import Path
+from dataclasses import replace
 
 import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 
-from trl_clinic.checkup.labels import targets
+from trl_clinic.probes.finding import Finding
+from trl_clinic.probes.labels import label_tokens
 from trl_clinic.probes.nonfinite import nonfinite_names
 from trl_clinic.probes.recording import tap_training_step
-from trl_clinic.watch.findings import Finding, stop_keys
+from trl_clinic.watch.alerts import send
+from trl_clinic.watch.config import WatchConfig
+from trl_clinic.watch.findings import NOT_WATCHED, finding, line, logged, quiet, stop_keys
 from trl_clinic.watch.forwards import ForwardWatch
-
-# Thresholds, and why (docs/watch.md gives the measured margins):
-RATE = 0.9  # GRPO: share of all-equal groups / clipped completions over the window; the reports show 1.0 (#3857)
-#             and 0.97-0.99 (#5697): at 0.9 nine groups in ten teach nothing
-SPIKE = 3.0  # a step loss this many times the median of the recent window
-SLOPE = 0.5  # micro-batch loss against its label count on a log-log scale: 1 when normalised over the window's
-#             tokens, 0 when each micro-batch is a mean of its own; 0.5 is halfway
-SLOPE_POINTS, SLOPE_SPREAD = 8, 2.0  # micro-batches, and the spread of their log label counts, to decide on
-FEW_LABELS = 0.25  # a spiking step with fewer label tokens than this share of the window's median: the samples
 
 
 def _caller(kind: type):
     """The innermost calling frame's ``self`` that is a ``kind`` (the handler, the trainer), or None."""
-    frame = sys._getframe(2)
+    frame = sys._getframe(1)
     while frame is not None:
         candidate = frame.f_locals.get("self")
         if isinstance(candidate, kind):
@@ -67,59 +62,89 @@ def _caller(kind: type):
     return None
 
 
-def _label_tokens(inputs) -> torch.Tensor | None:
-    """Label tokens of a micro-batch (its ``labels``, shifted as a causal LM's loss sees them, or its
-    ``completion_mask``); None for a batch whose loss is not over tokens (reward pairs, GRPO's prompts)."""
-    if not isinstance(inputs, dict):
-        return None
-    labels = inputs.get("labels")
-    if not (isinstance(labels, torch.Tensor) and labels.dim() == 2) and "completion_mask" not in inputs:
-        return None
-    return targets(inputs).sum()
+def _some(names: list[str]) -> str:
+    """The first three names, and an ellipsis for the rest."""
+    return f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
 
 
 class ClinicWatch(TrainerCallback):
     """Watches a training run for the lessons' failures; see the module's docstring and docs/watch.md.
 
-    ``stop_on``: a finding's key, a list of them, or "any": the run stops (``control.should_training_stop``)
-    at the step the finding is made. ``window``: the optimizer steps over which GRPO's rates are averaged,
-    a trainable tensor must go without a gradient, and a loss spike is compared with. ``report``: a path
-    for a self-contained HTML page written at the end. ``show``: print the lines and the summary.
+    ``config``: a ``WatchConfig`` (its defaults when None). ``options``: any of its fields by name, over the
+    config (``ClinicWatch(stop_on="nonfinite", window=5)``). ``trainer``: the trainer the watch is added to, as
+    TRL's callbacks take it (``WinRateCallback(trainer=...)``); without it the watch finds the trainer in the
+    frames that call ``on_train_begin``.
     """
 
-    def __init__(
-        self,
-        stop_on: str | Iterable[str] | None = None,
-        window: int = 10,
-        report: str | Path | None = None,
-        show: bool = True,
-    ) -> None:
-        if window < 1:
-            raise ValueError(f"window must be at least 1 step, got {window}")
-        self.stop_on = stop_keys(stop_on if stop_on is None or isinstance(stop_on, str) else list(stop_on))
-        self.window, self.report_path, self.show = window, report, show
+    def __init__(self, config: WatchConfig | None = None, *, trainer: Trainer | None = None, **options) -> None:
+        if config is not None and not isinstance(config, WatchConfig):
+            raise TypeError(
+                f"config must be a WatchConfig, not {type(config).__name__}: pass options by name "
+                "(ClinicWatch(stop_on=...))"
+            )
+        self.config = replace(config or WatchConfig(), **options)
+        self.trainer = trainer
+        self.stop_on = stop_keys(self.config.stop_on)
         self.findings: list[Finding] = []
         self.steps: list[dict] = []  # one row per optimizer step: raw loss, label tokens, what was logged
         self.checks: dict[str, str] = {}  # what each check saw when it found nothing (for the summary)
+
+    def setup(self, args, state, model, **kwargs) -> None:
+        """All of a run's state, set once at its start (from ``on_train_begin``): the findings so far, the
+        trainer and its tapped ``training_step``, the watch's place among the callbacks, the trainable tensors,
+        the forward hooks."""
+        self.findings, self.steps, self.checks = [], [], {}
+        self._state, self._args, self._main = state, args, state.is_world_process_zero
         self._unlogged: list[Finding] = []  # findings whose numbers have not reached a log row yet
-        self._stop, self._main = False, True
+        self._stop, self._in_step = False, False
+        self._micro: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # this optimizer step's micro-batches
+        self._slope = [0.0, 0.0, 0]  # sums of x*x and x*y, and the micro-batches they hold
+        self._dpo: list[dict] = []  # the logged DPO rows after the first (TRL's rewards/* and logps/*)
+        self._rates: dict[str, list[tuple[int, float, int]]] = {
+            "frac_reward_zero_std": [],
+            "completions/clipped_ratio": [],
+        }
+        self._last_log_step = state.global_step
+        self._trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        self._never = {name for name, _ in self._trainable}  # trainable tensors without a gradient so far
+        self._gradient_steps, self._largest = 0, 0.0
+        if self.trainer is not None:
+            trainer, handler = self.trainer, getattr(self.trainer, "callback_handler", None)
+        else:
+            trainer, handler = _caller(Trainer), _caller(CallbackHandler)
+        if handler is not None and self in handler.callbacks:  # ahead of the reporters and the printer
+            handler.callbacks.remove(self)
+            flow = next((i for i, c in enumerate(handler.callbacks) if isinstance(c, DefaultFlowCallback)), -1)
+            handler.callbacks.insert(flow + 1, self)
+        self._trainer = trainer
+        self._callbacks = handler.callbacks if handler is not None else []
+        self._alerts: list[tuple[Finding, str]] = []  # findings for trackio / W&B whose runs have not started yet
+        self._untap = tap_training_step(trainer, self._micro_batch) if trainer is not None else None
+        if trainer is None:  # the losses and batches come through the trainer's training_step
+            self.checks.update(dict.fromkeys(("no_labels", "accumulation", "loss_spike"), NOT_WATCHED))
+        if getattr(trainer, "is_deepspeed_enabled", False):  # ZeRO manages gradients itself; not tried here
+            self._never = set()
+            self.checks["no_gradient"] = quiet("no_gradient", "deepspeed")
+        self._forwards = ForwardWatch(model, self._report, self._current_step, self.config.packed_forwards)
 
     # -- bookkeeping -------------------------------------------------------------------------------
     def found(self, key: str) -> bool:
-        return any(f.key == key for f in self.findings)
+        return any(f.probe == key for f in self.findings)
 
-    def _report(self, finding: Finding) -> None:
-        if self.found(finding.key):
+    def _report(self, made: Finding) -> None:
+        if self.found(made.probe):
             return
-        self.findings.append(finding)
-        self._unlogged.append(finding)
-        self._stop |= finding.key in self.stop_on
-        if self.show and self._main:
-            print(finding.line(), flush=True)
+        self.findings.append(made)
+        self._unlogged.append(made)
+        self._stop |= made.probe in self.stop_on
+        if self.config.show and self._main:
+            print(line(made), flush=True)
+        if self.config.alerts and self._main:
+            self._alerts = send([*self._alerts, (made, line(made))], self._callbacks)
 
     def _control(self, control):
-        """Apply ``stop_on`` at a step's end or a log only: Trainer checks the flag after every micro-batch
-        (trainer.py:1963), and a stop there would leave a step's gradients accumulated and never applied."""
+        """Apply ``stop_on`` at a step's end or a log only: ``Trainer._run_epoch`` checks the flag after every
+        micro-batch, and a stop there would leave a step's gradients accumulated and never applied."""
         if self._stop:
             control.should_training_stop = True
         return control
@@ -130,58 +155,16 @@ class ClinicWatch(TrainerCallback):
 
     # -- events ------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self.findings, self.steps, self.checks = [], [], {}
-        self._state, self._args, self._main = state, args, state.is_world_process_zero
-        self._unlogged, self._stop, self._in_step = [], False, False
-        self._micro: list[tuple[torch.Tensor, torch.Tensor | None]] = []
-        self._slope = [0.0, 0.0, 0]  # sums of x*x and x*y, and the micro-batches they hold
-        self._rates: dict[str, list[tuple[int, float, int]]] = {
-            "frac_reward_zero_std": [],
-            "completions/clipped_ratio": [],
-        }
-        self._last_log_step = state.global_step
-        self._trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-        self._never = {name for name, _ in self._trainable}  # trainable tensors without a gradient so far
-        self._gradient_steps, self._largest = 0, 0.0
-        handler, trainer = _caller(CallbackHandler), _caller(Trainer)
-        if handler is not None:  # ahead of the reporters and the printer, so they see the clinic/ keys
-            handler.callbacks.remove(self)
-            flow = next((i for i, c in enumerate(handler.callbacks) if isinstance(c, DefaultFlowCallback)), -1)
-            handler.callbacks.insert(flow + 1, self)
-        self._trainer = trainer
-        self._untap = tap_training_step(trainer, self._micro_batch) if trainer is not None else None
-        if trainer is None:  # the losses and batches come through the trainer's training_step
-            self.checks.update(
-                dict.fromkeys(
-                    ("no_labels", "accumulation", "loss_spike"),
-                    "not watched: the trainer was not found in the calling frames",
-                )
-            )
-        if getattr(trainer, "is_deepspeed_enabled", False):  # ZeRO manages gradients itself; not tried here
-            self._never = set()
-            self.checks["no_gradient"] = "not watched under DeepSpeed (it reads p.grad)"
-        self._forwards = ForwardWatch(model, self._report, self._current_step)
+        self.setup(args, state, model)
         if not self._trainable:
             total = sum(1 for _ in model.parameters())
             self._report(
-                Finding(
-                    "no_gradient",
-                    0,
-                    f"0 of {total} tensors are trainable: the optimizer has nothing to update (grad_norm will be 0)",
-                    "a PEFT adapter loaded without is_trainable=True (PeftModel.from_pretrained freezes it), or "
-                    "everything frozen by a preparation step (TRL #3926); with gradient checkpointing the loss still "
-                    "has a grad_fn, so nothing fails",
-                    "PeftModel.from_pretrained(..., is_trainable=True), or pass a "
-                    "peft_config to the trainer instead of a prepared model",
-                    "03",
-                    how="measured",
-                    numbers={"trainable": 0, "tensors": total},
-                )
+                finding("no_gradient", 0, "frozen", "frozen", {"trainable": 0, "tensors": total}, tensors=total)
             )
         return control
 
     def _micro_batch(self, loss: torch.Tensor, inputs, num_items_in_batch) -> None:
-        self._micro.append((loss, _label_tokens(inputs)))
+        self._micro.append((loss, label_tokens(inputs)))
         trainer = self._trainer
         if not trainer.accelerator.sync_gradients:  # more micro-batches to come in this optimizer step
             return
@@ -202,11 +185,11 @@ class ClinicWatch(TrainerCallback):
         self._spike(row)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        if self._never and self._gradient_steps < self.window:
+        if self._never and self._gradient_steps < self.config.window:
             self._gradient_steps += 1
             grads = dict(self._trainable)
             self._never = {name for name in self._never if grads[name].grad is None}
-            if self._never and (self._gradient_steps == self.window or state.global_step + 1 >= state.max_steps):
+            if self._never and (self._gradient_steps == self.config.window or state.global_step + 1 >= state.max_steps):
                 self._no_gradient()
         return control
 
@@ -225,6 +208,8 @@ class ClinicWatch(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self._in_step = False
+        if self._alerts:  # findings made before the trackers' runs started
+            self._alerts = send(self._alerts, self._callbacks)
         if self._stop and self._unlogged:
             control.should_log = True  # the step that stops the run logs its findings
         return self._control(control)
@@ -242,11 +227,13 @@ class ClinicWatch(TrainerCallback):
             if isinstance(logs.get(key), (int, float)):
                 self._rates[key].append((state.global_step, float(logs[key]), covered))
         self._grpo(final=state.global_step >= state.max_steps)
-        grpo_teaches = logs.get("frac_reward_zero_std", 1.0) < RATE  # GRPO's loss is ~0 on-policy by construction
+        self._dpo_flat(logs, state.global_step, covered)
+        # GRPO's loss is ~0 on-policy by construction
+        grpo_teaches = logs.get("frac_reward_zero_std", 1.0) < self.config.rate
         if logs["loss"] == 0.0 and not grpo_teaches:
             self._zero_loss(logs, since)
-        for finding in self._unlogged:
-            extra.update(finding.logs())
+        for made in self._unlogged:
+            extra.update(logged(made))
         self._unlogged = []
         logs.update(extra)
         if (
@@ -258,6 +245,7 @@ class ClinicWatch(TrainerCallback):
         return self._control(control)
 
     def on_train_end(self, args, state, control, **kwargs):
+        """Runs before the reporters' on_train_end (the watch sits ahead of them), so alerts reach live runs."""
         if self._never and not self.found("no_gradient") and self._gradient_steps:
             self._no_gradient()
         self._grpo(final=True)
@@ -268,61 +256,55 @@ class ClinicWatch(TrainerCallback):
         if self._main:
             from trl_clinic.watch.report import summary, write_html
 
-            if self.show:
+            if self.config.show:
                 print(summary(self), flush=True)
-            if self.report_path is not None:
-                write_html(self, self.report_path)
+            if self.config.report is not None:
+                write_html(self, self.config.report)
         return control
 
     def _silent_checks(self) -> None:
-        """What each check that found nothing saw, in words (for the summary and the report)."""
-        steps, counts = len(self.steps), [r["label_tokens"] for r in self.steps if "label_tokens" in r]
+        """What each check that found nothing saw, in the catalogue's words (for the summary and the report)."""
+        counts = [r["label_tokens"] for r in self.steps if "label_tokens" in r]
         forwards = self._forwards
         silent = {
-            "nonfinite": f"raw loss and trainable weights finite at all {steps} steps",
-            "no_labels": (
-                f"every step had label tokens (fewest in a step: {min(counts)})"
-                if counts
-                else "no per-token labels in these batches (reward pairs, GRPO prompts)"
-            ),
-            "zero_loss": "no logged loss was exactly 0.0",
-            "equal_rewards": "not logged (not a GRPO run)",
-            "clipped": "not logged (not a GRPO run)",
-            "no_gradient": f"every trainable tensor got a gradient within {self._gradient_steps} step(s)",
-            "packing": (
-                f"packed rows kept apart ({forwards.packed_checked} forward(s) read)"
-                if forwards.packed_checked
-                else "no packed rows seen"
-            ),
+            "nonfinite": ("finite", {"steps": len(self.steps)}),
+            "no_labels": ("present", {"fewest": min(counts)}) if counts else ("not_tokens", {}),
+            "zero_loss": ("none", {}),
+            "equal_rewards": ("not_logged", {}),
+            "clipped": ("not_logged", {}),
+            "no_gradient": ("reached", {"steps": self._gradient_steps}),
+            "packing": ("apart", {"forwards": forwards.packed_checked}) if forwards.packed_checked else ("none", {}),
             "right_padding": (
-                f"{forwards.generations} generation(s), none from right-padded prompts"
-                if forwards.generations
-                else "no generation seen"
+                ("left", {"generations": forwards.generations}) if forwards.generations else ("none", {})
             ),
-            "accumulation": "not decided: one micro-batch per step, no token labels, or label counts too alike",
+            "accumulation": ("undecided", {}),
             "loss_spike": (
-                f"largest step loss {self._largest:.2f}x its window's median"
-                if self._largest
-                else f"fewer than {self.window} steps with a positive loss to compare with"
+                ("largest", {"largest": self._largest}) if self._largest else ("short", {"window": self.config.window})
+            ),
+            "dpo_flat": (
+                ("not_logged", {})
+                if not self._dpo
+                else ("few", {"window": self.config.window})
+                if len(self._dpo) < self.config.window
+                else ("moved", {"largest": max(abs(r["rewards/margins"]) for r in self._dpo), "rows": len(self._dpo)})
             ),
         }
-        for key, text in silent.items():
-            self.checks.setdefault(key, text)
+        for key, (case, values) in silent.items():
+            self.checks.setdefault(key, quiet(key, case, **values))
 
-    # -- findings ----------------------------------------------------------------------------------
+    # -- findings: which case and which cause, and the numbers; the words are the catalogue's ---------
     def _no_labels(self, counts: list[int]) -> None:
         empty = sum(c == 0 for c in counts)
         self._report(
-            Finding(
+            finding(
                 "no_labels",
                 self._current_step(),
-                f"{empty} of {len(counts)} micro-batches in this step have no label token (label tokens: {counts})",
-                "every label masked: a max_length that cuts the completion away (TRL #6668; TRL 1.16.0's SFTTrainer "
-                "drops such rows when it truncates its dataset), a completion mask or assistant_only_loss template "
-                "that marks nothing, or a collator of your own",
-                "raise max_length above the prompts' length, or drop rows without completion tokens",
-                "02",
-                numbers={"empty_micro_batches": empty, "micro_batches": len(counts)},
+                "empty",
+                "masked",
+                {"empty_micro_batches": empty, "micro_batches": len(counts)},
+                empty=empty,
+                count=len(counts),
+                counts=counts,
             )
         )
 
@@ -337,51 +319,38 @@ class ClinicWatch(TrainerCallback):
         self._slope[1] += sum((n - mean_n) * (r - mean_r) for n, r in zip(logs_n, logs_r))
         self._slope[2] += len(counts)
         xx, xy, points = self._slope
-        if points < SLOPE_POINTS or xx < SLOPE_SPREAD:
+        if points < self.config.slope_points or xx < self.config.slope_spread:
             return
         slope = xy / xx
-        if slope >= SLOPE:
-            self.checks["accumulation"] = (
-                f"micro-batch losses grow with their label count (slope {slope:.2f} over "
-                f"{points} micro-batches; 1 when normalised over the window)"
-            )
+        if slope >= self.config.slope:
+            self.checks["accumulation"] = quiet("accumulation", "grows", slope=slope, points=points)
             return
-        scaled = getattr(trainer, "model_accepts_loss_kwargs", None)
-        steps = len(counts)
-        if scaled:
-            cause = (
-                f"compute_loss ignores num_items_in_batch: each micro-batch returns the mean over its own "
-                f"tokens, and Trainer, told the model takes loss kwargs, does not divide by the {steps} "
-                f"accumulation steps, so the logged loss is a sum of {steps} means (transformers #37766)"
-            )
-        else:
-            cause = (
-                f"Trainer divides each micro-batch's own mean by the {steps} accumulation steps "
-                "(model_accepts_loss_kwargs=False): tokens of short micro-batches weigh more (TRL #2175)"
-            )
+        # told the model takes loss kwargs, Trainer does not divide each micro-batch's loss by the steps
+        cause = "unscaled" if getattr(trainer, "model_accepts_loss_kwargs", None) else "divided"
         self._report(
-            Finding(
+            finding(
                 "accumulation",
                 self._current_step(),
-                f"micro-batch losses do not grow with their label count: slope {slope:.2f} of log loss against log "
-                f"label tokens over {points} micro-batches (1 when the loss is normalised over the window's tokens)",
+                "flat",
                 cause,
-                "sum the token losses and divide by num_items_in_batch in compute_loss (as SFTTrainer does)",
-                "02",
-                numbers={"slope": slope, "micro_batches": points},
+                {"slope": slope, "micro_batches": points},
+                slope=slope,
+                points=points,
+                steps=len(counts),
             )
         )
 
     def _spike(self, row: dict) -> None:
         if self.found("loss_spike"):
             return
-        history = [r for r in self.steps[:-1] if math.isfinite(r["raw_loss"])][-self.window :]
+        window = self.config.window
+        history = [r for r in self.steps[:-1] if math.isfinite(r["raw_loss"])][-window:]
         loss = row["raw_loss"]
-        if len(history) < self.window or not math.isfinite(loss) or min(r["raw_loss"] for r in history) <= 0:
+        if len(history) < window or not math.isfinite(loss) or min(r["raw_loss"] for r in history) <= 0:
             return
         median = statistics.median(r["raw_loss"] for r in history)
         self._largest = max(self._largest, loss / median)
-        if loss < SPIKE * median:
+        if loss < self.config.spike * median:
             return
         grads = [p.grad for _, p in self._trainable if p.grad is not None]  # whole and not yet clipped
         norm = (
@@ -392,49 +361,42 @@ class ClinicWatch(TrainerCallback):
         labels, usual = row.get("label_tokens"), None
         if labels is not None and all("label_tokens" in r for r in history):
             usual = statistics.median(r["label_tokens"] for r in history)
-        beside = (
-            f"; label tokens {labels} (window median {usual:g})" if usual is not None else ""
-        ) + f"; gradient norm before clipping {norm:.3g}"
-        if usual is not None and labels < FEW_LABELS * usual:
-            cause = (
-                f"the samples: this step's loss is a mean over only {labels} label tokens, so a few hard tokens "
-                "move it (the update is weighted by tokens only if the loss is normalised over the window)"
-            )
-            fix = "normalise the loss over the window's label tokens (num_items_in_batch) and drop near-empty samples"
-        else:
-            cause = "the update: a normal batch met weights that the last updates pushed too far"
-            fix = "lower learning_rate or add warmup_steps; max_grad_norm limits the step size, not its direction"
+        few = usual is not None and labels < self.config.few_labels * usual
         self._report(
-            Finding(
+            finding(
                 "loss_spike",
                 row["step"],
-                f"step loss {loss:.4g} is {loss / median:.1f}x the median {median:.4g} of the "
-                f"previous {len(history)} steps{beside}",
-                cause,
-                fix,
-                "02",
-                numbers={
+                "labels" if usual is not None else "plain",
+                "samples" if few else "update",
+                {
                     "loss": loss,
                     "ratio": loss / median,
                     "grad_norm": norm,
                     **({"label_tokens": labels} if labels is not None else {}),
                 },
+                loss=loss,
+                ratio=loss / median,
+                median=median,
+                steps=len(history),
+                labels=labels,
+                usual=usual,
+                norm=norm,
             )
         )
 
     def _no_gradient(self) -> None:
         never = sorted(self._never)
         self._report(
-            Finding(
+            finding(
                 "no_gradient",
                 self._current_step(),
-                f"{len(never)} of {len(self._trainable)} trainable tensors got no gradient in {self._gradient_steps} "
-                f"steps ({', '.join(never[:3])}{', ...' if len(never) > 3 else ''})",
-                "the tensors are trainable but the loss does not depend on them: an adapter or head left out of the "
-                "forward, or a graph cut (a detach, reentrant checkpointing without input gradients)",
-                "freeze them (requires_grad=False) or connect them to the loss",
-                "03",
-                numbers={"tensors": len(never), "trainable": len(self._trainable)},
+                "unreached",
+                "cut_off",
+                {"tensors": len(never), "trainable": len(self._trainable)},
+                count=len(never),
+                trainable=len(self._trainable),
+                steps=self._gradient_steps,
+                names=_some(never),
             )
         )
 
@@ -450,46 +412,29 @@ class ClinicWatch(TrainerCallback):
             if inner is not None
             else "none"
         )
-        step = self._current_step()
-        where = (
-            f"{len(weights)} of {len(self._trainable)} trainable weights non-finite after optimizer step {step} "
-            f"({', '.join(weights[:3])}{', ...' if len(weights) > 3 else ''}; {', '.join(dtypes)})"
-            if weights
-            else f"raw loss of step {step} is {raw}"
-        )
-        seen = (
-            f"{where}; gradients {'finite' if not gradients else f'non-finite in {len(gradients)} tensors'}; "
-            f"raw loss {'not seen' if raw is None else f'{raw:.4g}'}; optimizer {described}"
-        )
+        # torch 2.13 Adam._init_group: the moments are zeros_like(p), in the weights' dtype
         half_state = "float16" in dtypes and "Adam" in type(inner).__name__ and not defaults.get("fused")
-        if weights and not gradients and half_state:
-            # torch 2.13 optim/adam.py:177-183: the moments are zeros_like(p), in the weights' dtype
-            cause = (
-                "the update itself: AdamW keeps its state in the weights' float16, where eps=1e-8 rounds to 0 "
-                "and small squared gradients underflow, so m/(sqrt(v)+eps) is inf"
-            )
-            fix = "load the weights in float32 or bfloat16 (dtype='float32'), or use optim='adamw_torch_fused'"
-        elif weights and not gradients:
-            cause = "the update itself: finite gradients gave non-finite weights (learning rate, optimizer state)"
-            fix = "lower learning_rate, or keep weights and optimizer state in float32/bfloat16"
+        if weights and not gradients:
+            cause = "half_state" if half_state else "update"
         elif self.found("no_labels") and raw is not None and not math.isfinite(raw):
-            cause = "a micro-batch with no label token: its mean loss is 0/0, and NaN gradients reach every tensor"
-            fix = "drop rows without label tokens (raise max_length above the prompts' length)"
+            cause = "no_labels"
         else:
-            cause = (
-                "the loss or its backward overflowed (float16 activations, weights already non-finite); gradient "
-                "clipping then spreads one NaN to every tensor"
-            )
-            fix = "train in bfloat16 or float32; logging_nan_inf_filter=False shows the NaN in the logged loss"
+            cause = "overflow"
         self._report(
-            Finding(
+            finding(
                 "nonfinite",
-                step,
-                seen,
-                cause + "; logging_nan_inf_filter then logs a finite loss",
-                fix,
-                "03",
-                numbers={"tensors": len(bad), "raw_loss": float("nan") if raw is None else raw},
+                self._current_step(),
+                "weights" if weights else "loss",
+                cause,
+                {"tensors": len(bad), "raw_loss": float("nan") if raw is None else raw},
+                count=len(weights),
+                trainable=len(self._trainable),
+                names=_some(weights),
+                dtypes=", ".join(dtypes),
+                loss=raw,
+                gradients="finite" if not gradients else f"non-finite in {len(gradients)} tensors",
+                raw_loss="not seen" if raw is None else f"{raw:.4g}",
+                optimizer=described,
             )
         )
 
@@ -502,88 +447,85 @@ class ClinicWatch(TrainerCallback):
             for row in reversed(rows):
                 window.append(row)
                 covered += row[2]
-                if covered >= self.window:
+                if covered >= self.config.window:
                     break
-            if covered < self.window and not final:
+            if covered < self.config.window and not final:
                 continue
             share = sum(value * steps for _, value, steps in window) / covered
-            first = window[-1][0] - window[-1][2] + 1
-            if share < RATE:
-                self.checks[name] = f"at most {max(v for _, v, _ in rows):.0%} over a logged row ({key})"
+            first, last = window[-1][0] - window[-1][2] + 1, window[0][0]
+            if share < self.config.rate:
+                self.checks[name] = quiet(name, "below", most=max(v for _, v, _ in rows), metric=key)
                 continue
             if name == "equal_rewards":
                 clipped = self._rates["completions/clipped_ratio"]
-                cut = bool(clipped) and clipped[-1][1] >= RATE
-                self._report(
-                    Finding(
-                        name,
-                        self._state.global_step,
-                        f"{share:.0%} of GRPO groups had all-equal rewards over steps "
-                        f"{first}-{window[0][0]} (TRL's frac_reward_zero_std)",
-                        (
-                            "completions cut at max_completion_length all earn the same reward (TRL #5697)"
-                            if cut
-                            else "the reward does not separate a prompt's completions: a 0/1 reward the policy "
-                            "never earns, or a reward that ignores the completion (TRL #3857)"
-                        )
-                        + "; their advantages are 0, so they teach "
-                        "nothing",
-                        "give partial credit, warm the policy up with SFT, or raise num_generations or temperature",
-                        "05",
-                        numbers={"share": share},
-                    )
-                )
+                cut = bool(clipped) and clipped[-1][1] >= self.config.rate
+                cause, values = ("cut" if cut else "flat"), {}
             else:
-                limit = getattr(self._args, "max_completion_length", None)
-                self._report(
-                    Finding(
-                        name,
-                        self._state.global_step,
-                        f"{share:.0%} of completions were cut at max_completion_length="
-                        f"{limit} over steps {first}-{window[0][0]} (TRL's completions/clipped_ratio)",
-                        "the policy writes past max_completion_length or never emits EOS; a cut completion usually "
-                        "earns no reward (TRL #5697)",
-                        "raise max_completion_length, or warm the policy up with SFT on answers that end in EOS",
-                        "05",
-                        numbers={"share": share},
-                    )
+                cause, values = "long", {"limit": getattr(self._args, "max_completion_length", None)}
+            self._report(
+                finding(
+                    name,
+                    self._state.global_step,
+                    "share",
+                    cause,
+                    {"share": share},
+                    share=share,
+                    first=first,
+                    last=last,
+                    **values,
                 )
+            )
+
+    def _dpo_flat(self, logs: dict, step: int, covered: int) -> None:
+        """DPO's margins at 0 and loss at ln 2 for ``window`` logged rows after the first (the first logged step is
+        flat by construction: the policy starts as its reference)."""
+        if "rewards/margins" not in logs or self.found("dpo_flat"):
+            return
+        if step <= covered:  # the row that holds step 1
+            return
+        self._dpo.append({"step": step, **{k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}})
+        rows = self._dpo[-self.config.window :]
+        flat = [
+            abs(r["rewards/margins"]) < self.config.flat and abs(r["loss"] - math.log(2)) < self.config.flat
+            for r in rows
+        ]
+        if len(rows) < self.config.window or not all(flat):
+            return
+        last = rows[-1]
+        same = abs(last.get("logps/chosen", 0.0) - last.get("logps/rejected", 1.0)) < self.config.flat
+        self._report(
+            finding(
+                "dpo_flat",
+                step,
+                "flat",
+                "identical" if same else "reference",
+                {"margin": last["rewards/margins"], "loss": last["loss"], "rows": len(rows)},
+                margin=last["rewards/margins"],
+                loss=last["loss"],
+                first=rows[0]["step"],
+                last=step,
+                accuracy=last.get("rewards/accuracies", float("nan")),
+                chosen=last.get("logps/chosen", float("nan")),
+                rejected=last.get("logps/rejected", float("nan")),
+            )
+        )
 
     def _zero_loss(self, logs: dict, since: list[dict]) -> None:
         if any(not math.isfinite(row["raw_loss"]) for row in since) or self.found("nonfinite"):
-            cause, fix, lesson = (
-                "non-finite step losses hidden by logging_nan_inf_filter: Trainer adds the running "
-                "average instead of a NaN, and that average is 0 right after a log",
-                "find the first NaN (the nonfinite finding); logging_nan_inf_filter=False shows it",
-                "03",
-            )
-        elif logs.get("frac_reward_zero_std", 0) >= RATE:
-            cause, fix, lesson = (
-                "every GRPO group had equal rewards, so every advantage is 0 (TRL #5697)",
-                "give the reward partial credit, or raise max_completion_length if completions are cut",
-                "05",
-            )
+            cause = "filtered"
+        elif logs.get("frac_reward_zero_std", 0) >= self.config.rate:
+            cause = "equal_rewards"
         elif self.found("no_labels"):
-            cause, fix, lesson = (
-                "micro-batches without label tokens (the no_labels finding)",
-                "raise max_length above the prompts' length, or drop rows without completion tokens",
-                "02",
-            )
+            cause = "no_labels"
         else:
-            cause, fix, lesson = (
-                "a loss that does not depend on the batch: every label masked, or a loss whose terms cancel",
-                "look at one batch's labels (trainer.get_train_dataloader())",
-                "02",
-            )
-        raw = f" (raw loss {since[-1]['raw_loss']:.4g})" if since else ""
+            cause = "constant"
         self._report(
-            Finding(
+            finding(
                 "zero_loss",
                 self._state.global_step,
-                f"logged loss is exactly 0.0 at step {self._state.global_step}{raw}",
+                "raw" if since else "logged",
                 cause,
-                fix,
-                lesson,
-                numbers={"logged_loss": 0.0},
+                {"logged_loss": 0.0},
+                raw=since[-1]["raw_loss"] if since else None,
             )
         )

@@ -1,9 +1,10 @@
 """``trl-clinic watch sft|dpo|reward|grpo``: TRL's own script trains, for real, with ``ClinicWatch`` added.
 
-The arguments after the trainer kind are those of ``trl sft`` (a ``--config`` YAML, or flags), parsed by
-the script's own ``make_parser`` (``TrlParser`` over TRL's dataclasses), as ``trl-clinic checkup`` does.
-The script's ``main`` then runs unchanged (it builds the trainer, trains, saves); the watch is added to
-the trainer at its call to ``train()``. Exit code 1 when the watch made a finding, 0 when it made none.
+The command's shape is the one the check-up shares (``trl_clinic.probes.command``): the arguments after the
+trainer kind are those of ``trl sft`` (a ``--config`` YAML, or flags), parsed by the script's own
+``make_parser``. The script's ``main`` then runs unchanged (it builds the trainer, trains, saves); the watch
+is added to the trainer, and given it, at its call to ``train()``. Exit code 1 when the watch made a
+finding, 0 when it made none.
 """
 
 from __future__ import annotations
@@ -12,31 +13,31 @@ import argparse
 import importlib
 import sys
 import textwrap
-from unittest import mock
 
-from trl_clinic.checkup.command import KINDS, add_script_command, own_options
+from trl_clinic.probes.command import TRAINERS, add_script_command, own_options, run_script
+from trl_clinic.watch.config import WatchConfig
 from trl_clinic.watch.findings import CATALOGUE, lesson_name
 
 
-def watch_from_command_line(kind: str, argv: list[str], stop_on=None, window: int = 10, report=None, show: bool = True):
+def watch_from_command_line(kind: str, argv: list[str], config: WatchConfig | None = None):
     """Run ``trl <kind> <argv>`` (``trl.scripts.<kind>.main``) with a ``ClinicWatch`` on its trainer; return it."""
     import trl
 
     from trl_clinic.watch.callback import ClinicWatch
 
+    config = config or WatchConfig()
     script = importlib.import_module(f"trl.scripts.{kind}")
-    parsed = script.make_parser(prog=f"trl-clinic watch {kind}").parse_args_and_config(args=argv)
-    watch = ClinicWatch(stop_on=stop_on, window=window, report=report, show=show)
-    trainer_class = getattr(trl, KINDS[kind])
-    train = trainer_class.train
+    train, watches = getattr(trl, TRAINERS[kind]).train, []
 
     def watched(trainer, *args, **kwargs):
-        trainer.add_callback(watch)
+        watches.append(ClinicWatch(config, trainer=trainer))
+        trainer.add_callback(watches[-1])
         return train(trainer, *args, **kwargs)
 
-    with mock.patch.object(trainer_class, "train", watched):
-        script.main(*parsed)
-    return watch
+    run_script(script, kind, argv, "watch", watched)
+    if not watches:  # nothing was watched: not an all-clear
+        raise RuntimeError(f"trl.scripts.{kind}.main returned without calling train()")
+    return watches[-1]
 
 
 def explain() -> str:
@@ -44,9 +45,12 @@ def explain() -> str:
     lines = ["findings (each: what was seen, the likely cause, the fix in one line, the lesson; once per run):"]
     lines += [
         textwrap.fill(
-            f"{key}, {lesson_name(lesson)}: {sees}", width=100, initial_indent="  ", subsequent_indent="      "
+            f"{key}, {lesson_name(entry.lesson)}: {entry.looks_for}",
+            width=100,
+            initial_indent="  ",
+            subsequent_indent="      ",
         )
-        for key, (lesson, sees) in CATALOGUE.items()
+        for key, entry in CATALOGUE.items()
     ]
     return "\n".join(lines)
 
@@ -58,7 +62,9 @@ def _options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="FINDING",
         help="end the run at the step one of these findings is made ('any' for every finding)",
     )
-    parser.add_argument("--window", type=int, help="optimizer steps a windowed finding looks at (default 10)")
+    parser.add_argument(
+        "--window", type=int, help=f"optimizer steps a windowed finding looks at (default {WatchConfig.window})"
+    )
     parser.add_argument("--report", metavar="PAGE.html", help="write a self-contained HTML page at the end")
     return parser
 
@@ -80,8 +86,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     own, trl_args = own_options(_options, args)
-    watch = watch_from_command_line(
-        args.kind, trl_args, stop_on=own.stop_on, window=own.window or 10, report=own.report
-    )
+    options = {"stop_on": own.stop_on, "window": own.window, "report": own.report}
+    config = WatchConfig(**{name: value for name, value in options.items() if value is not None})
+    watch = watch_from_command_line(args.kind, trl_args, config)
     sys.stdout.flush()
     return 1 if watch.findings else 0

@@ -4,16 +4,17 @@
   do the sequences see each other? Read from the mask the first attention layer receives, so any
   cause shows: a mask sent with the row, a cache, a model family whose mask ignores ``position_ids``.
   transformers 5.23 builds a block mask from ``position_ids`` only when no attention mask and no cache
-  are passed (``masking_utils.py:876``, ``_preprocess_mask_arguments``); FlashAttention kernels take
-  the boundaries from ``cu_seq_lens_*`` or packed ``position_ids`` when no mask reaches them
-  (``modeling_flash_attention_utils.py:837-862``, ``_flash_attention_forward``).
+  are passed (``masking_utils._preprocess_mask_arguments``); FlashAttention kernels take the boundaries
+  from ``cu_seq_lens_*`` or packed ``position_ids`` when no mask reaches them
+  (``modeling_flash_attention_utils._flash_attention_forward``).
 * Generation from right-padded rows: a forward that reads a KV cache (``past_key_values`` passed, as
   ``generate()`` does from its first forward) whose prompts end in padding predicts its first new
   token at a pad slot.
 
 The hooks only read their arguments: no extra forward, no mode change, no random numbers. A packed
-row is checked on its first ``PACKED_FORWARDS`` training forwards (the collator builds every batch the
-same way); a generation on the first forward of each ``generate()`` call.
+row is checked on its first ``packed_forwards`` training forwards (``WatchConfig``: the collator builds every
+batch the same way); a generation on the first forward of each ``generate()`` call. The words of the
+findings are the catalogue's (``watch.findings``).
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from collections.abc import Callable
 import torch
 
 from trl_clinic.probes.batches import restarts
+from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.padding import right_padded
-from trl_clinic.watch.findings import Finding
+from trl_clinic.watch.findings import finding
 
-PACKED_FORWARDS = 2
 VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
@@ -66,11 +67,18 @@ def boundary_visible(mask, position_ids: torch.Tensor, attention_kwargs: dict, i
 
 
 class ForwardWatch:
-    """Hooks on ``model`` (its transformers backbone) that report findings through ``report``."""
+    """Hooks on ``model`` (its transformers backbone) that report findings through ``report``, at the step
+    ``step()`` says, reading packed rows on the first ``packed_forwards`` training forwards that hold them."""
 
-    def __init__(self, model: torch.nn.Module, report: Callable[[Finding], None], step: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        report: Callable[[Finding], None],
+        step: Callable[[], int],
+        packed_forwards: int,
+    ) -> None:
         self.model = backbone(model)
-        self.report, self.step = report, step
+        self.report, self.step, self.packed_forwards = report, step, packed_forwards
         self.packed_checked = 0
         self.generation_done, self.generations = False, 0  # generations: generate() calls seen
         self._packed: dict | None = None  # the packed forward whose attention layer is next
@@ -79,7 +87,7 @@ class ForwardWatch:
         if attention is not None:
             self._handles.append(attention.register_forward_pre_hook(self._attention, with_kwargs=True))
         else:
-            self.packed_checked = PACKED_FORWARDS  # no attention layer found by name: nothing to read
+            self.packed_checked = self.packed_forwards  # no attention layer found by name: nothing to read
 
     def _forward(self, module, args, kwargs) -> None:
         cache = kwargs.get("past_key_values")
@@ -96,7 +104,7 @@ class ForwardWatch:
         if (
             module.training
             and cache is None
-            and self.packed_checked < PACKED_FORWARDS
+            and self.packed_checked < self.packed_forwards
             and positions is not None
             and positions.dim() == 2
             and bool((positions[:, 1:] == 0).any())
@@ -106,22 +114,51 @@ class ForwardWatch:
                 "mask_sent": kwargs.get("attention_mask") is not None,
                 "use_cache": kwargs.get("use_cache"),
             }
+            self._recurrent(positions, kwargs)
+
+    def _recurrent(self, positions: torch.Tensor, kwargs: dict) -> None:
+        """Linear-attention (Gated DeltaNet) layers carry a state along the row and take the sequences' boundaries
+        only from ``seq_idx`` / ``cu_seq_lens_q`` (transformers 5.23 ``Qwen3NextGatedDeltaNet.forward``), never from
+        ``position_ids`` or a mask: a packed row without them runs one state through every sequence, whatever the
+        full-attention layers' masks say."""
+        layer_types = list(getattr(self.model.config, "layer_types", None) or [])
+        recurrent = sum(kind == "linear_attention" for kind in layer_types)
+        if not recurrent or any(kwargs.get(key) is not None for key in ("seq_idx", "cu_seq_lens_q")):
+            return
+        self._packed, self.packed_checked = None, self.packed_forwards
+        sequences = sum(1 + len(restarts(row)) for row in positions)
+        self.report(
+            finding(
+                "packing",
+                self.step(),
+                "recurrent",
+                "recurrent",
+                {"sequences": sequences, "rows": positions.shape[0], "linear_layers": recurrent},
+                decided="config",  # read from the arguments the forward receives
+                sequences=sequences,
+                rows=positions.shape[0],
+                width=positions.shape[1],
+                recurrent=recurrent,
+                layers=len(layer_types),
+                model_type=self.model.config.model_type,
+            )
+        )
 
     def _generation(self, mask) -> None:
         if mask is None or mask.dim() != 2 or not right_padded(mask):
             return
         self.generation_done = True
         padded = int((mask[:, -1] == 0).sum())
+        prompts = mask.shape[0]
         self.report(
-            Finding(
+            finding(
                 "right_padding",
                 self.step(),
-                f"generate() started from {padded} of {mask.shape[0]} prompts padded on the right, with a KV cache",
-                "the tokenizer pads on the right (padding_side='right') where prompts are batched for generation: a "
-                "prompt's first new token is predicted at a pad slot",
-                "tokenizer.padding_side = 'left' before tokenizing prompts for generate()",
-                "04",
-                numbers={"right_padded_prompts": padded, "prompts": mask.shape[0]},
+                "padded",
+                "right",
+                {"right_padded_prompts": padded, "prompts": prompts},
+                padded=padded,
+                prompts=prompts,
             )
         )
 
@@ -136,49 +173,32 @@ class ForwardWatch:
         visible = boundary_visible(mask, packed["position_ids"], kwargs, implementation)
         if not visible:
             if visible is None:
-                self.packed_checked = PACKED_FORWARDS  # a mask this watch cannot read: stop looking
+                self.packed_checked = self.packed_forwards  # a mask this watch cannot read: stop looking
             return
-        self.packed_checked = PACKED_FORWARDS
+        self.packed_checked = self.packed_forwards
         positions = packed["position_ids"]
         sequences = sum(1 + len(restarts(row)) for row in positions)
-        received = (
-            "no mask (one causal kernel over the whole row)"
-            if mask is None
-            else f"a {mask.dim()}D mask that lets a sequence's first token attend to the sequence before it"
-        )
         if packed["mask_sent"]:
-            cause = (
-                "an attention_mask was sent with the packed row: transformers builds per-sequence masks from "
-                "position_ids only when no mask and no cache are passed"
-            )
-            fix = "send no attention_mask with packed rows (TRL's padding-free collator sends none)"
+            cause = "mask_sent"
         elif packed["use_cache"] or (packed["use_cache"] is None and getattr(config, "use_cache", False)):
-            cause = (
-                "the forward built a KV cache (use_cache left at the config's True): transformers then ignores "
-                "the restarting position_ids"
-            )
-            fix = "use_cache=False in training forwards"
+            cause = "cache"
         else:
-            cause = (
-                f"{config.model_type} builds its causal mask without reading position_ids, so every sequence of "
-                f"the row shares one causal mask ({implementation})"
-            )
-            fix = (
-                "padding_free=False and packing=False, or attn_implementation='flash_attention_2' reaching the "
-                "model (check model.config._attn_implementation)"
-            )
+            cause = "family"  # the model family's mask builder does not read position_ids
         self.report(
-            Finding(
+            finding(
                 "packing",
                 self.step(),
-                f"{sequences} sequences packed in {positions.shape[0]} row(s) of {positions.shape[1]} tokens; "
-                "the first "
-                f"attention layer ({implementation}) received {received}",
+                "no_mask" if mask is None else "mask",
                 cause,
-                fix,
-                "01",
-                how="read" if "flash" in implementation else "measured",
-                numbers={"sequences": sequences, "rows": positions.shape[0]},
+                {"sequences": sequences, "rows": positions.shape[0]},
+                # on FlashAttention the rule is read from the arguments the kernel receives, not measured
+                decided="config" if "flash" in implementation else "measured",
+                sequences=sequences,
+                rows=positions.shape[0],
+                width=positions.shape[1],
+                implementation=implementation,
+                dims=None if mask is None else mask.dim(),
+                model_type=config.model_type,
             )
         )
 

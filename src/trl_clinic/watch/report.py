@@ -8,12 +8,12 @@ import math
 from pathlib import Path
 
 from trl_clinic.probes.jsonable import json_safe
-from trl_clinic.watch.findings import CATALOGUE, lesson_name
+from trl_clinic.watch.findings import CATALOGUE, as_dict, lesson_name
 
 
 def statuses(watch) -> dict[str, str]:
     """Each check's outcome in words: where it found something, what it saw when it did not."""
-    found = {f.key: f"found at step {f.step}" for f in watch.findings}
+    found = {f.probe: f"found at step {f.step}" for f in watch.findings}
     return {key: found.get(key) or watch.checks.get(key, "nothing seen") for key in CATALOGUE}
 
 
@@ -24,7 +24,7 @@ def summary(watch) -> str:
     )
     lines = [head]
     for f in watch.findings:
-        lines += [f"  step {f.step} {f.key}, {lesson_name(f.lesson)}: {f.seen}", f"    fix: {f.fix}"]
+        lines += [f"  step {f.step} {f.probe}, {lesson_name(f.lesson)}: {f.measured}", f"    fix: {f.fix}"]
     lines += [f"  {key:<14} {state}" for key, state in statuses(watch).items() if not state.startswith("found")]
     return "\n".join(lines)
 
@@ -62,24 +62,25 @@ def write_html(watch, path: str | Path) -> Path:
     cells = lambda values: "".join(f"<td>{html.escape(str(v))}</td>" for v in values)  # noqa: E731
     findings = (
         "".join(
-            f"<tr>{cells([f.step, f.key, f.seen, f.cause, f.fix, lesson_name(f.lesson), f.how])}</tr>"
+            f"<tr>{cells([f.step, f.probe, f.measured, f.cause, f.fix, lesson_name(f.lesson), f.decided])}</tr>"
             for f in watch.findings
         )
         or '<tr><td colspan="7">no findings</td></tr>'
     )
     checks = "".join(
-        f"<tr>{cells([key, state, lesson_name(CATALOGUE[key][0]), CATALOGUE[key][1]])}</tr>"
+        f"<tr>{cells([key, state, lesson_name(CATALOGUE[key].lesson), CATALOGUE[key].looks_for])}</tr>"
         for key, state in statuses(watch).items()
     )
     data = html.escape(
-        json.dumps(json_safe({"findings": [f.to_dict() for f in watch.findings], "steps": watch.steps}), indent=1)
+        json.dumps(json_safe({"findings": [as_dict(f) for f in watch.findings], "steps": watch.steps}), indent=1)
     )
     path.write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>trl-clinic watch</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}td,th{{border:1px solid #ccc;padding:4px;
 vertical-align:top;font-size:13px}}table{{border-collapse:collapse}}pre{{font-size:11px;max-height:20em;overflow:auto}}
 </style></head><body><h1>trl-clinic watch: {len(watch.findings)} finding(s) in {len(watch.steps)} steps</h1>
-<table><tr><th>step</th><th>finding</th><th>seen</th><th>likely cause</th><th>fix</th><th>lesson</th><th>how</th></tr>
-{findings}</table><h2>Raw loss per step (line), logged loss (dots), non-finite steps (red)</h2>{_svg(watch.steps)}
+<table><tr><th>step</th><th>finding</th><th>seen</th><th>likely cause</th><th>fix</th><th>lesson</th>
+<th>decided</th></tr>{findings}</table>
+<h2>Raw loss per step (line), logged loss (dots), non-finite steps (red)</h2>{_svg(watch.steps)}
 <h2>Every check</h2><table><tr><th>check</th><th>outcome</th><th>lesson</th><th>what it looks for</th></tr>{checks}
 </table><h2>Numbers</h2><pre>{data}</pre></body></html>
 """)

@@ -26,9 +26,8 @@ from trl_clinic.course.runtime import progress
 from trl_clinic.course.stand_ins import recreate_pre_446_loss
 from trl_clinic.course.tokenizer import build_tokenizer
 from trl_clinic.probes.gradients import GradientCapture, first_step_gradient, relative_error
+from trl_clinic.probes.labels import IGNORE_INDEX, targets
 from trl_clinic.probes.recording import StepRecorder, quiet
-
-NO_LOSS = -100
 
 
 def vision_language_model_maker(
@@ -159,7 +158,7 @@ def window(trainer: SFTTrainer, micro_batches: int) -> list[dict]:
 
 def label_tokens(batch: dict) -> int:
     """Label tokens the loss sees in a batch: a causal LM's loss shifts the labels, so position 0 never counts."""
-    return int((batch["labels"][..., 1:] != NO_LOSS).sum())
+    return int(targets(batch).sum())
 
 
 def weighted_token_gradient(model: PreTrainedModel, batches: Sequence[dict], weights: Sequence[float]) -> torch.Tensor:
@@ -170,7 +169,7 @@ def weighted_token_gradient(model: PreTrainedModel, batches: Sequence[dict], wei
         logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits[..., :-1, :]
         labels = batch["labels"][..., 1:]
         token_sum = F.cross_entropy(
-            logits.flatten(0, 1).float(), labels.flatten(), ignore_index=NO_LOSS, reduction="sum"
+            logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
         )
         (weight * token_sum).backward()
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad and p.grad is not None]).double()

@@ -23,6 +23,9 @@ from trl_clinic.course.eras import EraRun
 from trl_clinic.course.models import MODEL_SIZES, make_causal_lm, trained_model
 from trl_clinic.course.run import Run
 from trl_clinic.course.runtime import no_activation_checkpointing
+
+# the deep dive calls companion.guard_families(): today's transformers read as the era script reads its own
+from trl_clinic.course.then.then_04_padding_side import guard_families  # noqa: F401
 from trl_clinic.probes.padding import completion_logprob
 from trl_clinic.probes.recording import StepRecorder, quiet
 

@@ -139,10 +139,12 @@ class Command:
 
 
 def trl_clinic(*args: str, timeout: int = 600) -> Command:
-    """``trl-clinic ARGS`` as a user types it: the installed console script beside this Python, in a child process."""
-    done = subprocess.run(
-        [str(Path(sys.executable).with_name("trl-clinic")), *args], capture_output=True, text=True, timeout=timeout
-    )
+    """``trl-clinic ARGS`` as a user types it: the installed console script beside this Python, in a child process.
+    Where the package runs from its source on ``PYTHONPATH`` without being installed (the GPU machine's run,
+    tools/gpu_run) no script is there, and the child runs the same ``main`` as ``python -m trl_clinic.cli``."""
+    script = Path(sys.executable).with_name("trl-clinic")
+    program = [str(script)] if script.is_file() else [sys.executable, "-m", "trl_clinic.cli"]
+    done = subprocess.run([*program, *args], capture_output=True, text=True, timeout=timeout)
     return Command(["trl-clinic", *args], done.returncode, ANSI.sub("", done.stdout), done.stderr)
 
 

@@ -62,7 +62,7 @@ def plot_watched(bad, fixed, bad_rows: list[dict], fixed_rows: list[dict], outpu
     steps, raw = [r["step"] for r in bad.steps], [r["raw_loss"] for r in bad.steps]
     nan_grad = next(r["step"] for r in bad_rows if math.isnan(r["grad_norm"]))
     zero = next(r["step"] for r in bad_rows if r["loss"] == 0.0)
-    found = {f.key: f.step for f in bad.findings}
+    found = {f.probe: f.step for f in bad.findings}
     title = (
         f"fp16 head: the watch says nonfinite at step {found['nonfinite']}; the log shows grad_norm nan at step "
         f"{nan_grad}\nand loss 0 at step {zero}. float32 weights: {len(fixed.findings)} findings"
