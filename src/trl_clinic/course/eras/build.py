@@ -111,8 +111,20 @@ def _run(command: list[str], what: str) -> None:
 
 
 # Imported by the build's check in the new era: an undeclared dependency (trl 0.11's rich) shows here.
-# "module:name" also reads a name from the module (trl's names are imported lazily, on first use).
+# "module:name" also reads a name from the module (trl's names are imported lazily, on first use). An era
+# whose scripts need less says so in a line of its requirements file, "# imports: torch trl:SFTTrainer".
 PROBE_IMPORTS = ("torch", "transformers", "trl:SFTTrainer", "trl:DPOTrainer")
+IMPORTS_LINE = "# imports:"
+
+
+def probe_imports(requirements: Path) -> tuple[str, ...]:
+    """What the build's check imports: the requirements file's "# imports:" line, else ``PROBE_IMPORTS``."""
+    for line in requirements.read_text().splitlines():
+        if line.startswith(IMPORTS_LINE):
+            return tuple(line[len(IMPORTS_LINE) :].split())
+    return PROBE_IMPORTS
+
+
 _PROBE = (
     "import importlib, importlib.metadata as m, json, sys\n"
     "modules, names = sys.argv[1].split(','), sys.argv[2:]\n"
@@ -125,10 +137,10 @@ _PROBE = (
 )
 
 
-def _probe_versions(python: Path) -> dict[str, str]:
-    """Import the era's libraries with its interpreter (``PROBE_IMPORTS``) and read their versions."""
+def _probe_versions(python: Path, imports: tuple[str, ...]) -> dict[str, str]:
+    """Import the era's libraries with its interpreter (``imports``) and read their versions."""
     done = subprocess.run(
-        [str(python), "-c", _PROBE, ",".join(PROBE_IMPORTS), *VERSIONED],
+        [str(python), "-c", _PROBE, ",".join(imports), *VERSIONED],
         capture_output=True,
         text=True,
         env={**os.environ, **CHILD_ENV},
@@ -235,7 +247,7 @@ def build_era(
                 [*uv, "pip", "install", "--quiet", "--python", str(python_in(venv)), "-r", str(requirements), *extra],
                 "uv pip install",
             )
-            versions = _probe_versions(python_in(venv))
+            versions = _probe_versions(python_in(venv), probe_imports(requirements))
             stamp = {
                 "requirements_sha256": requirements_digest(requirements),
                 "versions": versions,
