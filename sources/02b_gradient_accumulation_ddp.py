@@ -21,6 +21,8 @@
 # **You should know**: lesson 02 ([02_gradient_accumulation_loss.ipynb](02_gradient_accumulation_loss.ipynb)); DDP averages gradients over processes.
 #
 # **Time**: 25 s to run on the cpu profile; about 20 minutes to work through.
+#
+# > **Hosted** (Colab, Kaggle, a server without the repository): upload the wheel (`uv build` makes it) and run `%pip install "./trl_clinic-0.1.0-py3-none-any.whl[course]"` in a cell first.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"

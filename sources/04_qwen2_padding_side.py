@@ -20,6 +20,8 @@
 # **You should know** how DPO scores chosen and rejected answers, and what an attention mask and a [KV cache](https://huggingface.co/docs/transformers/kv_cache) are.
 #
 # **Time**: 32 s to run on the cpu profile; about 25 minutes to work through.
+#
+# > **Hosted** (Colab, Kaggle, a server without the repository): upload the wheel (`uv build` makes it) and run `%pip install "./trl_clinic-0.1.0-py3-none-any.whl[course]"` in a cell first.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"

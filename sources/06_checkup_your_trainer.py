@@ -20,6 +20,8 @@
 # **You should know**: how to build a TRL `SFTTrainer`; lessons [01](01_padding_free_high_loss.ipynb)-[05](05_grpo_sigfpe.ipynb) help.
 #
 # **Time**: 18 s to run on the cpu profile; about 25 minutes to work through.
+#
+# > **Hosted** (Colab, Kaggle, a server without the repository): upload the wheel (`uv build` makes it) and run `%pip install "./trl_clinic-0.1.0-py3-none-any.whl[course]"` in a cell first.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"

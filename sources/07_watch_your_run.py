@@ -20,6 +20,8 @@
 # **You should know**: a transformers `TrainerCallback`; lesson 03 helps.
 #
 # **Time**: 23 s to run on the cpu profile; about 20 minutes to work through.
+#
+# > **Hosted** (Colab, Kaggle, a server without the repository): upload the wheel (`uv build` makes it) and run `%pip install "./trl_clinic-0.1.0-py3-none-any.whl[course]"` in a cell first.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"

@@ -8,6 +8,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # make test runs two workers on two cores: one torch thread each (and in their children), as the cpu profile's
 # lessons use, instead of two threads each fighting over the same cores
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# a facilitator's room setting (TRL_CLINIC_PROFILE, trl_clinic.course.profiles) must not choose the tests' profiles
+os.environ.pop("TRL_CLINIC_PROFILE", None)
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +39,7 @@ HEAVIEST = (
     "test_learner_path.py",  # 70 s
     "test_checkup_eras.py",  # 56 s
     "test_eras.py",  # 44 s
+    "test_hosted.py",  # 35 s here (a wheel, a venv, lesson 01 and its era from a warm uv cache)
     "test_workbook.py",  # 26 s
     "test_crash.py",
 )  # 15 s; every other file takes under 8 s

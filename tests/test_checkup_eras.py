@@ -1,11 +1,11 @@
 """The check-up installed as a user installs it, where the bugs lived.
 
 The wheel is built once from this checkout. For each era (``.eras/<name>``, built by ``make eras`` from
-``eras/<name>.txt``) a copy of the era's environment is made with hard links (``cp -al``: seconds, no
-space), the wheel is installed into the copy the way a user installs it, resolving its dependencies against
-what is there (uv, and pip for one era), and the copy's torch, transformers, TRL, peft, accelerate and
-datasets must keep their versions. A copy, not the era itself: the era stays exactly what its requirements
-file built (the lessons' ``then_*`` scripts run there, ``trl_clinic.course.eras`` keys it on that file),
+``trl_clinic/course/eras/requirements/<name>.txt``) a copy of the era's environment is made with hard links
+(``cp -al``: seconds, no space), the wheel is installed into the copy the way a user installs it, resolving its
+dependencies against what is there (uv, and pip for one era), and the copy's torch, transformers, TRL, peft,
+accelerate and datasets must keep their versions. A copy, not the era itself: the era stays exactly what its
+requirements file built (the lessons' ``then_*`` scripts run there, ``trl_clinic.course.eras`` keys it on that file),
 and a test that installs into it while a lesson runs there would race with it; installing writes new files
 and unlinks old ones, so the hard-linked originals are never changed (the test checks the era after).
 

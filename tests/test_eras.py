@@ -71,7 +71,7 @@ def attention_across(result: dict, case: str) -> int:
 
 # --- the era files ----------------------------------------------------------------------------------
 
-ERA_FILES = sorted((ROOT / "eras").glob("*.txt"))
+ERA_FILES = sorted(eras.requirements_dir().glob("*.txt"))
 
 
 def test_the_issue_s_eras_are_defined():
@@ -134,7 +134,7 @@ def test_era_scripts_ship_with_the_package_and_do_not_import_trl_clinic():
 FAKE_UV = textwrap.dedent('''\
     #!{python}
     """A stand-in for uv: `venv ... DIR` makes DIR/bin/python (today's interpreter); `pip install`
-    fails when the requirements file says FAIL. Every call is logged."""
+    fails when the requirements file says FAIL, in colour unless NO_COLOR is set, as uv. Every call is logged."""
     import os, sys
     from pathlib import Path
     args = sys.argv[1:]
@@ -147,7 +147,9 @@ FAKE_UV = textwrap.dedent('''\
         python.chmod(0o755)
     elif args[:2] == ["pip", "install"]:
         requirements = Path(args[args.index("-r") + 1]).read_text()
-        sys.exit(1 if "FAIL" in requirements else 0)
+        if "FAIL" in requirements:
+            print("error: no such release" if os.environ.get("NO_COLOR") else "\\x1b[31merror\\x1b[0m", file=sys.stderr)
+            sys.exit(1)
     ''')
 
 
@@ -209,7 +211,7 @@ def test_an_era_whose_libraries_do_not_import_gets_no_stamp(fake_root, monkeypat
 
 
 def test_an_unknown_era_is_a_clear_error(fake_root):
-    with pytest.raises(eras.EraBuildError, match="no eras/nope.txt"):
+    with pytest.raises(eras.EraBuildError, match="no nope.txt in .*eras"):
         eras.build_era("nope", fake_root)
     assert "not defined" in eras.era_state("nope", fake_root)[1]
 
@@ -219,6 +221,16 @@ def test_the_local_torch_wheel_is_found_when_pip_has_one():
     if folder is None:
         pytest.skip("pip takes torch 2.13.0 from a registry here: uv fetches it itself")
     assert any(folder.glob("torch-2.13.0*.whl"))
+
+
+def test_the_local_torch_wheel_is_found_inside_a_jupyter_kernel_too(monkeypatch):
+    """ipykernel sets FORCE_COLOR=1, CLICOLOR_FORCE=1 and TERM=xterm-color (read in a kernel's environment), and pip
+    then colours the JSON it prints: an era built on a lesson's first use found no local torch and took PyPI's."""
+    if eras.local_torch_links("2.13.0") is None:
+        pytest.skip("pip takes torch 2.13.0 from a registry here: uv fetches it itself")
+    for name, value in {"FORCE_COLOR": "1", "CLICOLOR_FORCE": "1", "CLICOLOR": "1", "TERM": "xterm-color"}.items():
+        monkeypatch.setenv(name, value)
+    assert eras.local_torch_links("2.13.0") is not None
 
 
 # --- running: the skip path and the runner --------------------------------------------------------
@@ -231,6 +243,57 @@ def test_a_missing_era_is_skipped_with_the_make_command_and_never_raises(fake_ro
     assert run.result is None and run.to_metrics()["status"] == "skipped"
     unknown = eras.run_in_era("no-such-era", "then_02_accumulation", {}, tmp_path / "work", root=fake_root)
     assert unknown.skipped and "not defined" in unknown.message
+
+
+@pytest.fixture
+def wheel_install(tmp_path, monkeypatch):
+    """The course as a wheel install sees it: no checkout, the era files in the package (here one fake era),
+    the cache folder as the root, and a fake uv on the path a lesson's first use takes."""
+    from trl_clinic.course import paths
+    from trl_clinic.course.eras import spec
+
+    packaged = tmp_path / "package"
+    packaged.mkdir()
+    (packaged / "99-test.txt").write_text("# test era\ntorch==2.13.0\n")
+    uv = tmp_path / "fake-uv"
+    uv.write_text(FAKE_UV.format(python=sys.executable))
+    uv.chmod(uv.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(paths, "checkout", lambda: None)
+    monkeypatch.setattr(spec, "PACKAGED", packaged)
+    monkeypatch.setattr(eras_build, "uv_command", lambda: [str(uv)])
+    monkeypatch.setattr(eras_build, "local_torch_links", lambda version: None)
+    monkeypatch.setattr(eras_build, "PROBE_IMPORTS", ("json",))
+    monkeypatch.delenv("TRL_CLINIC_ROOT", raising=False)
+    monkeypatch.setenv("TRL_CLINIC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("FAKE_UV_LOG", str(tmp_path / "uv.log"))
+    return tmp_path
+
+
+def test_outside_a_checkout_an_era_builds_in_the_cache_on_first_use(wheel_install, capsys):
+    assert eras.builds_on_demand() and "it builds on a lesson's first use" in eras.era_state("99-test")[1]
+    script = write_script(
+        wheel_install,
+        """\
+        import json, sys
+        json.dump({"ran": True}, open(sys.argv[2], "w"))
+        """,
+    )
+    run = eras.run_in_era("99-test", script, {}, wheel_install / "work")
+    assert run.finished and run.result == {"ran": True}, run.message
+    assert eras.era_python("99-test") == wheel_install / "cache" / ".eras" / "99-test" / "bin" / "python"
+    assert "not built yet; building it in" in capsys.readouterr().out
+    assert eras.run_in_era("99-test", script, {}, wheel_install / "work").finished  # built once, reused
+
+
+def test_outside_a_checkout_an_era_that_cannot_be_built_is_skipped_with_what_the_build_said(wheel_install, monkeypatch):
+    """No PyPI (here: an install that fails) and no `make eras` to point at: the message says what failed, in plain
+    text even inside a Jupyter kernel (ipykernel sets FORCE_COLOR=1, and uv then colours its errors)."""
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    (wheel_install / "package" / "99-test.txt").write_text("# test era\nFAIL\n")
+    run = eras.run_in_era("99-test", "then_02_accumulation", {}, wheel_install / "work")
+    assert run.skipped and run.message.startswith("skipped: era 99-test could not be built here: uv pip install failed")
+    assert run.message.endswith("error: no such release") and "\x1b" not in run.message
+    assert "make eras" not in run.message and eras.era_python("99-test") is None
 
 
 def write_script(folder: Path, body: str) -> Path:

@@ -25,7 +25,9 @@ OUT_NAME = re.compile(r"^[A-Za-z0-9._-]+$")  # what the device tool brings back 
 
 
 def pins(path: Path) -> dict[str, str]:
-    lines = [line.split("#", 1)[0].strip() for line in path.read_text().splitlines()]
+    """``name -> version`` of a requirements file, environment markers left out (the universal lock's: the last
+    line of a package wins, soupsieve's from CPython 3.11.5, what the GPU machine's Python gets)."""
+    lines = [line.split("#", 1)[0].split(";", 1)[0].strip() for line in path.read_text().splitlines()]
     return {
         line.split("==")[0].lower().replace("_", "-"): line.split("==")[1] if "==" in line else ""
         for line in lines

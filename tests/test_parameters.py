@@ -33,6 +33,22 @@ def test_bad_profile_is_a_clear_error(bad, error, words):
         resolve_profile(bad, cuda_available=False)
 
 
+def test_one_variable_picks_the_profile_of_every_notebook_left_on_auto(monkeypatch):
+    """A shared GPU box: TRL_CLINIC_PROFILE=cpu makes every notebook's default "auto" the verified cpu profile; a
+    notebook's explicit choice still wins, and a typo in the variable is one clear error."""
+    monkeypatch.setenv("TRL_CLINIC_PROFILE", "cpu")
+    assert resolve_profile("auto", cuda_available=True) == "cpu"
+    assert resolve_profile("gpu", cuda_available=True) == "gpu"
+    monkeypatch.setenv("TRL_CLINIC_PROFILE", "gpu")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        resolve_profile("auto", cuda_available=False)
+    monkeypatch.setenv("TRL_CLINIC_PROFILE", "CPU")
+    with pytest.raises(ValueError, match="TRL_CLINIC_PROFILE='CPU' is not a profile"):
+        resolve_profile("auto", cuda_available=True)
+    monkeypatch.setenv("TRL_CLINIC_PROFILE", "")
+    assert resolve_profile("auto", cuda_available=True) == "gpu"
+
+
 def test_gpu_profile_without_cuda_says_so():
     with pytest.raises(ValueError, match="needs a CUDA device"):
         resolve_profile("gpu", cuda_available=False)

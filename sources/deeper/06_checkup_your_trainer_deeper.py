@@ -16,6 +16,8 @@
 # never a target, gradients that never arrive), the accumulation trap of a model whose `forward` lists its
 # arguments, which model families pack safely, DPO's cache, and what the known-bugs table says for lesson 04's
 # report's versions.
+#
+# > **Hosted** (Colab, Kaggle, a server without the repository): upload the wheel (`uv build` makes it) and run `%pip install "./trl_clinic-0.1.0-py3-none-any.whl[course]"` in a cell first.
 
 # %% tags=["parameters"]
 profile = "auto"  # "auto" (gpu when CUDA is present), "cpu" or "gpu"

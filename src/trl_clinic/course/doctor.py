@@ -74,7 +74,7 @@ def workshop_readiness() -> list[str]:
         lines.append(f"  era {name}: {state}")
     if hasattr(os, "getuid") and os.getuid() == 0:
         lines.append("  running as root: `make lab` adds --allow-root, which JupyterLab needs to start")
-    return lines or ["  no eras/ folder here: run from a clone of the repository to use the eras"]
+    return lines or ["  no era files found in the package"]
 
 
 def doctor() -> str:
@@ -95,6 +95,13 @@ def doctor() -> str:
         if device.type == "cuda"
         else "  the cpu profile uses: sdpa (FlashAttention needs a CUDA GPU)"
     )
+    from trl_clinic.course.profiles import PROFILE_ENV, resolve_profile
+
+    try:
+        lines.append(f"  a notebook left on profile auto runs: {resolve_profile('auto', device.type == 'cuda')}")
+    except ValueError as error:  # the room's setting names no profile, or gpu without CUDA
+        lines.append(f"  a notebook left on profile auto stops: {error}")
+    lines.append(f"  {PROFILE_ENV}: {os.environ.get(PROFILE_ENV) or 'not set (auto follows CUDA)'}")
     lines += ["workshop readiness:"] + workshop_readiness()
     lines += ["warnings:"] + [f"  - {note}" for note in warnings_for(device)]
     return "\n".join(lines)

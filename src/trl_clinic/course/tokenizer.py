@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from trl_clinic.course.data import corpus
+from trl_clinic.course.paths import cache_dir
 
 PAD, EOS, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 # ChatML, the format Qwen2 uses; TRL's conversational datasets go through it.
@@ -21,10 +21,6 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TRL_CLINIC_CACHE", Path.home() / ".cache" / "trl_clinic"))
 
 
 def _train(texts: list[str], vocab_size: int) -> Tokenizer:

@@ -4,7 +4,7 @@ Three lessons show their failure through a re-creation on today's stack, because
 fixed or removed the old code. An *era* lets a lesson run the real old code beside it. Three jobs, one
 module each:
 
-* ``spec``: finding and reading eras. ``eras/<name>.txt`` at the repository root pins one era (old
+* ``spec``: finding and reading eras. ``requirements/<name>.txt`` in this package pins one era (old
   transformers, trl, peft, accelerate, torch 2.13.0 and what the old versions forgot to declare); its
   header says which lesson uses it. ``era_state`` says whether ``.eras/<name>/`` is built from it.
 * ``runner``: ``run_in_era(name, script, spec, workdir)`` runs a standalone script of
@@ -21,17 +21,19 @@ in it are absolute), the result a JSON object the script writes before it exits 
 gradient) go to a ``.pt`` file whose path the spec names; ``trl_clinic.course.handshake`` builds the specs
 and reads those files on today's side.
 
-The eras' files are found at the repository root (``trl_clinic.course.paths.repo_root``), so eras work
-from a checkout (an editable install, as ``make`` does). The names a lesson uses are gathered here
+The era files are package data, so a wheel install has them too; the eras are built under the checkout
+(``.eras/``) or, outside one, under the clinic's cache folder, on a lesson's first use
+(``trl_clinic.course.paths``). The names a lesson uses are gathered here
 (``eras.run_in_era``, ``eras.era_state``); a test that replaces one patches the module that holds it.
 Nothing in this package imports torch.
 """
 
-from trl_clinic.course.eras.build import EraBuildError, build_era, local_torch_links, wait_for_builds
+from trl_clinic.course.eras.build import EraBuildError, build_era, local_torch_links, uv_command, wait_for_builds
 from trl_clinic.course.eras.runner import THEN_DIR, EraRun, run_in_era, then_script
 from trl_clinic.course.eras.spec import (
     CHILD_ENV,
     STAMP,
+    builds_on_demand,
     era_dir,
     era_names,
     era_python,
@@ -39,6 +41,7 @@ from trl_clinic.course.eras.spec import (
     era_versions,
     read_stamp,
     requirements_digest,
+    requirements_dir,
     requirements_file,
 )
 
@@ -49,6 +52,7 @@ __all__ = [
     "EraBuildError",
     "EraRun",
     "build_era",
+    "builds_on_demand",
     "era_dir",
     "era_names",
     "era_python",
@@ -57,8 +61,10 @@ __all__ = [
     "local_torch_links",
     "read_stamp",
     "requirements_digest",
+    "requirements_dir",
     "requirements_file",
     "run_in_era",
     "then_script",
+    "uv_command",
     "wait_for_builds",
 ]

@@ -1,6 +1,6 @@
 """Building eras with uv (``make eras``): once per content of their requirements file, one build at a time.
 
-``build_era`` makes ``.eras/<name>/`` with ``uv venv`` and ``uv pip install -r eras/<name>.txt``, imports
+``build_era`` makes ``.eras/<name>/`` with ``uv venv`` and ``uv pip install -r requirements/<name>.txt``, imports
 the era's libraries with its interpreter (``PROBE_IMPORTS``) and writes the stamp last, so that a failed
 build leaves none. A file lock (``.eras/.lock``) lets one process build at a time per checkout; ``main``
 (``python -m trl_clinic.course.eras``) can take it and hand the builds to a forked background process
@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,6 @@ from pathlib import Path
 from trl_clinic.course.eras.spec import (
     CHILD_ENV,
     ERAS_DIR,
-    REQUIREMENTS_DIR,
     STAMP,
     era_dir,
     era_names,
@@ -54,37 +54,42 @@ def local_torch_links(version: str) -> Path | None:
 
     On these machines pip is configured with a local CPU build of torch 2.13.0 that uv does not know
     about; without it uv takes PyPI's CUDA build (GBs). pip is asked (dry run, nothing installed or
-    copied) where the wheel comes from; a remote wheel gives None, and uv then fetches torch itself.
+    copied) where the wheel comes from; a remote wheel gives None, and uv then fetches torch itself. The
+    report goes to a file: inside a Jupyter kernel pip colours what it prints (an era built on a lesson's
+    first use read no JSON there, and took PyPI's torch).
     """
-    with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError, KeyError):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--dry-run",
-                "--quiet",
-                "--ignore-installed",
-                "--no-deps",
-                "--report",
-                "-",
-                f"torch=={version}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if done.returncode == 0:
-            url = json.loads(done.stdout)["install"][0]["download_info"]["url"]
-            if url.startswith("file://"):
-                from urllib.parse import unquote, urlparse
+    with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError):
+        with tempfile.TemporaryDirectory(prefix="trl-clinic-pip-") as folder:
+            report = Path(folder) / "report.json"
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--dry-run",
+                    "--quiet",
+                    "--ignore-installed",
+                    "--no-deps",
+                    "--report",
+                    str(report),
+                    f"torch=={version}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            if done.returncode == 0:
+                url = json.loads(report.read_text())["install"][0]["download_info"]["url"]
+                if url.startswith("file://"):
+                    from urllib.parse import unquote, urlparse
 
-                return Path(unquote(urlparse(url).path)).parent
+                    return Path(unquote(urlparse(url).path)).parent
     return None
 
 
-def _uv() -> list[str]:
+def uv_command() -> list[str]:
+    """uv beside this interpreter (the course extra installs it), else on PATH, else as a module."""
     beside = Path(sys.executable).with_name("uv")
     if beside.exists():
         return [str(beside)]
@@ -93,10 +98,16 @@ def _uv() -> list[str]:
 
 
 def _run(command: list[str], what: str) -> None:
+    """Run one step, its output printed through Python (a notebook shows it; a child's own stdout would go to
+    the kernel's terminal), and what it said last in the error when it fails (no network, a missing wheel).
+    Without colours: a Jupyter kernel sets FORCE_COLOR=1, and the message goes into metrics.json."""
     print("  $", " ".join(command), flush=True)
-    done = subprocess.run(command)
+    plain = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CLICOLOR_FORCE")} | {"NO_COLOR": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=plain)
+    print(done.stdout + done.stderr, end="", flush=True)
     if done.returncode != 0:
-        raise EraBuildError(f"{what} failed (exit code {done.returncode})")
+        said = " ".join(done.stderr.split()[-60:])
+        raise EraBuildError(f"{what} failed (exit code {done.returncode}): {said}")
 
 
 # Imported by the build's check in the new era: an undeclared dependency (trl 0.11's rich) shows here.
@@ -209,26 +220,27 @@ def build_era(
     The stamp is written last, only after the install and an import check succeeded, so a failed
     build leaves none (and the next ``make eras`` tries again from an empty folder).
     """
-    root = root or repo_root()
     requirements = requirements_file(name, root)
     if not requirements.is_file():
-        raise EraBuildError(f"no {REQUIREMENTS_DIR}/{name}.txt (eras: {', '.join(era_names(root)) or 'none'})")
-    with _build_lock(root):
+        known = ", ".join(era_names(root)) or "none"
+        raise EraBuildError(f"no {requirements.name} in {requirements.parent} (eras: {known})")
+    with _build_lock(root or repo_root()):
         if not force and era_state(name, root)[0]:
-            print(f"era {name}: up to date ({ERAS_DIR}/{name})", flush=True)
+            print(f"era {name}: up to date ({era_dir(name, root)})", flush=True)
             return False
         start = time.perf_counter()
         venv = era_dir(name, root)
-        print(f"era {name}: building {ERAS_DIR}/{name} from {REQUIREMENTS_DIR}/{name}.txt", flush=True)
+        print(f"era {name}: building {venv} from {requirements.name}", flush=True)
         shutil.rmtree(venv, ignore_errors=True)
         try:
-            uv = installer or _uv()
+            uv = installer or uv_command()
             _run([*uv, "venv", "--quiet", "--python", sys.executable, str(venv)], "uv venv")
             links = torch_links
             if links == "auto":
                 pin = _torch_pin(requirements)
                 links = local_torch_links(pin) if pin else None
-            extra = ["--find-links", str(links)] if links else []
+            # uv reads UV_FIND_LINKS (an offline room's wheelhouse) only when no --find-links is given
+            extra = [f"--find-links={link}" for link in [links, *os.environ.get("UV_FIND_LINKS", "").split()] if link]
             # no --compile-bytecode: the import check below compiles what it imports (CHILD_ENV), and the
             # era scripts' first runs the rest they need
             _run(
@@ -259,7 +271,7 @@ def build_era(
 def main(argv: list[str] | None = None) -> int:
     """``python -m trl_clinic.course.eras [NAME ...]``: build the named eras (all by default); exit 1 on failure."""
     parser = argparse.ArgumentParser(prog="python -m trl_clinic.course.eras", description=main.__doc__)
-    parser.add_argument("names", nargs="*", help="eras to build (default: every eras/*.txt)")
+    parser.add_argument("names", nargs="*", help="eras to build (default: every one the course defines)")
     parser.add_argument("--force", action="store_true", help="rebuild even when the stamp matches")
     parser.add_argument("--list", action="store_true", help="say which eras are ready and exit")
     parser.add_argument(

@@ -4,7 +4,9 @@
 ``trl_clinic.course.child.run_child``, offline and without GPUs (``spec.CHILD_ENV``). An era that is not
 built gives ``status="skipped"`` and a message that says to run ``make eras``; a script that fails gives
 ``status="failed"``; nothing here raises into the notebook. An era still being built in the background
-(``make lab``, ``make test``) is waited for (``build.wait_for_builds``).
+(``make lab``, ``make test``) is waited for (``build.wait_for_builds``). Outside a checkout (a wheel
+install: no ``make eras``) the era is built here on first use, from PyPI; where that fails (no network) the
+era is skipped with what the build said, and the lesson reports that part as not run.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trl_clinic.course.child import run_child
-from trl_clinic.course.eras.build import wait_for_builds
-from trl_clinic.course.eras.spec import CHILD_ENV, era_dir, era_state, era_versions, python_in
+from trl_clinic.course.eras.build import EraBuildError, build_era, wait_for_builds
+from trl_clinic.course.eras.spec import CHILD_ENV, builds_on_demand, era_dir, era_state, era_versions, python_in
 from trl_clinic.course.paths import repo_root
 
 THEN_DIR = Path(__file__).resolve().parents[1] / "then"
@@ -73,6 +75,16 @@ def then_script(script: str | Path) -> Path:
     return path
 
 
+def build_on_first_use(era: str) -> tuple[bool, str]:
+    """Build the era now, in the cache folder, and say how that went (``era_state``'s pair)."""
+    print(f"era {era}: not built yet; building it in {era_dir(era)} (first use: a few minutes, from PyPI)", flush=True)
+    try:
+        build_era(era)
+    except EraBuildError as error:
+        return False, f"era {era} could not be built here: {error}"
+    return era_state(era)
+
+
 def run_in_era(
     era: str, script: str | Path, spec: dict, workdir: str | Path, *, timeout: float = 600, root: Path | None = None
 ) -> EraRun:
@@ -89,6 +101,8 @@ def run_in_era(
         ready, why = era_state(era, root)
         if not ready and wait_for_builds(root or repo_root(), timeout):
             ready, why = era_state(era, root)
+        if not ready and builds_on_demand(root) and "not defined" not in why:
+            ready, why = build_on_first_use(era)
         versions = era_versions(era, root)
         if not ready:
             return EraRun(era, name, "skipped", f"skipped: {why}", versions=versions)

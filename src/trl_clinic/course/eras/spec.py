@@ -1,9 +1,12 @@
-"""Finding and reading eras: which the repository defines, where each is built, and whether it is ready.
+"""Finding and reading eras: which the course defines, where each is built, and whether it is ready.
 
-``eras/<name>.txt`` at the repository root pins one era; ``.eras/<name>/`` is its virtual environment,
-with a stamp (``.stamp.json``) that records the SHA-256 of the requirements file it was built from and the
-versions its libraries report. An era is ready when its stamp matches its file and its interpreter is
-there. Nothing here builds or runs anything (``build`` and ``runner`` do), and nothing imports torch.
+``requirements/<name>.txt`` beside this module pins one era (package data: a wheel install has them too);
+``.eras/<name>/`` under the root (``paths.repo_root``: the checkout, or the cache folder outside one) is its
+virtual environment, with a stamp (``.stamp.json``) that records the SHA-256 of the requirements file it was
+built from and the versions its libraries report. An era is ready when its stamp matches its file and its
+interpreter is there. A root given explicitly (an argument, or ``TRL_CLINIC_ROOT``: the tests' fake
+checkouts) holds its own era files in ``eras/``. Nothing here builds or runs anything (``build`` and
+``runner`` do), and nothing imports torch.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ import json
 import os
 from pathlib import Path
 
-from trl_clinic.course.paths import repo_root
+from trl_clinic.course import paths
+from trl_clinic.course.paths import ROOT_ENV, repo_root
 
-REQUIREMENTS_DIR = "eras"
+PACKAGED = Path(__file__).resolve().parent / "requirements"  # the course's era files
+REQUIREMENTS_DIR = "eras"  # a fake checkout's era files, under the root it is given as
 ERAS_DIR = ".eras"
 STAMP = ".stamp.json"
 # What every era child sees: never the hub, never a GPU (the era scripts measure CPU behaviour; a GPU
@@ -37,14 +42,26 @@ CHILD_ENV = {
 }
 
 
+def builds_on_demand(root: Path | None = None) -> bool:
+    """Outside a checkout (a wheel install, no root given) an era builds when a lesson first needs it: there is
+    no ``make eras`` to run. In a checkout ``make lab`` and ``make eras`` build them, and a lesson says so."""
+    return root is None and not os.environ.get(ROOT_ENV) and paths.checkout() is None
+
+
+def requirements_dir(root: Path | None = None) -> Path:
+    """Where the era files are: the package's, unless a root is given (``root``, ``$TRL_CLINIC_ROOT``)."""
+    if root is None and not os.environ.get(ROOT_ENV):
+        return PACKAGED
+    return (root or repo_root()) / REQUIREMENTS_DIR
+
+
 def era_names(root: Path | None = None) -> list[str]:
-    """Every era the repository defines (``eras/*.txt``), sorted."""
-    folder = (root or repo_root()) / REQUIREMENTS_DIR
-    return sorted(path.stem for path in folder.glob("*.txt"))
+    """Every era the course defines (``requirements/*.txt``), sorted."""
+    return sorted(path.stem for path in requirements_dir(root).glob("*.txt"))
 
 
 def requirements_file(name: str, root: Path | None = None) -> Path:
-    return (root or repo_root()) / REQUIREMENTS_DIR / f"{name}.txt"
+    return requirements_dir(root) / f"{name}.txt"
 
 
 def era_dir(name: str, root: Path | None = None) -> Path:
@@ -73,14 +90,15 @@ def era_state(name: str, root: Path | None = None) -> tuple[bool, str]:
     requirements = requirements_file(name, root)
     if not requirements.is_file():
         known = ", ".join(era_names(root)) or "none"
-        return False, f"era {name} is not defined: no {REQUIREMENTS_DIR}/{name}.txt (eras: {known})"
+        return False, f"era {name} is not defined: no {requirements.name} in {requirements.parent} (eras: {known})"
+    remedy = "it builds on a lesson's first use" if builds_on_demand(root) else "run `make eras`"
     stamp = read_stamp(name, root)
     if stamp is None:
-        return False, f"era {name} is not installed, run `make eras`"
+        return False, f"era {name} is not installed, {remedy}"
     if stamp.get("requirements_sha256") != requirements_digest(requirements):
-        return False, f"era {name} was built from an older {REQUIREMENTS_DIR}/{name}.txt, run `make eras`"
+        return False, f"era {name} was built from an older {requirements.name}, {remedy}"
     if not python_in(era_dir(name, root)).exists():
-        return False, f"era {name} is broken (no interpreter in {ERAS_DIR}/{name}), run `make eras`"
+        return False, f"era {name} is broken (no interpreter in {era_dir(name, root)}), {remedy}"
     return True, "ready"
 
 
