@@ -36,7 +36,7 @@ from trl_clinic import checkup
 from trl_clinic.course import data
 from trl_clinic.course.companions import lesson_02_accumulation as companion
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import failed_checks, measured, save_metrics
+from trl_clinic.course.results import conclude, measured, save_metrics
 from trl_clinic.probes.gradients import cosine, relative_error
 
 run = start_run("02", profile, seed, output_dir)
@@ -281,5 +281,4 @@ summary = (f"Today's SFTTrainer on {numbers['model']['class']} (it declares no l
            f"per-row means, which weighs a short answer's tokens {weights:.0f}x a long one's; with "
            f"trainer.model_accepts_loss_kwargs = True it matched to {fix['relative_error']:.0e}.")
 metrics = save_metrics(run, "02", numbers, checks, summary=summary)
-assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
-print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")
+conclude(metrics, run.output_dir)

@@ -35,7 +35,7 @@ from trl import SFTConfig
 from trl_clinic.course import child
 from trl_clinic.course.companions import lesson_02b_accumulation_ddp as companion
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import failed_checks, measured, save_metrics
+from trl_clinic.course.results import conclude, measured, save_metrics
 from trl_clinic.probes.gradients import relative_error
 
 run = start_run("02b", profile, seed, output_dir)
@@ -217,5 +217,4 @@ summary = (f"On {world['processes']} processes over {world['backend']}, per-proc
            f"(average_tokens_across_devices=False) was up to {worst:.0%} off one process with the whole batch, exactly "
            f"the per-process weighting (by hand {by_hand:.0e}); average_tokens_across_devices=True matched to {fixed_error:.0e}.")
 metrics = save_metrics(run, "02b", numbers, checks, summary=summary)
-assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
-print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")
+conclude(metrics, run.output_dir)

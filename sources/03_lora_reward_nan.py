@@ -38,7 +38,7 @@ from trl_clinic import checkup
 from trl_clinic.course.companions.lesson_03_reward_nan import (first_nonfinite_step, keep_log, plot_bad_vs_fixed,
                                                       preference_data, reward_trainer)
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import failed_checks, measured, save_metrics
+from trl_clinic.course.results import conclude, measured, save_metrics
 
 run = start_run("03", profile, seed, output_dir)
 print(run.describe())
@@ -284,6 +284,5 @@ summary = (f"fp16 weights with the non-fused AdamW logged loss {logged[0]:.2g}, 
            f"the raw loss was NaN from step {first_bad}, after one AdamW step turned the fp16 score head non-finite. "
            f"float32 weights stayed finite and ranked {accuracy['float32 (fixed)']:.0%} of held-out pairs right.")
 metrics = save_metrics(run, "03", numbers, checks, summary=summary)
-assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
 print(summary)
-print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")
+conclude(metrics, run.output_dir)

@@ -37,7 +37,7 @@ from trl_clinic.course import eras
 from trl_clinic.course.companions import lesson_04_padding_side as companion
 from trl_clinic.course.models import load_smollm2
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import failed_checks, measured, save_metrics
+from trl_clinic.course.results import conclude, measured, save_metrics
 from trl_clinic.course.tokenizer import build_tokenizer
 from trl_clinic.probes.padding import generation_check
 
@@ -303,5 +303,4 @@ numbers = {"then": companion.era_record(report), "grid": grid, "portable": porta
 summary = companion.summary(numbers)
 metrics = save_metrics(run, "04", numbers, checks, summary=summary, eras=[report.to_metrics()])
 display(Markdown(summary))
-assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
-print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")
+conclude(metrics, run.output_dir)

@@ -1,16 +1,27 @@
-"""Every check can fail: each notebook's ``checks`` function, fed the numbers of a run without the bug
-(or without the fix), reports exactly the checks that such a run breaks as failed.
+"""Every check can fail, for the reason it names: each notebook's ``checks`` function, fed the numbers of the
+other run, reports the checks that run breaks as failed, and each threshold sits between the two runs.
 
 The ``checks`` cells of each notebook (tag ``checks``) are read from its percent-format source and run on
 their own, so they can use nothing but the numbers. The numbers of a real cpu run at seed 0 are kept in
 ``tests/fixtures/numbers/<key>.json`` (refresh them with ``python tests/fixtures/refresh.py OUT`` after a
-``trl-clinic run --profile cpu --seed 0``). ``tests/mutations/<key>.py`` holds one mutation per check: the
-part of the check's name it matches (or a tuple of parts, where one realistic change breaks several checks)
-and a change of the numbers that a real run without the bug, or without the fix, could produce (a value of
-the other run, not an impossible one). The test asserts that exactly the named checks fail, no more, no less.
-A check made constant, or a new check without a mutation, fails here loudly.
+``trl-clinic run --profile cpu --seed 0``). ``tests/mutations/<key>.py`` holds, for that lesson:
+
+* ``OTHER_RUN``: for each group, a function that puts the other run's complete numbers where the group reads
+  its own (``"symptom"``: the fixed run's numbers in place of the bad run's; ``"fix"``: the bad run's in place
+  of the fixed run's). Every check of the group must fail on them: whole runs, not one field moved into a
+  state no run has.
+* ``SHARED``: the checks both runs pass by design (a precondition of the experiment, such as the model class
+  both runs train), each with the reason; only these keep a one-field mutation in ``MUTATIONS``, a value a
+  real run could produce.
+* ``MARGINS``: for each check written as ``below()``/``above()``, how far the lesson argues its threshold
+  sits from each run (``log(own, other)``: factors; ``linear(own, other)``: differences). The test measures
+  both on the fixture and the other run: a threshold loosened toward the other run, or tightened toward its
+  own, fails here.
+* ``gpu_shape``: the cpu numbers reshaped to the gpu profile's sizes (what it tests is the checks' indexing
+  and their thresholds' arguments at those sizes, not a GPU's numbers).
 """
 
+import ast
 import copy
 import importlib.util
 import json
@@ -23,7 +34,7 @@ import jupytext
 import pytest
 
 from trl_clinic.course.lessons import lessons
-from trl_clinic.course.results import Check, from_json_safe, injected, measured, recreated
+from trl_clinic.course.results import Check, above, below, from_json_safe, injected, measured, recreated
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "numbers"
@@ -37,7 +48,14 @@ def lesson_checks(key: str):
     source = ROOT / "sources" / f"{LESSONS[key].notebook}.py"
     cells = [cell for cell in jupytext.read(source).cells if "checks" in cell.metadata.get("tags", [])]
     assert cells, f"{source.name} has no cell tagged 'checks'"
-    namespace = {"math": math, "measured": measured, "recreated": recreated, "injected": injected}
+    namespace = {
+        "math": math,
+        "measured": measured,
+        "recreated": recreated,
+        "injected": injected,
+        "below": below,
+        "above": above,
+    }
     for cell in cells:
         exec(cell.source, namespace)
     return namespace["checks"]
@@ -92,23 +110,131 @@ def test_the_real_runs_numbers_pass_every_check_and_each_says_its_kind(key):
     assert all(check.passed for check in checks.values()), [name for name, c in checks.items() if not c.passed]
 
 
+def groups(key: str, numbers: dict) -> dict[str, dict[str, Check]]:
+    symptom, fix = lesson_checks(key)(numbers)
+    return {"symptom": symptom, "fix": fix}
+
+
+def shared(key: str) -> dict[str, str]:
+    return getattr(table(key), "SHARED", {})
+
+
+def is_shared(key: str, name: str) -> bool:
+    return any(part in name for part in shared(key))
+
+
 @pytest.mark.parametrize("key", LESSONS)
-def test_every_check_has_a_mutation(key):
+def test_each_lesson_mutates_whole_runs(key):
+    """OTHER_RUN for both groups; one-field mutations only for the checks both runs share, each with a reason."""
+    other = getattr(table(key), "OTHER_RUN", None)
+    assert other is not None and set(other) == {"symptom", "fix"}, f"tests/mutations/{key}.py: OTHER_RUN per group"
     names = verdict(key, baseline(key))
+    for part, reason in shared(key).items():
+        assert sum(part in name for name in names) == 1, f"SHARED {part!r} must name exactly one check of {key}"
+        assert reason.strip(), f"SHARED {part!r}: say why both runs pass it"
     for part in mutations(key):
         for p in parts_of(part):
             assert sum(p in name for name in names) == 1, f"{p!r} must name exactly one check of lesson {key}"
-    unmatched = [name for name in names if not any(named(part, [name]) for part in mutations(key))]
-    assert not unmatched, f"lesson {key}: checks without a mutation that makes them fail: {unmatched}"
+            assert is_shared(key, p) or any(p in s_ for s_ in shared(key)), (
+                f"lesson {key}: {p!r} has a one-field mutation but is not SHARED: the other run must fail it"
+            )
+    for name in names:
+        if is_shared(key, name):
+            assert any(named(part, [name]) for part in mutations(key)), f"{key}: shared {name!r} has no mutation"
+
+
+@pytest.mark.parametrize("key, group", [(key, group) for key in LESSONS for group in ("symptom", "fix")])
+def test_the_other_run_fails_every_check_of_the_group(key, group):
+    """The fixed run's numbers fail every symptom check; the bad run's fail every fix check (shared ones aside)."""
+    numbers = table(key).OTHER_RUN[group](copy.deepcopy(baseline(key)))
+    checks = groups(key, numbers)[group]
+    assert checks, f"lesson {key}: the {group} group is empty on the other run"
+    passing = [name for name, check in checks.items() if check.passed and not is_shared(key, name)]
+    assert not passing, f"lesson {key}: on the other run's numbers these {group} checks still pass: {passing}"
 
 
 @pytest.mark.parametrize("key, part", [(key, part) for key in LESSONS for part in mutations(key)])
-def test_exactly_the_named_checks_fail_on_a_run_without_the_bug_or_the_fix(key, part):
+def test_a_shared_precondition_fails_alone_when_its_run_changes_it(key, part):
     numbers = copy.deepcopy(baseline(key))
     mutations(key)[part](numbers)
     checks = verdict(key, numbers)
     failed = {name for name, check in checks.items() if not check.passed}
     assert failed == named(part, checks), f"lesson {key}, mutation {part!r}: failed {sorted(failed)}"
+
+
+def margins(key: str) -> dict:
+    return getattr(table(key), "MARGINS", {})
+
+
+def sides(op: str, threshold: float, own: float, other: float, scale: str) -> tuple[float, float]:
+    """How far the threshold sits from the run's own value (on the side where the check passes) and from the
+    other run's (on the side where it fails): factors on the log scale, differences on the linear one. A
+    NaN, or a 0 beyond the line, is infinitely far (every threshold fails it)."""
+    if scale == "linear":
+        gaps = (threshold - own, other - threshold) if op == "<" else (own - threshold, threshold - other)
+        return tuple(math.inf if math.isnan(g) else g for g in gaps)
+    small, large = (own, threshold) if op == "<" else (threshold, own)
+    own_side = math.inf if small == 0 and large > 0 else large / small
+    small, large = (threshold, other) if op == "<" else (other, threshold)
+    other_side = math.inf if math.isnan(other) or (small == 0 and large > 0) else large / small
+    if min(own, threshold, other) < 0:
+        raise AssertionError(f"a log margin needs numbers >= 0, got {own}, {threshold}, {other}: use linear()")
+    return own_side, other_side
+
+
+@pytest.mark.parametrize("key", LESSONS)
+def test_every_threshold_sits_between_the_runs_with_the_argued_margin(key):
+    """Each check written as below()/above() has a margin in MARGINS, and on the fixture and on the other run's
+    numbers it is at least that margin from the line on each side: loosening or tightening it fails here."""
+    own = groups(key, baseline(key))
+    problems = []
+    for group in ("symptom", "fix"):
+        other = groups(key, table(key).OTHER_RUN[group](copy.deepcopy(baseline(key))))[group]
+        for name, check in own[group].items():
+            argued = [m for part, m in margins(key).items() if part in name]
+            if check.comparison is None:
+                if argued:
+                    problems.append(f"{name!r} has a margin but no below()/above()")
+                continue
+            if len(argued) != 1:
+                problems.append(f"{name!r}: {len(argued)} MARGINS entries (one needed)")
+                continue
+            scale, own_margin, other_margin = argued[0]
+            if is_shared(key, name) or name not in other or other[name].comparison is None:
+                continue
+            comparison = check.comparison
+            got_own, got_other = sides(
+                comparison.op, comparison.threshold, comparison.value, other[name].comparison.value, scale
+            )
+            if got_own < own_margin or got_other < other_margin:
+                problems.append(
+                    f"{name!r}: {check.comparison.op} {check.comparison.threshold:g} sits {got_own:.3g} from its own "
+                    f"run ({check.comparison.value:.3g}, argued {own_margin:g}) and {got_other:.3g} from the other "
+                    f"({other[name].comparison.value:.3g}, argued {other_margin:g})"
+                )
+    assert not problems, f"lesson {key}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("key", LESSONS)
+def test_threshold_checks_are_written_as_comparisons(key):
+    """A check that compares a number with a constant is written below()/above(), so its margin is tested."""
+    source = ROOT / "sources" / f"{LESSONS[key].notebook}.py"
+    cells = [cell for cell in jupytext.read(source).cells if "checks" in cell.metadata.get("tags", [])]
+    bare = []
+    for cell in cells:
+        for node in ast.walk(ast.parse(cell.source)):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) in ("measured", "recreated", "injected")
+                and node.args
+                and isinstance(node.args[0], ast.Compare)
+                and any(
+                    isinstance(c, ast.Constant) and isinstance(c.value, (int, float)) for c in ast.walk(node.args[0])
+                )
+                and any(isinstance(op, (ast.Lt, ast.Gt, ast.LtE, ast.GtE)) for op in node.args[0].ops)
+            ):
+                bare.append(ast.unparse(node)[:100])
+    assert not bare, f"lesson {key}: threshold checks not written as below()/above(): {bare}"
 
 
 @pytest.mark.parametrize("key", [key for key in LESSONS if "then" in baseline(key)])

@@ -12,7 +12,8 @@ A core (``notebooks/NN_*.ipynb``):
   ``exercise``), and a worked-solutions notebook at ``notebooks/solutions/<core>.ipynb``;
 * about 900 words of prose or fewer, 18 code cells or fewer (median about 6 lines, none over 25), about six
   version numbers or fewer in the prose;
-* ends with its checks, introduced in one sentence, collapsed in JupyterLab, and "all checks passed".
+* ends with its checks, introduced in one sentence, collapsed in JupyterLab, and
+  ``conclude`` (which says "all checks passed", or that the lesson is incomplete).
 A deep dive (``notebooks/deeper/NN_*.ipynb``) opens with one line on what its core showed (a link to the core),
 keeps its code cells on a screen, and ends with its checks the same way.
 """
@@ -204,7 +205,7 @@ def test_checks_come_last_collapsed_and_introduced_in_one_sentence(key):
         f"{lesson.stem}: nothing for the learner to read after the checks"
     )
     last = code(lesson)[-1].source.strip().splitlines()[-1]
-    assert last.startswith('print(f"all checks passed'), f"{lesson.stem}'s last line is {last!r}"
+    assert last == "conclude(metrics, run.output_dir)", f"{lesson.stem}'s last line is {last!r}"
 
 
 @pytest.mark.parametrize("key", TABLE)

@@ -19,7 +19,7 @@ import pytest
 
 from trl_clinic.cli import main
 from trl_clinic.course.report import build_report
-from trl_clinic.course.results import load_metrics
+from trl_clinic.course.results import eras_not_run, load_metrics
 from trl_clinic.course.workbook import SUMMARY_JSON, find_lessons, is_deep_dive, notebook_parameters
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
@@ -127,6 +127,7 @@ def assert_passed(out: Path, results: dict, name: str) -> None:
     metrics = load_metrics(out / name)
     assert metrics["profile"] == "cpu"
     assert metrics["symptom_reproduced"] and metrics["fix_verified"]
+    assert metrics["complete"], f"{name}: the old versions' part did not run: {eras_not_run(metrics)}"
     assert list((out / name).glob("*.png")), "the notebook saved no figure"
     assert (out / name / f"{name}.ipynb").exists()
 

@@ -36,7 +36,7 @@ from trl_clinic.course.companions import lesson_02_accumulation_deeper as compan
 from trl_clinic.course.companions.lesson_02_accumulation import FirstStep
 from trl_clinic.course.models import model_maker
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import failed_checks, injected, measured, recreated, save_metrics
+from trl_clinic.course.results import conclude, injected, measured, recreated, save_metrics
 from trl_clinic.course.runtime import progress
 from trl_clinic.course.stand_ins import MeanPerMicroBatchSFTTrainer
 from trl_clinic.probes.gradients import relative_error
@@ -348,5 +348,4 @@ summary = (f"Batch 1 x {N} with the pre-4.46 per-micro-batch mean (recreated{rea
            f"{held_out['big batch']['all']:.3f}; a custom compute_loss that drops num_items_in_batch gave the old gradient "
            f"{N} times longer; {len(top_level)} model classes of today's transformers declare no loss kwargs.")
 metrics = save_metrics(run, "02-deeper", numbers, checks, summary=summary, eras=[then.to_metrics()])
-assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
-print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")
+conclude(metrics, run.output_dir)

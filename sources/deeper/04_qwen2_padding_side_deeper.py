@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM
 from trl_clinic.course import data, eras
 from trl_clinic.course.companions import lesson_04_padding_side as companion
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import failed_checks, measured, save_metrics
+from trl_clinic.course.results import conclude, measured, save_metrics
 from trl_clinic.course.tokenizer import build_tokenizer
 from trl_clinic.probes.padding import (ForwardAudit, batched_eval_loss, generation_check, per_row_eval_losses,
                                        scoring_check, sequence_logprobs)
@@ -388,5 +388,4 @@ summary = companion.summary_deeper(numbers)
 metrics = save_metrics(run, "04-deeper", numbers, checks, summary=summary,
                        eras=[first.to_metrics(), report.to_metrics()])
 display(Markdown(summary))
-assert not failed_checks(metrics), f"checks failed: {failed_checks(metrics)}"
-print(f"all checks passed; metrics in {run.output_dir / 'metrics.json'}")
+conclude(metrics, run.output_dir)

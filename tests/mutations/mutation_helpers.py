@@ -9,3 +9,15 @@ def set_all(rows, field, value):
 def cycled(values: list, length: int) -> list:
     """``values`` repeated and cut to ``length``: a cpu run's series stretched to a gpu profile's longer one."""
     return (values * (length // len(values) + 1))[:length]
+
+
+def log(own: float, other: float) -> tuple[str, float, float]:
+    """A margin on the log scale: the threshold sits at least ``own`` times from the run's own value and
+    ``other`` times from the other run's (``MARGINS`` in a mutation table)."""
+    return ("log", own, other)
+
+
+def linear(own: float, other: float) -> tuple[str, float, float]:
+    """A margin on the linear scale: at least ``own`` from the run's own value and ``other`` from the other's,
+    for numbers that can be 0 or negative (a cosine's distance from 1, a shift in logits)."""
+    return ("linear", own, other)

@@ -93,14 +93,26 @@ def _verdict(metrics: dict | None, group: str) -> tuple[bool | None, str]:
 
 
 def _checks_table(metrics: dict) -> str:
-    """Every check with its kind and result, so a reader sees what is measured and what stands in."""
+    """Every check with its kind, its value against its threshold where it has one, and its result, so a reader
+    sees what is measured, what stands in, and how close to the line each number fell."""
     rows = "".join(
         f"<tr><td>{group}</td><td>{html.escape(name)}</td><td class='kind-{check['kind']}'>{check['kind']}</td>"
-        f"<td>{_yes_no(check['passed'])}</td></tr>"
+        f"<td>{_comparison(check)}</td><td>{_yes_no(check['passed'])}</td></tr>"
         for group, checks in metrics["checks"].items()
         for name, check in checks.items()
     )
-    return "<table class='checks'><tr><th>group</th><th>check</th><th>kind</th><th>passed</th></tr>" + rows + "</table>"
+    header = "<tr><th>group</th><th>check</th><th>kind</th><th>value</th><th>passed</th></tr>"
+    return f"<table class='checks'>{header}{rows}</table>"
+
+
+def _comparison(check: dict) -> str:
+    """ "0.42 > 0.01" for a check written as a comparison (a NaN value is stored as the string "nan")."""
+    if "op" not in check:
+        return ""
+    value, threshold = (
+        f"{x:.3g}" if isinstance(x, (int, float)) else str(x) for x in (check["value"], check["threshold"])
+    )
+    return html.escape(f"{value} {check['op']} {threshold}")
 
 
 def _eras(metrics: dict) -> str:
@@ -151,7 +163,9 @@ def build_report(out: str | Path) -> Path:
             device = metrics["device"].get("gpu") or metrics["device"]["device"]
         else:
             failed, device = [], "?"
-        status = run_info.get("status") or ("passed" if metrics and not failed else "error")
+        status = run_info.get("status") or (
+            "error" if not metrics else "failed checks" if failed else "passed" if metrics["complete"] else "incomplete"
+        )
         rows.append(
             f"<tr><td><a href='#{name}'>{html.escape(name)}</a></td><td>{html.escape(status)}</td>"
             f"<td>{_yes_no(*_verdict(metrics, 'symptom'), _ran_real_old_code(metrics))}</td>"

@@ -25,24 +25,60 @@ KINDS = ("measured", "recreated", "injected")
 
 
 @dataclass(frozen=True)
+class Comparison:
+    """A measurement and the line it is held against (``below(error, 1e-4)``, ``above(ratio, 1.5)``).
+
+    A check written as a comparison keeps its value and its threshold in ``metrics.json``, so a test can
+    run the same check on the other run's numbers and see where the line sits between the two
+    (tests/test_checks_can_fail.py): a threshold loosened past the other run, or drawn so close to one
+    run that another seed crosses it, fails there.
+    """
+
+    value: float
+    op: str  # "<" or ">"
+    threshold: float
+
+    def __bool__(self) -> bool:
+        # NaN compares false either way: a NaN measurement never passes a check
+        return bool(self.value < self.threshold) if self.op == "<" else bool(self.value > self.threshold)
+
+
+def below(value: float, threshold: float) -> Comparison:
+    """``value < threshold``, kept as a comparison (see ``Comparison``)."""
+    return Comparison(float(value), "<", float(threshold))
+
+
+def above(value: float, threshold: float) -> Comparison:
+    """``value > threshold``, kept as a comparison (see ``Comparison``)."""
+    return Comparison(float(value), ">", float(threshold))
+
+
+@dataclass(frozen=True)
 class Check:
     passed: bool
     kind: str  # one of KINDS: every check says what it rests on
+    comparison: Comparison | None = None  # the value and threshold, for a check written as below()/above()
 
 
-def measured(passed: bool) -> Check:
+def _check(passed: bool | Comparison, kind: str) -> Check:
+    if isinstance(passed, Comparison):
+        return Check(bool(passed), kind, passed)
+    return Check(passed, kind)
+
+
+def measured(passed: bool | Comparison) -> Check:
     """A check on a measurement of the real code path (today's libraries, or an old version in its era)."""
-    return Check(passed, "measured")
+    return _check(passed, "measured")
 
 
-def recreated(passed: bool) -> Check:
+def recreated(passed: bool | Comparison) -> Check:
     """A check whose bad behaviour comes from a re-creation of old library code."""
-    return Check(passed, "recreated")
+    return _check(passed, "recreated")
 
 
-def injected(passed: bool) -> Check:
+def injected(passed: bool | Comparison) -> Check:
     """A check whose failure was put there on purpose."""
-    return Check(passed, "injected")
+    return _check(passed, "injected")
 
 
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -77,6 +113,13 @@ def _as_check(name: str, value: object) -> Check:
     return check
 
 
+def _record(check: Check) -> dict:
+    record = {"passed": check.passed, "kind": check.kind}
+    if check.comparison is not None:
+        record.update(value=check.comparison.value, op=check.comparison.op, threshold=check.comparison.threshold)
+    return record
+
+
 def _kind_of(checks: dict[str, Check]) -> str:
     """ "measured" only when every check is; otherwise the stand-in kinds involved, so a report never
     says "reproduced" for a re-created or injected symptom without saying so."""
@@ -97,6 +140,10 @@ def save_metrics(
     (``EraRun.to_metrics()``); a skipped or failed era is listed as such, and its checks are absent.
     ``summary``: one or two sentences a workshop participant can read, written from this run's numbers;
     the report shows it instead of raw metric keys.
+
+    Nothing passes by vanishing: an empty group (every check of it left out) is neither reproduced nor
+    verified, and a lesson whose era did not finish is ``complete: false`` (the runner reports it as
+    incomplete, never as passed).
     """
     if not isinstance(summary, str):
         raise TypeError(f"summary must be a str, got {type(summary).__name__}")
@@ -110,14 +157,12 @@ def save_metrics(
         "summary": summary,
         "profile": run.profile,
         "seed": run.seed,
-        "symptom_reproduced": all(check.passed for check in groups["symptom"].values()),
+        "symptom_reproduced": bool(groups["symptom"]) and all(c.passed for c in groups["symptom"].values()),
         "symptom_kind": _kind_of(groups["symptom"]),
-        "fix_verified": all(check.passed for check in groups["fix"].values()),
+        "fix_verified": bool(groups["fix"]) and all(c.passed for c in groups["fix"].values()),
         "fix_kind": _kind_of(groups["fix"]),
-        "checks": {
-            group: {name: {"passed": check.passed, "kind": check.kind} for name, check in checks.items()}
-            for group, checks in groups.items()
-        },
+        "complete": all(record["status"] == "finished" for record in eras or []),
+        "checks": {group: {name: _record(check) for name, check in checks.items()} for group, checks in groups.items()},
         "eras": [
             {key: record[key] for key in ("era", "script", "status", "message", "versions")} for record in eras or []
         ],
@@ -132,7 +177,31 @@ def save_metrics(
 
 
 def failed_checks(metrics: dict) -> list[str]:
-    return [name for group in metrics["checks"].values() for name, check in group.items() if not check["passed"]]
+    """The checks that failed, and a group left empty (every check of it absent) as a failure of its own."""
+    failed = [name for group in metrics["checks"].values() for name, check in group.items() if not check["passed"]]
+    return failed + [f"no {group} check ran" for group, checks in metrics["checks"].items() if not checks]
+
+
+def eras_not_run(metrics: dict) -> list[str]:
+    """The eras of this lesson that did not finish, each with its message ("skipped: ...", "failed: ...")."""
+    return [f"{record['era']}: {record['message']}" for record in metrics["eras"] if record["status"] != "finished"]
+
+
+def conclude(metrics: dict, output_dir: str | Path) -> None:
+    """A notebook's last words: raise when a check failed or a group was left empty; otherwise say that the
+    checks passed, or, when an era did not run, that the lesson is incomplete and which part is missing."""
+    failed = failed_checks(metrics)
+    if failed:
+        raise AssertionError(f"checks failed: {failed}")
+    missing = eras_not_run(metrics)
+    where = Path(output_dir) / METRICS_FILE
+    if missing:
+        print(
+            f"INCOMPLETE: the checks that ran passed, but the old versions' part did not run ({'; '.join(missing)}); "
+            f"metrics in {where}"
+        )
+    else:
+        print(f"all checks passed; metrics in {where}")
 
 
 def load_metrics(output_dir: str | Path) -> dict:

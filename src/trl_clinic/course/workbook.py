@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trl_clinic.course.gpu_usage import GpuUsage
-from trl_clinic.course.results import METRICS_FILE, failed_checks, load_metrics
+from trl_clinic.course.results import METRICS_FILE, eras_not_run, failed_checks, load_metrics
 from trl_clinic.course.runtime import PROGRESS_ENV
 
 SUMMARY_JSON, SUMMARY_MD = "summary.json", "summary.md"
@@ -27,7 +27,7 @@ SUMMARY_JSON, SUMMARY_MD = "summary.json", "summary.md"
 @dataclass
 class LessonResult:
     lesson: str
-    status: str  # "passed", "failed checks", "error"
+    status: str  # "passed", "incomplete" (checks passed, an era did not run), "failed checks", "error"
     seconds: float
     notebook: str
     symptom_reproduced: bool | None = None
@@ -147,7 +147,8 @@ def run_lesson(path: Path, out: Path, parameters: dict[str, object], progress_ba
         result.failed = failed_checks(metrics)
         result.summary = metrics.get("summary", "")
         if error is None:
-            result.status = "passed" if not result.failed else "failed checks"
+            result.status = "failed checks" if result.failed else "passed" if metrics["complete"] else "incomplete"
+            result.error = "; ".join(eras_not_run(metrics)) or None
     elif error is None:
         result.error = f"the notebook finished without writing {METRICS_FILE}"
     return result
