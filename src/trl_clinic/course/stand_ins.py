@@ -8,6 +8,10 @@ library version and the code it stands for.
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
 from transformers import Trainer, TrainerCallback
 from trl import SFTTrainer
 
@@ -45,6 +49,19 @@ class MeanPerMicroBatchSFTTrainer(SFTTrainer):
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=None)
 
 
+def die_by_sigfpe() -> None:
+    """INJECTED: die by SIGFPE, through torch's real kernel trap where the processor has one.
+
+    On x86, ``crash.native_sigfpe`` traps and the process dies in the kernel. A processor whose division
+    does not trap (ARM) returns from it; then the process sends itself SIGFPE, saying so on stderr, so the
+    stand-in dies the same way on every machine. Only ``InjectedH20Fault`` uses it; the lessons' checks of a
+    real native crash call ``crash.native_sigfpe`` and see whether it trapped.
+    """
+    native_sigfpe()
+    print("stand-in: this processor's division did not trap; sending SIGFPE by hand", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGFPE)
+
+
 class InjectedH20Fault(TrainerCallback):
     """INJECTED: dies with a native SIGFPE at the first step when ``bf16`` is on.
 
@@ -58,4 +75,4 @@ class InjectedH20Fault(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         if args.bf16:
-            native_sigfpe()
+            die_by_sigfpe()
