@@ -19,6 +19,15 @@ from trl_clinic.course.crash import native_sigfpe
 
 RECREATED, INJECTED = "recreated", "injected"
 
+# Re-creations that run inside an era, whose script cannot import this package: named here with what they stand
+# for, and labelled the same way where they are defined.
+IN_ERAS = {
+    "then_04_padding_side.as_flash_attention_2": "RE-CREATED: a Qwen2 loaded with eager attention, then told it is "
+    "FlashAttention-2 (its config; on transformers <= 4.47 also the model's field and its layers' class), as loading "
+    "it with FlashAttention-2 on a GPU leaves it; the old code then runs for real up to the first flash kernel call, "
+    "which needs flash-attn and a CUDA GPU (lesson 04's era checks are `recreated`).",
+}
+
 
 def recreate_pre_446_loss(trainer: Trainer) -> Trainer:
     """RE-CREATED: the gradient-accumulation loss of transformers before 4.46, on a model that accepts loss kwargs.
