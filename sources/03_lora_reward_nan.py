@@ -34,11 +34,14 @@ import math
 
 import torch
 
+from IPython.display import Markdown, display
+
 from trl_clinic import checkup
 from trl_clinic.course.companions.lesson_03_reward_nan import (first_nonfinite_step, keep_log, plot_bad_vs_fixed,
                                                       preference_data, reward_trainer)
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import conclude, measured, save_metrics
+from trl_clinic.course.results import above, below, conclude, measured, save_metrics
+from trl_clinic.probes.recording import quiet
 
 run = start_run("03", profile, seed, output_dir)
 print(run.describe())
@@ -51,14 +54,14 @@ pairs = preference_data(run)  # the model's tokenizer; (prompt, chosen, rejected
 # `RewardTrainer` with the report's settings: weights in fp16 (the report's `torch_dtype="half"`), LoRA
 # with `task_type="SEQ_CLS"` (the `score` head trains), 32 micro-batches a step, no mixed precision, and
 # `optim="adamw_torch"`, the non-fused AdamW that was the default when the report was filed (today's
-# default hides the bug: the deep dive shows how). The trainer prints its own log:
+# default hides the bug: the deep dive shows how). The trainer's log rows, cut to the keys the report quoted:
 
 # %% tags=["symptom"]
 report_settings = dict(optim="adamw_torch", per_device_train_batch_size=sizes.batch_size,
                        gradient_accumulation_steps=32, logging_steps=25, max_steps=sizes.train_steps)
 report = reward_trainer(run, pairs, torch.float16, "report", task_type="SEQ_CLS", bf16=False, **report_settings)
-report_log = keep_log(report)  # also keeps each step's loss as the model returned it
-report.train()
+report_log = keep_log(report)  # prints the log rows; also keeps each step's loss as the model returned it
+output = report.train()
 
 # %% [markdown]
 # The report's two lines: a loss of about 1e+34 with a NaN grad norm, then a loss of exactly 0. What the
@@ -87,7 +90,7 @@ print(f"logged loss {report_log.series('loss')[1]}, logged grad norm {report_log
 
 # %% tags=["mechanism"]
 lr, beta1, beta2, eps = 1e-3, 0.9, 0.999, 1e-8  # AdamW's defaults, and a fine-tuning learning rate
-one_step_table = {}
+one_step_table = {"float32": {}, "float16": {}}
 for g in (1e-2, 1e-3, 1e-7, 0.0):
     for dtype in (torch.float32, torch.float16):
         w = torch.zeros(1, dtype=dtype, device=run.device, requires_grad=True)
@@ -96,7 +99,7 @@ for g in (1e-2, 1e-3, 1e-7, 0.0):
         adam.step()
         m, v = adam.state[w]["exp_avg"], adam.state[w]["exp_avg_sq"]
         denominator = v.sqrt() / math.sqrt(1 - beta2) + eps  # computed in the weight's dtype, as AdamW does
-        one_step_table[f"{g:g} {str(dtype)[6:]}"] = w.item()
+        one_step_table[str(dtype)[6:]][f"{g:g}"] = w.item()
         print(f"g={g:<6g} {str(dtype)[6:]:8} m={m.item():<10.3g} v={v.item():<10.3g} "
               f"denominator={denominator.item():<10.3g} weight after the step={w.item():.3g}")
 print(f"in fp16: eps becomes {torch.tensor(eps, dtype=torch.float16).item()}, v is 0 for |g| < "
@@ -128,17 +131,22 @@ def check_trainable(model: torch.nn.Module) -> list[str]:
     return problems
 
 
-# %%
-one_step = reward_trainer(run, pairs, torch.float16, "one-step", bf16=False, **{**report_settings, "max_steps": 1})
-one_step.train()
-print("\n".join(check_trainable(one_step.model)) or "ok")
-
 # %% [markdown]
-# The check-up's probes `fp16_adamw` and `reward_head` ask the same questions of a trainer before it trains:
+# One optimizer step of the report's trainer, and of the same trainer with float32 weights. Before each trains,
+# the check-up's probes `fp16_adamw` and `reward_head` ask the same questions of the trainer (its table shows
+# the fp16 one):
 
 # %%
-report_probes = checkup(reward_trainer(run, pairs, torch.float16, "checkup", bf16=False, **report_settings),
-                        only=["fp16_adamw", "reward_head"])
+after_one_step = {}
+for dtype in (torch.float16, torch.float32):
+    one_step = quiet(reward_trainer(run, pairs, dtype, f"one-step-{dtype}", bf16=False, **{**report_settings,
+                                                                                          "max_steps": 1}))
+    probes = checkup(one_step, only=["fp16_adamw", "reward_head"], show=dtype == torch.float16)
+    one_step.train()
+    after_one_step[dtype] = {"check_trainable": check_trainable(one_step.model),
+                             "checkup": {f.probe: f.status for f in probes.findings}}
+    print(f"{dtype}, the check-up before the step: {after_one_step[dtype]['checkup']}; check_trainable after it:",
+          *(after_one_step[dtype]["check_trainable"] or ["ok"]), sep="\n    ")
 
 # %% [markdown] tags=["fix"]
 # ## 4. The fix
@@ -152,20 +160,20 @@ report_probes = checkup(reward_trainer(run, pairs, torch.float16, "checkup", bf1
 # ```
 #
 # When TRL loads the model from its name, the same line is `RewardConfig(model_init_kwargs={"dtype": "float32"})`.
-# Mixed precision on top (`bf16=True`, as the gpu profile runs it) is fine: the weights and AdamW's state stay
-# float32. The report's run with only the dtype changed:
+# Mixed precision on top is fine too: `bf16=True` autocasts the matrix multiplies, while the weights and AdamW's
+# state stay float32. The report's run with only the dtype changed, its log kept quiet (the figure shows it):
 
 # %%
-fixed = reward_trainer(run, pairs, torch.float32, "fixed", task_type="SEQ_CLS", **report_settings)
-fixed_log = keep_log(fixed)
+fixed = reward_trainer(run, pairs, torch.float32, "fixed", task_type="SEQ_CLS", bf16=False, **report_settings)
+fixed_log = keep_log(fixed, printed=False)
 fixed.train()
+fixed_raw = fixed_log.series("raw_loss")[1]
 
 # %%
-accuracy = {"fp16 (report)": report.evaluate()["eval_accuracy"], "float32 (fixed)": fixed.evaluate()["eval_accuracy"]}
-fixed_raw = fixed_log.series("raw_loss")[1]
+accuracy = {"fp16 (report)": quiet(report).evaluate()["eval_accuracy"],
+            "float32 (fixed)": fixed.evaluate()["eval_accuracy"]}
 print(f"fixed run: every raw loss finite {all(map(math.isfinite, fixed_raw))}; held-out pair accuracy {accuracy}")
-print("check_trainable on the fixed model:", check_trainable(fixed.model) or "ok")
-fixed_probes = checkup(fixed, only=["fp16_adamw", "reward_head"])
+print("(the fp16 model's rewards are NaN, and NaN never ranks one answer above another: its 0 is a fact, not a test)")
 
 # %% [markdown]
 # ## 5. What the log said, what the model did
@@ -222,67 +230,83 @@ no_head = reward_trainer(run, pairs, torch.float16, "no-head", task_type="SEQ_CL
 # The claims above, asserted on this run's numbers.
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
-def symptom_checks(n: dict) -> dict:
-    """The report's log, the raw loss under it, one fp16 AdamW step, and what the checks find after one step."""
-    logged, raw, table = n["report_logged_loss"], n["report_raw_loss"], n["one_adam_step"]
-    fp16_rows = {g: table[f"{g} float16"] for g in ("0.01", "0.001", "1e-07", "0")}
+def finite(value: float) -> float:
+    """The value when finite, else NaN (which passes no comparison): "a huge finite number" is never inf."""
+    return value if math.isfinite(value) else math.nan
+
+
+def log_checks(bad: dict) -> dict:
+    """The report's run (fp16 weights): its log, and the raw loss under it."""
+    logged, raw = bad["logged_loss"], bad["raw_loss"]
+    replay_error = max((abs(p - q) / abs(p) if p else abs(q) for p, q in zip(bad["replayed_logs"], logged)),
+                       default=math.nan) if len(bad["replayed_logs"]) == len(logged) else math.nan
     return {
-        "the report's first logged loss is a huge finite number (> 1e30)": bool(logged) and 1e30 < logged[0] < math.inf,
-        "every later logged loss is exactly 0": len(logged) > 1 and all(v == 0.0 for v in logged[1:]),
-        "the logged grad norm is NaN at every log": bool(n["report_logged_grad_norm"])
-            and all(math.isnan(v) for v in n["report_logged_grad_norm"]),
-        "the raw loss is finite at step 1 and non-finite at every later step": len(raw) > 1 and math.isfinite(raw[0])
-            and not any(math.isfinite(v) for v in raw[1:]),
+        "the first logged loss is a huge finite number (> 1e30)": measured(above(finite(logged[0]), 1e30)),
+        "every later logged loss is exactly 0": measured(len(logged) > 1 and all(v == 0.0 for v in logged[1:])),
+        "the logged grad norm is NaN at every log": measured(bool(bad["logged_grad_norm"])
+                                                             and all(math.isnan(v) for v in bad["logged_grad_norm"])),
+        "the raw loss is finite at step 1 and non-finite at every later step": measured(
+            len(raw) > 1 and math.isfinite(raw[0]) and not any(math.isfinite(v) for v in raw[1:])),
         "the NaN filter's arithmetic, replayed on the raw losses, gives every logged number (within 1e-2)":
-            len(n["replayed_logs"]) == len(logged)
-            and all(abs(p - q) <= 1e-2 * abs(p) for p, q in zip(n["replayed_logs"], logged)),
-        "the fp16 run ranks no held-out pair right": n["eval_accuracy"]["fp16 (report)"] == 0.0,
-        "one fp16 AdamW step: inf where v underflows, NaN where m does too, finite at g=1e-2":
-            math.isfinite(fp16_rows["0.01"]) and math.isinf(fp16_rows["0.001"])
-            and math.isnan(fp16_rows["1e-07"]) and math.isnan(fp16_rows["0"]),
-        "after one step the only non-finite trainable tensors are the fp16 score head's":
-            bool(n["one_step_nonfinite"]) and all("score" in name and dtype == "torch.float16"
-                                                  for name, dtype in n["one_step_nonfinite"].items()),
-        "the check-up's fp16_adamw probe fails on the report's trainer": n["checkup_report"]["fp16_adamw"] == "fail",
+            measured(below(replay_error, 1e-2)),
+    }
+
+
+# %% jupyter={"source_hidden": true} tags=["checks"]
+def symptom_checks(n: dict) -> dict:
+    """The report's run: its log (above), one AdamW step on its dtype, and what the checks say around one step."""
+    bad = n["runs"]["without_fix"]
+    step = bad["one_adam_step"]
+    return {
+        **log_checks(bad),
+        "one AdamW step on the run's dtype: inf where v underflows, NaN where m does too, finite at g=1e-2":
+            measured(math.isfinite(step["0.01"]) and math.isinf(step["0.001"])
+                     and math.isnan(step["1e-07"]) and math.isnan(step["0"])),
+        "after one step check_trainable flags the fp16 score head, non-finite, and nothing else": measured(
+            bool(bad["check_trainable"]) and all("score" in p and " inf, " in p and "float16" in p
+                                                 for p in bad["check_trainable"])),
+        "the check-up's fp16_adamw probe fails on the report's trainer": measured(bad["checkup"]["fp16_adamw"] == "fail"),
     }
 
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
 def fix_checks(n: dict) -> dict:
-    """float32 weights: finite, learning, and clean to both checks."""
+    """The same run and checks with float32 weights: finite, learning, and clean to both checks."""
+    fixed = n["runs"]["with_fix"]
     return {
-        "the fixed run's raw loss is finite at every step": bool(n["fixed_raw_loss"])
-            and all(math.isfinite(v) for v in n["fixed_raw_loss"]),
-        "the fixed run ranks held-out pairs above chance (accuracy > 0.6)": n["eval_accuracy"]["float32 (fixed)"] > 0.6,
-        "check_trainable finds nothing on the fixed model": n["fixed_problems"] == [],
+        "the fixed run's raw loss is finite at every step": measured(
+            bool(fixed["raw_loss"]) and all(math.isfinite(v) for v in fixed["raw_loss"])),
+        "the fixed run ranks held-out pairs above chance (accuracy > 0.6)": measured(above(fixed["eval_accuracy"], 0.6)),
+        "after one step check_trainable finds nothing": measured(fixed["check_trainable"] == []),
         "the check-up's fp16_adamw and reward_head probes are ok on the fixed trainer":
-            n["checkup_fixed"] == {"fp16_adamw": "ok", "reward_head": "ok"},
+            measured(fixed["checkup"] == {"fp16_adamw": "ok", "reward_head": "ok"}),
     }
 
 
 def checks(n: dict) -> tuple[dict, dict]:
     """The symptom and its mechanism, then the fix; every check on today's real code path."""
-    return ({name: measured(ok) for name, ok in symptom_checks(n).items()},
-            {name: measured(ok) for name, ok in fix_checks(n).items()})
+    return symptom_checks(n), fix_checks(n)
 
 
 # %% jupyter={"source_hidden": true}
 from trl_clinic.probes.recording import replay_nan_filter  # the Trainer's filter, micro-batch by micro-batch
 
-logged = report_log.series("loss")[1]
-numbers = {
-    "report_logged_loss": logged, "report_logged_grad_norm": report_log.series("grad_norm")[1],
-    "replayed_logs": replay_nan_filter(raw, report.args.gradient_accumulation_steps, report.args.logging_steps),
-    "report_raw_loss": raw, "fixed_raw_loss": fixed_raw, "one_adam_step": one_step_table,
-    "one_step_nonfinite": {n: str(p.dtype) for n, p in one_step.model.named_parameters()
-                           if p.requires_grad and not torch.isfinite(p).all()},
-    "eval_accuracy": accuracy, "fixed_problems": check_trainable(fixed.model),
-    "checkup_report": {f.probe: f.status for f in report_probes.findings},
-    "checkup_fixed": {f.probe: f.status for f in fixed_probes.findings},
-}
+
+def record(trainer, log, dtype: torch.dtype, name: str) -> dict:
+    """One run's numbers: its log and raw losses, the filter replayed, one AdamW step and the checks after one."""
+    raw_losses, args = log.series("raw_loss")[1], trainer.args
+    replayed = replay_nan_filter(raw_losses, args.gradient_accumulation_steps, args.logging_steps)
+    return {"dtype": str(dtype), "logged_loss": log.series("loss")[1], "logged_grad_norm": log.series("grad_norm")[1],
+            "raw_loss": raw_losses, "replayed_logs": replayed, "one_adam_step": one_step_table[str(dtype)[6:]],
+            "eval_accuracy": accuracy[name], **after_one_step[dtype]}
+
+
+numbers = {"runs": {"without_fix": record(report, report_log, torch.float16, "fp16 (report)"),
+                    "with_fix": record(fixed, fixed_log, torch.float32, "float32 (fixed)")}}
+logged = numbers["runs"]["without_fix"]["logged_loss"]
 summary = (f"fp16 weights with the non-fused AdamW logged loss {logged[0]:.2g}, grad norm NaN, then {logged[-1]:g}: "
            f"the raw loss was NaN from step {first_bad}, after one AdamW step turned the fp16 score head non-finite. "
            f"float32 weights stayed finite and ranked {accuracy['float32 (fixed)']:.0%} of held-out pairs right.")
 metrics = save_metrics(run, "03", numbers, checks, summary=summary)
-print(summary)
+display(Markdown(summary))
 conclude(metrics, run.output_dir)

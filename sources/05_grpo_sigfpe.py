@@ -13,11 +13,11 @@
 # with `Floating point exception (core dumped)` and nothing else; `bf16=False` made it run.
 #
 # **You will learn**
-# * what that message means, and how to read such a crash from a child process;
-# * how GRPO cuts its generation batch into groups, and which batch settings today's TRL accepts;
+# * what that message means, and why Python prints nothing;
+# * how to read such a crash from a child process, with the stack where it died;
 # * the workaround (`bf16=False`) and the cure (a newer cuBLAS) for the report's crash.
 #
-# **You should know** GRPO's groups of completions ([TRL's GRPO docs](https://huggingface.co/docs/trl/grpo_trainer)) and Python's `subprocess`.
+# **You should know** Python's `subprocess` and a `GRPOConfig` ([TRL's GRPO docs](https://huggingface.co/docs/trl/grpo_trainer)).
 #
 # **Time** 40 s to run on the cpu profile; about 25 minutes to work through.
 #
@@ -29,26 +29,34 @@ seed = 0
 output_dir = None  # None: outputs/05_grpo_sigfpe at the repository root
 
 # %%
+import os
+import re
 import signal
 import subprocess
 import sys
+
+from IPython.display import Markdown, display
 
 from trl_clinic.course.companions import lesson_05_grpo_crash as grpo_crash
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.results import conclude, injected, measured, save_metrics
 
 run = start_run("05", profile, seed, output_dir)
+print(run.describe())
 sizes = run.sizes
 
 # %% [markdown]
 # ## 1. The symptom
 #
-# The report's settings (in today's names, on a small policy; section 3 shows why the config as written no
-# longer loads), started as the user started theirs: `python train_grpo.py` from a shell.
-# **What is real, what stands in:** the GRPO run, the SIGFPE that kills it (an overflowing integer division
-# in a torch kernel, which x86 processors trap) and every word the shell prints are real; what fires it, a
-# callback that runs that kernel at the first step when `bf16` is on, stands in for the H20's cuBLAS bug,
-# which needs that GPU.
+# The report's settings on a small policy, started as the user started theirs: `python train_grpo.py` from a
+# shell. Two of them are renamed for today's libraries (`warmup_ratio` is gone: `warmup_steps` takes a float
+# below 1 as a ratio) and the batch sizes are the lesson's (today's TRL rejects the report's per-device batch 1;
+# the [deep dive](deeper/05_grpo_sigfpe_deeper.ipynb) walks the config).
+#
+# **What is real, what stands in:** the GRPO run, the signal that kills it and every word the shell prints are
+# real. What fires the signal is a *stand-in*, a fault put there on purpose because the real one needs an H20:
+# a callback that runs a crashing torch kernel at the first step when `bf16` is on. It is labelled `injected`
+# wherever it counts.
 
 # %% tags=["symptom"]
 reported = dict(  # the report's GRPOConfig, verbatim
@@ -58,9 +66,9 @@ reported = dict(  # the report's GRPOConfig, verbatim
     num_train_epochs=1, save_steps=100, max_grad_norm=0.1, log_on_each_node=False, use_vllm=False,
     report_to="tensorboard",
 )
-settings = grpo_crash.in_todays_names(reported)  # what the user changed: learning rate ... bf16=True ...
-script = grpo_crash.user_spec(run, "bf16", settings, sizes.user_steps, h20_stand_in=True)
-died = grpo_crash.from_shell(run, script)
+settings = grpo_crash.in_todays_names(reported)  # learning rate ... bf16=True, in today's names
+bad_script = grpo_crash.user_spec(run, "bf16", settings, sizes.user_steps)  # the stand-in attached
+died = grpo_crash.from_shell(run, bad_script)
 print(grpo_crash.terminal_tail(died.stderr))
 print(f"exit status {died.returncode}; a Python traceback: {'Traceback' in died.stderr}")
 
@@ -68,65 +76,12 @@ print(f"exit status {died.returncode}; a Python traceback: {'Traceback' in died.
 # ## 2. What the message means
 #
 # SIGFPE is the signal Linux sends a process whose compiled code asked the processor for an integer division
-# it cannot do (by zero, or one that overflows). Python never gets control back: no traceback, no `except`,
-# and a notebook would lose its kernel. The shell reports the death as exit status 128 + 8 (SIGFPE is
-# signal 8) and in words, adding "(core dumped)" when its core-size limit (`ulimit -c`) let a core file be written.
+# it cannot do. Python never gets control back: no traceback, no `except`, and a notebook would lose its kernel.
+# The shell reports the death as exit status 128 + 8 (SIGFPE is signal 8) and in words, adding "(core dumped)"
+# when its core-size limit (`ulimit -c`) let a core file be written.
 #
-# On H20 GPUs, bf16 and fp16 matrix multiplies with torch's cu121 wheels die this way
-# ([pytorch #133548](https://github.com/pytorch/pytorch/issues/133548),
-# [#152017](https://github.com/pytorch/pytorch/issues/152017)); users trace it to the cuBLAS those wheels
-# come with, and report that `pip install nvidia-cublas-cu12==12.4.5.8` cures it
-# ([Seed-Coder #11](https://github.com/ByteDance-Seed/Seed-Coder/issues/11)). That #2906 is this bug is
-# inferred (same GPU, a cu121 wheel, gone with `bf16=False`), not measured.
-#
-# ## 3. Today the same config fails sooner
-#
-# The report's config, verbatim, through today's `GRPOConfig`: each real error and its fix.
-
-# %%
-walk = grpo_crash.walk_report(run, reported)
-
-# %% [markdown]
-# ## 4. The generation batch as groups
-#
-# GRPO samples `num_generations` completions per prompt and scores each against its group's mean. It
-# generates completions for several micro-batches together, the generation batch: unless you set
-# `generation_batch_size` or `steps_per_generation`, per-device batch × accumulation × processes, and it
-# must split into whole groups. Two small configs with 4 generations and accumulation 2, and today's
-# verdict on per-device batches 1 to 8:
-
-# %% tags=["mechanism"]
-said = grpo_crash.verdicts(run, num_generations=4, accumulation=2, batches=range(1, 9))
-grpo_crash.draw_groups(run, 4, 2, (4, 3), said)
-print("\n".join(grpo_crash.rule_lines()))  # the installed grpo_config.py
-print({batch: "accepted" if error is None else error for batch, error in said.items()})
-
-# %% [markdown]
-# The report's per-device batch 1 × accumulation 4 × 1 process is 4 completions: a quarter of one group of
-# 16. The report's TRL counted prompts there, so 1 meant one group; today it counts completions (the
-# [deep dive](deeper/05_grpo_sigfpe_deeper.ipynb) runs the report's TRL and reads each release's rule).
-
-# %% [markdown] tags=["fix"]
-# ## 5. The fix, in your script
-#
-# ```diff
-#  GRPOConfig(
-# -    warmup_ratio=0.1,
-# +    warmup_steps=0.1,                # a float below 1 is a ratio today
-# -    max_prompt_length=256,           # gone: shorten prompts in the dataset
-# -    per_device_train_batch_size=1,
-# +    per_device_train_batch_size=4,   # 4 x accumulation 4 = 16 completions: one whole group
-# -    bf16=True,
-# +    bf16=False,                      # the workaround on an H20 with torch's cu121 wheels
-#      ...
-#  )
-# ```
-# The cure keeps `bf16=True`: a newer cuBLAS (`pip install nvidia-cublas-cu12==12.4.5.8`, as users report).
-#
-# ## 6. Check it in your project
-#
-# Run the training script in a child process and read how it ended; a native crash then kills the
-# child, not you, and `-X faulthandler` makes the child print its Python stack as it dies:
+# So run a suspect in a child process and read how it ended. With `-X faulthandler` the child prints its Python
+# stack as it dies; a negative return code names the signal. Plain Python, for any script:
 
 # %% tags=["portable-check"]
 def how_it_ends(*args: str, timeout: float = 600) -> str:
@@ -139,62 +94,110 @@ def how_it_ends(*args: str, timeout: float = 600) -> str:
     return "finished" if done.returncode == 0 else f"error (exit {done.returncode})\n{done.stderr[-1500:]}"
 
 
-fixed_script = grpo_crash.user_spec(run, "fp32", {**settings, "bf16": False}, sizes.user_steps)
-bad, fixed = how_it_ends(str(grpo_crash.SCRIPT), str(script)), how_it_ends(str(grpo_crash.SCRIPT), str(fixed_script))
-print(f"bf16=True: {bad}\n\nbf16=False: {fixed}")
+# %% [markdown]
+# Two integer divisions in torch's kernel, each in its own child: one by zero, and the smallest int64 by -1,
+# whose quotient does not fit in an int64. The line after each division prints `returned`:
+
+# %% tags=["mechanism"]
+divisions = {"5 // 0": "torch.tensor([5]), 0", "-2**63 // -1": "torch.tensor([-2**63]), -1"}
+native = {name: how_it_ends("-c", f"import torch; torch.div({args}, rounding_mode='trunc'); print('returned')")
+          for name, args in divisions.items()}
+for name, ended in native.items():
+    print(f"{name}: {ended.strip().splitlines()[0]} ... {ended.strip().splitlines()[-1].strip()}")
 
 # %% [markdown]
-# TRL checks the group rule when the config is built (`trl-clinic checkup grpo ...` reports its refusal);
-# on a built trainer, `checkup(trainer, only=["equal_rewards"])` flags groups whose rewards are all equal.
+# torch checks for a division by zero and raises a Python error. The overflow it does not check: an x86
+# processor traps it, the child dies inside the kernel before `returned`, and only faulthandler's stack says
+# where (an ARM processor's division does not trap; there the child finishes).
 #
-# ## 7. Bad against fixed
+# On H20 GPUs, bf16 and fp16 matrix multiplies with torch's cu121 wheels die this way
+# ([pytorch #133548](https://github.com/pytorch/pytorch/issues/133548),
+# [#152017](https://github.com/pytorch/pytorch/issues/152017)); users trace it to the cuBLAS those wheels
+# come with, and report that `pip install nvidia-cublas-cu12==12.4.5.8` cures it
+# ([Seed-Coder #11](https://github.com/ByteDance-Seed/Seed-Coder/issues/11)). That #2906 is this bug is
+# inferred (same GPU, a cu121 wheel, gone with `bf16=False`), not measured: the stand-in above has its shape, not
+# its cause.
+
+# %% [markdown] tags=["fix"]
+# ## 3. The fix, in your script
+#
+# ```diff
+#  GRPOConfig(
+#      ...
+# -    bf16=True,
+# +    bf16=False,                      # the workaround on an H20 with torch's cu121 wheels
+#  )
+# ```
+# The cure keeps `bf16=True`: a newer cuBLAS (`pip install nvidia-cublas-cu12==12.4.5.8`, as users report).
+#
+# The user's script twice through the portable check: the same settings and the same stand-in, `bf16` the only
+# difference. Then the fixed one from the shell, as the user would start it again:
+
+# %%
+fixed_script = grpo_crash.user_spec(run, "fp32", {**settings, "bf16": False}, sizes.user_steps)  # stand-in attached
+ended = {"bf16=True": how_it_ends(str(grpo_crash.SCRIPT), str(bad_script)),
+         "bf16=False": how_it_ends(str(grpo_crash.SCRIPT), str(fixed_script))}
+for name, text in ended.items():
+    print(f"{name}:", re.sub(r'"[^"]*/', '"', text))  # file names without their folders
+
+# %%
+fixed_shell = grpo_crash.from_shell(run, fixed_script)
+fixed_rows = grpo_crash.logged_steps(fixed_script)
+print(f"from the shell, bf16=False: exit status {fixed_shell.returncode}, {len(fixed_rows)} of {sizes.user_steps} "
+      "steps logged")
+
+# %% [markdown]
+# The stack names the callback that fired, `on_step_begin`, inside `trainer.train()`: in a real crash it names
+# the layer whose kernel died. Bisecting the settings in child processes finds `bf16` without reading any stack
+# (the deep dive runs it). The check-up reads the same risk before training:
+# `checkup(trainer, only=["known_bugs"])` warns, from its table of reported bugs, on an H20 with `bf16=True` and
+# the cuBLAS of torch's cu121 wheels.
+#
+# ## 4. Bad against fixed
 
 # %% tags=["figure"]
-fixed_rows = grpo_crash.logged_steps(fixed_script)
-grpo_crash.figure(run, died, fixed_rows, sizes.user_steps, walk)
+grpo_crash.figure(run, ended, fixed_rows, sizes.user_steps)
 
 # %% [markdown]
 # ## Recap
 #
-# * "Floating point exception (core dumped)" is a native crash: the process dies with SIGFPE, Python prints nothing.
-# * Run a suspect in a child process with `-X faulthandler`: a negative return code names the signal, the stack names the step.
+# * "Floating point exception (core dumped)" is a native crash: the process dies by SIGFPE, Python prints nothing.
+# * An integer division the processor cannot do traps in the kernel; torch raises a Python error only for what it checks.
+# * Run a suspect in a child with `-X faulthandler`: a negative return code names the signal, the stack names the step.
 # * On an H20 with torch's cu121 wheels, bf16 matrix multiplies crash: `bf16=False` avoids it, a newer cuBLAS cures it.
-# * Today per-device batch × accumulation × processes is the generation batch unless you set it, and it must hold whole groups.
 #
 # ## Exercises
 #
 # Worked solutions: [`solutions/05_grpo_sigfpe.ipynb`](solutions/05_grpo_sigfpe.ipynb). One starter cell each follows.
 #
-# 1. With the report's 16 generations and accumulation 4, which per-device batches from 1 to 16 does
-#    today's TRL accept? Predict them from the rule, then ask `grpo_crash.verdicts`.
-#    <details><summary>Hint</summary>The generation batch is per-device × 4 × 1 process; it must be a
-#    multiple of 16.</details>
-# 2. Keep the report's per-device batch 1 and accumulation 4, and set `generation_batch_size=16`. Does
-#    today's TRL accept it? What does that say about the rule?
-#    <details><summary>Hint</summary><code>verdicts</code> passes extra keywords to
-#    <code>GRPOConfig</code>; read the rule lines printed in section 4: which branch runs now?</details>
-# 3. `how_it_ends("-c", code)` runs one line of Python. Divide `torch.tensor([5])` by 0 with
-#    `torch.div(..., rounding_mode="trunc")`, then `torch.tensor([-2**63])` by -1. Which one is a SIGFPE,
-#    and why is the other not?
-#    <details><summary>Hint</summary>Only a division the processor itself cannot do traps; read the
-#    first line each call returns.</details>
+# 1. Start the bf16=True script without the stand-in (`grpo_crash.user_spec(..., h20_stand_in=False)`). Does
+#    bf16 itself crash on this machine? What does that say about the crash above?
+#    <details><summary>Hint</summary>Pass the new spec to <code>how_it_ends(str(grpo_crash.SCRIPT), ...)</code>
+#    and read the first line it returns.</details>
+# 2. A native crash of another kind: `how_it_ends("-c", "import ctypes; ctypes.string_at(0)")` reads memory at
+#    address 0. Which signal, and what exit status would a shell report?
+#    <details><summary>Hint</summary>The shell's status is 128 + the signal's number:
+#    <code>signal.Signals.SIGSEGV.value</code>.</details>
+# 3. You cannot always change how a job is started. Run the bf16=True script with plain `python` (no
+#    `-X faulthandler`) but `PYTHONFAULTHANDLER=1` in its environment. Does the stack still appear?
+#    <details><summary>Hint</summary><code>subprocess.run(..., env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+#    capture_output=True, text=True)</code>, then look for "Fatal Python error" in its stderr.</details>
 
 # %% tags=["exercise"]
-# Exercise 1
-predicted = [batch for batch in range(1, 17) if False]  # replace False by the rule
-# grpo_crash.verdicts(run, num_generations=16, accumulation=4, batches=range(1, 17)) gives today's answer
-print(predicted)
+# Exercise 1: the user's bf16=True settings, the stand-in left out
+no_stand_in = grpo_crash.user_spec(run, "bf16-no-stand-in", settings, sizes.user_steps,
+                                   h20_stand_in=True)  # leave the stand-in out
+# print(how_it_ends(str(grpo_crash.SCRIPT), str(no_stand_in)).splitlines()[0])
 
 # %% tags=["exercise"]
-# Exercise 2
-extra = {}  # add generation_batch_size=16
-print(grpo_crash.verdicts(run, num_generations=16, accumulation=4, batches=[1], **extra))
-
-# %% tags=["exercise"]
-# Exercise 3
-code = 'import torch; print(torch.div(torch.tensor([5]), 2, rounding_mode="trunc"))'  # try the two divisions
+# Exercise 2: read memory at address 0 in a child
+code = "import ctypes; ctypes.string_at(0)"
 # print(how_it_ends("-c", code))
-print(code)
+
+# %% tags=["exercise"]
+# Exercise 3: plain python, faulthandler switched on by the environment
+command = [sys.executable, str(grpo_crash.SCRIPT), str(bad_script)]
+# done = subprocess.run(command, env={**os.environ, "PYTHONFAULTHANDLER": "1"}, capture_output=True, text=True)
 
 # %% [markdown]
 # ## Checks
@@ -203,31 +206,30 @@ print(code)
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
 def symptom_checks(n: dict) -> dict:
-    """The symptom's claims as functions of the numbers alone (a test feeds them runs without the bug)."""
-    died, rule = n["died"], n["mechanism"]
-    expected = {int(b): int(b) * rule["accumulation"] % rule["num_generations"] == 0 for b in n["verdicts"]}
+    """The bf16=True run of the user's script: from the shell and through the portable check."""
+    bad = n["runs"]["without_fix"]
+    shell = bad["shell"]
     return {
-        "the user's GRPO run dies by SIGFPE from the shell (exit 136), with no traceback (the injected stand-in)":
-            injected(died["returncode"] == 136 and "Floating point exception" in (died["shell_says"] or "")
-                     and not died["traceback"]),
-        "today's TRL rejects the report's config three times (2 TypeErrors, the generation batch), then accepts it":
-            measured([w["error"].split(":")[0] if w["error"] else None for w in n["config_walk"]]
-                     == ["TypeError", "TypeError", "ValueError", None]
-                     and "divisible by num_generations" in n["config_walk"][2]["error"]),
-        "today's GRPOConfig accepts exactly the per-device batches whose generation batch holds whole groups":
-            measured({int(b): error is None for b, error in n["verdicts"].items()} == expected
-                     and len(set(expected.values())) == 2),
+        "from a shell the bf16=True run dies by SIGFPE: exit status 136, 'Floating point exception', no traceback":
+            injected(shell["returncode"] == 136 and "Floating point exception" in (shell["shell_says"] or "")
+                     and not shell["traceback"]),
+        "the portable check reads the bf16=True death as SIGFPE, its stack inside trainer.train":
+            injected(bad["check"].startswith("killed by SIGFPE") and "in train" in bad["check"]),
     }
 
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
 def fix_checks(n: dict) -> dict:
-    """The fix's claims."""
+    """The bf16=False run: the same script, settings and stand-in."""
+    bad, fixed = n["runs"]["without_fix"], n["runs"]["with_fix"]
+    others = [{k: v for k, v in run["settings"].items() if k != "bf16"} for run in (bad, fixed)]
     return {
-        "the portable check reads the bf16 run's death as SIGFPE, its stack inside trainer.train (the injected stand-in)":
-            injected(n["check_bad"].startswith("killed by SIGFPE") and "in train" in n["check_bad"]),
-        "with bf16=False the user's settings train every step on today's TRL":
-            measured(n["check_fixed"] == "finished" and n["fixed_steps"] == n["user_steps"]),
+        "the two runs differ only in bf16 (True, then False), the stand-in attached to both": measured(
+            others[0] == others[1] and bad["settings"]["bf16"] is True and fixed["settings"]["bf16"] is False
+            and bad["stand_in"] and fixed["stand_in"]),
+        "with bf16=False the script finishes from the shell and under the portable check, every step logged":
+            injected(fixed["shell"]["returncode"] == 0 and fixed["check"] == "finished"
+                     and fixed["steps"] == n["user_steps"]),
     }
 
 
@@ -236,16 +238,28 @@ def checks(n: dict) -> tuple[dict, dict]:
 
 
 # %% jupyter={"source_hidden": true}
+import json
+
+
+def record(script, shell, check: str) -> dict:
+    """One run of the user's script: its spec's settings and stand-in, the shell's report, the portable check."""
+    spec = json.loads(script.read_text())
+    return {"settings": {k: spec["config"][k] for k in settings}, "stand_in": spec["h20_stand_in"],
+            "shell": {"returncode": shell.returncode, "signal": shell.signal, "shell_says": shell.message,
+                      "traceback": "Traceback" in shell.stderr or "Fatal Python error" in shell.stderr},
+            "check": check, "steps": len(grpo_crash.logged_steps(script))}
+
+
+# %% jupyter={"source_hidden": true}
 numbers = {
-    "died": {"returncode": died.returncode, "signal": died.signal, "shell_says": died.message,
-             "traceback": "Traceback" in died.stderr or "Fatal Python error" in died.stderr},
-    "config_walk": walk.steps, "mechanism": {"num_generations": 4, "accumulation": 2}, "verdicts": said,
-    "check_bad": bad, "check_fixed": fixed, "fixed_steps": len(fixed_rows), "user_steps": sizes.user_steps,
+    "runs": {"without_fix": record(bad_script, died, ended["bf16=True"]),
+             "with_fix": record(fixed_script, fixed_shell, ended["bf16=False"])},
+    "user_steps": sizes.user_steps, "native_divisions": native,
 }
-summary = (f"The user's GRPO run with bf16=True died by {died.signal} with no traceback (the H20 bug's stand-in), "
-           f"and with bf16=False trained {len(fixed_rows)} of {sizes.user_steps} steps; today's TRL rejects the report's "
-           f"config {sum(bool(w['error']) for w in walk.steps)} times before per-device batch "
-           f"{walk.configs[-1]['per_device_train_batch_size']} x accumulation 4 holds one group of 16.")
+summary = (f"The user's GRPO script with bf16=True died by {died.signal} from the shell (exit {died.returncode}) with "
+           f"no traceback, from a stand-in for the H20's cuBLAS crash; with bf16=False, the same stand-in attached, it "
+           f"trained {len(fixed_rows)} of {sizes.user_steps} steps. A torch kernel's overflowing integer division "
+           f"{'killed its child by SIGFPE' if native['-2**63 // -1'].startswith('killed by SIGFPE') else 'returned'}.")
 metrics = save_metrics(run, "05", numbers, checks, summary=summary)
-print(summary)
+display(Markdown(summary))
 conclude(metrics, run.output_dir)

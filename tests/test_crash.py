@@ -1,16 +1,46 @@
 import math
+import platform
 
 import pytest
 
 from trl_clinic.course.child import Outcome, run_child
-from trl_clinic.course.crash import bisect_settings, in_process
+from trl_clinic.course.crash import DIVISION_RETURNED, bisect_settings, in_process
+
+# the overflowing division traps only where the processor's division does (x86): ARM returns the wrapped quotient
+TRAPS = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+needs_trap = pytest.mark.skipif(not TRAPS, reason=f"{platform.machine()}'s integer division does not trap")
+DIVIDE = "from trl_clinic.course.crash import divide_and_report; divide_and_report()"
 
 
-def test_native_sigfpe_is_reported_as_a_signal():
-    outcome = run_child(["-c", "from trl_clinic.course.crash import native_sigfpe; native_sigfpe()"], timeout=120)
+@needs_trap
+def test_the_kernel_traps_and_the_child_dies_in_it():
+    """Died in the kernel, not by a signal sent afterwards: the line after the division never ran, and
+    faulthandler's stack names the frame that called torch.div."""
+    outcome = run_child(["-c", DIVIDE], timeout=120)
     assert outcome.status == "signal" and outcome.signal == "SIGFPE" and outcome.returncode == -8
     assert outcome.message.startswith("Fatal Python error: Floating point exception")
-    assert "native_sigfpe" in outcome.stderr  # faulthandler printed the Python stack
+    assert "about to divide" in outcome.stderr and DIVISION_RETURNED not in outcome.stderr
+    assert "in native_sigfpe" in outcome.stderr.split("Current thread")[1]  # faulthandler's innermost frame
+
+
+def test_a_division_that_returns_says_so_and_a_hand_sent_signal_is_told_apart(tmp_path):
+    """What the trap check sees when no kernel traps: a division torch checks (by zero) is a Python error, and a
+    process that sends itself SIGFPE after a division that returned leaves DIVISION_RETURNED behind."""
+    by_zero = run_child(["-c", "import torch; torch.div(torch.tensor([5]), 0, rounding_mode='trunc')"], timeout=120)
+    assert by_zero.status == "exception" and by_zero.message == "RuntimeError: ZeroDivisionError"
+    sent = (
+        "import os, signal, sys; from trl_clinic.course.crash import DIVISION_RETURNED\n"
+        "print(DIVISION_RETURNED, file=sys.stderr, flush=True); os.kill(os.getpid(), signal.SIGFPE)"
+    )
+    killed = run_child(["-c", sent], timeout=120)
+    assert killed.signal == "SIGFPE" and DIVISION_RETURNED in killed.stderr and "native_sigfpe" not in killed.stderr
+
+
+def test_the_injected_stand_in_dies_by_sigfpe_on_any_machine():
+    """InjectedH20Fault's death: the kernel's trap on x86; elsewhere a signal sent by hand, and it says so."""
+    outcome = run_child(["-c", "from trl_clinic.course.stand_ins import die_by_sigfpe; die_by_sigfpe()"], timeout=180)
+    assert outcome.signal == "SIGFPE" and outcome.returncode == -8
+    assert ("sending SIGFPE by hand" in outcome.stderr) is not TRAPS
 
 
 def test_python_exception_is_reported_with_its_message():
@@ -115,9 +145,10 @@ def test_todays_grpo_config_sizes_the_generation_batch_from_batch_and_accumulati
         )
 
 
+@needs_trap
 def test_a_shell_words_a_native_crash_and_exits_with_128_plus_the_signal(tmp_path):
     outcome = run_child(
-        ["-c", "from trl_clinic.course.crash import native_sigfpe; native_sigfpe()"],
+        ["-c", DIVIDE],
         timeout=120,
         faulthandler=False,
         shell=True,
@@ -126,6 +157,7 @@ def test_a_shell_words_a_native_crash_and_exits_with_128_plus_the_signal(tmp_pat
     assert outcome.status == "signal" and outcome.signal == "SIGFPE" and outcome.returncode == 128 + 8
     assert outcome.message.startswith("bash:") and "Floating point exception" in outcome.message
     assert "Fatal Python error" not in outcome.stderr and "Traceback" not in outcome.stderr
+    assert DIVISION_RETURNED not in outcome.stderr
     assert not list(tmp_path.glob("core*"))  # the truncated core file the shell's limit allowed is removed
 
 
@@ -145,6 +177,7 @@ def fail(run, spec):
 """
 
 
+@needs_trap
 def test_forked_children_report_a_result_a_native_crash_and_an_error(tmp_path):
     from trl_clinic.course import child
     from trl_clinic.course.parameters import start_run

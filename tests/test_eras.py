@@ -425,14 +425,25 @@ def test_04_dpo_evaluate_raises_the_real_qwen2_padding_error_on_transformers_4_5
     checkpointing = scenarios["train_checkpointing"]
     assert checkpointing["verdict"] == "missing_flash_kernel" and checkpointing["in_training_step"]
     assert checkpointing["then_evaluate"]["verdict"] == "guard" and checkpointing["checkpointing_on"]
-    for fix in ("use_cache_false", "path_model_init_kwargs", "explicit_ref_path_fixed", "padding_free"):
+    fixes = ("as_reported_no_cache", "train_defaults_no_cache", "tokenizer_left_no_cache", "path_model_init_kwargs")
+    for fix in (*fixes, "explicit_ref_path_fixed", "padding_free"):
         assert scenarios[fix]["verdict"] == "missing_flash_kernel", scenarios[fix]["error"]  # past the check
+    assert scenarios["train_checkpointing_no_cache"]["then_evaluate"]["verdict"] == "missing_flash_kernel"
+    path = scenarios["path_defaults"]  # a model path without model_init_kwargs: both models keep the cache
+    assert path["verdict"] == path["reference_forward"]["verdict"] == "guard"
     assert scenarios["path_model_init_kwargs"]["reference_forward"]["verdict"] == "missing_flash_kernel"
     assert scenarios["explicit_ref_path"]["reference_forward"]["verdict"] == "guard"  # ref_model_init_kwargs missing
     assert scenarios["explicit_ref_path_fixed"]["reference_forward"]["verdict"] == "missing_flash_kernel"
     forward = result["direct_forward"]
     assert forward["right"]["verdict"] == "guard"
     assert forward["left"]["verdict"] == forward["right_no_cache"]["verdict"] == "missing_flash_kernel"
+    # nothing re-created: trl 0.17.0's evaluate() on a plain eager Qwen2 builds a cache for every right-padded row
+    audit = scenarios["cache_audit"]
+    assert audit["verdict"] == "finished"
+    for model in ("policy", "reference"):
+        counts = audit["counts"][model]
+        assert counts["right_padded"] > 0 and counts["right_padded_with_cache"] == counts["right_padded"]
+        assert audit["asked"][model] == {"use_cache=not passed": counts["forwards"]}
 
 
 @pytest.mark.era
@@ -444,7 +455,8 @@ def test_04_a_right_padded_forward_with_the_cache_raises_the_same_error_on_trans
         assert result["direct_forward"][passes]["verdict"] == "missing_flash_kernel"
     dpo = result["scenarios"]["as_reported"]  # trl 0.8.6's concatenated_forward passes use_cache=False
     assert dpo["verdict"] == "missing_flash_kernel", dpo["error"]
-    assert set(result["scenarios"]) == {"as_reported", "tokenizer_left", "use_cache_false"}  # no DPOConfig in 0.8.6
+    no_dpo_config = {"as_reported", "as_reported_no_cache", "tokenizer_left", "tokenizer_left_no_cache"}
+    assert set(result["scenarios"]) == no_dpo_config  # trl 0.8.6 has no DPOConfig
 
 
 def test_04_an_unexpected_error_is_never_counted_as_past_the_check():
@@ -524,3 +536,16 @@ def test_make_test_builds_the_eras_in_the_background_and_tests_wait_for_them(fak
     assert eras.wait_for_builds(fake_root, timeout=120) is True
     assert eras.era_python("99-test", fake_root) is not None, log.read_text()
     assert "era 99-test: built" in log.read_text()
+
+
+def test_every_re_creation_inside_an_era_is_named_in_stand_ins_and_labelled_where_it_lives():
+    """A re-creation an era script needs lives in the script (it cannot import this package); stand_ins.IN_ERAS
+    names it with what it stands for, and the function says RE-CREATED itself."""
+    from trl_clinic.course.stand_ins import IN_ERAS
+
+    for name, sentence in IN_ERAS.items():
+        script, function = name.split(".")
+        spec = importlib.util.spec_from_file_location(script, eras.THEN_DIR / f"{script}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        assert sentence.startswith("RE-CREATED") and "RE-CREATED" in getattr(module, function).__doc__

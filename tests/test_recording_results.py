@@ -52,6 +52,23 @@ def test_gradient_capture_stops_after_one_step(run, tokenizer):
     assert cosine(gradient, -gradient) == pytest.approx(-1)
 
 
+def test_relative_error_and_cosine_on_vectors_worked_by_hand():
+    """The two metrics behind every gradient claim, on vectors whose answers are known: relative_error is
+    |g - r| / |r| (measured against the reference, so not symmetric) and cosine the angle's cosine, blind to scale."""
+    import torch
+
+    reference, gradient = torch.tensor([3.0, 0.0]), torch.tensor([3.0, 4.0])
+    assert relative_error(gradient, reference) == pytest.approx(4 / 3)  # |(0, 4)| / |(3, 0)|
+    assert relative_error(reference, gradient) == pytest.approx(4 / 5)  # |(0, -4)| / |(3, 4)|
+    assert cosine(gradient, reference) == pytest.approx(3 / 5)  # (3*3 + 0*4) / (5 * 3)
+    assert relative_error(2 * reference, reference) == pytest.approx(1.0)  # twice the gradient: off by 100 %
+    assert cosine(2 * reference, reference) == pytest.approx(1.0)  # ... in the same direction
+    assert cosine(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 2.0])) == pytest.approx(0.0, abs=1e-7)
+    # the lesson-02 shape: accumulated micro-batch means against the full batch's token mean
+    a, b = torch.tensor([1.0, 2.0, 2.0]), torch.tensor([1.0, 2.0, 2.5])
+    assert relative_error(a, b) == pytest.approx(0.5 / torch.tensor([1.0, 2.0, 2.5]).norm().item())
+
+
 def test_metrics_file_records_checks_and_non_finite_numbers(run):
     seen = {}
 
@@ -138,6 +155,45 @@ def test_nonfinite_probe_stays_silent_on_a_healthy_run(run, tokenizer):
     trainer.add_callback(probe)
     trainer.train()
     assert probe.finding is None and trainer.state.global_step == 3
+
+
+def test_replay_nan_filter_gives_what_a_real_trainer_logs_over_nan_micro_batches(run, tokenizer):
+    """Lesson 03's mechanism on a real RewardTrainer: an fp16 reward head under the non-fused AdamW goes non-finite in
+    optimizer step 1, so every micro-batch loss from step 2 on is NaN; the Trainer's NaN filter then logs a number
+    that grows with every NaN micro-batch, and 0 after a log. The replay, fed the raw losses a StepRecorder kept,
+    must give the Trainer's own logs."""
+    import torch
+    from peft import LoraConfig
+    from trl import RewardConfig, RewardTrainer
+
+    from trl_clinic.course.models import make_reward_model
+    from trl_clinic.probes.recording import replay_nan_filter
+
+    args = RewardConfig(
+        **{**run.trainer_kwargs("replay", logging=False), "logging_strategy": "steps", "logging_steps": 3},
+        optim="adamw_torch",
+        max_steps=6,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=4,
+        learning_rate=5e-3,
+    )
+    trainer = RewardTrainer(
+        model=make_reward_model(tokenizer, dtype=torch.float16),
+        args=args,
+        train_dataset=data.preference_pairs(48, seed=0),
+        processing_class=tokenizer,
+        peft_config=LoraConfig(task_type="SEQ_CLS", r=4),
+    )
+    recorder = StepRecorder().watch(trainer)
+    trainer.train()
+    raw, logged = recorder.series("raw_loss")[1], recorder.series("loss")[1]
+    assert math.isfinite(raw[0]) and all(math.isnan(v) for v in raw[1:])  # the NaN micro-batches are real
+    assert len(logged) == 2 and logged[0] > raw[0] and logged[1] == 0.0  # inflated, then 0
+    # the recorder sums step 1's fp16 micro-batch losses in fp16 (relative rounding 2**-11 = 4.9e-4), the Trainer adds
+    # them into an fp32 running sum: 2e-3 is four units of fp16 rounding, while the four NaN micro-batches of steps
+    # 2 and 3 multiply the sum by (1 + 1/2)**4 (1 + 1/3)**4 = 16: a filter that skipped them would miss 16-fold
+    assert replay_nan_filter(raw, 4, 3) == pytest.approx(logged, rel=2e-3)
+    assert logged[0] == pytest.approx(16 * raw[0] / 3, rel=2e-3)  # not the plain mean over the window, raw[0] / 3
 
 
 def test_replay_nan_filter_follows_trainer_arithmetic():

@@ -9,13 +9,13 @@
 # %% [markdown]
 # # 05 deeper · GRPO's SIGFPE: the native crash, the rule's history, the report's TRL, bisection, the suspects
 #
-# [The core](../05_grpo_sigfpe.ipynb) showed the user's GRPO run die by SIGFPE with no traceback (a fault
-# injected to stand in for the H20's cuBLAS bug), today's TRL reject the report's config until the generation
-# batch holds whole groups, and `bf16=False` train. Here is the evidence behind it:
+# [The core](../05_grpo_sigfpe.ipynb) showed the user's GRPO script die by SIGFPE with no traceback (a fault
+# injected to stand in for the H20's cuBLAS bug), how a child process and faulthandler read it, and `bf16=False`
+# train with the same stand-in attached. Here is the evidence around it:
 #
-# 1. a native crash, close up, on a real torch kernel;
-# 2. the config walk through today's TRL, and where the batch rule really sits;
-# 3. the rule's history, read in each release;
+# 1. a native crash, close up, on a real torch kernel, against a division torch checks;
+# 2. the report's config on today's TRL, and GRPO's generation batch as groups;
+# 3. the batch rule's history, read in each release;
 # 4. the report's own config on the report's TRL (0.14.0), run in a side environment;
 # 5. bisection: on a real config error, and on the injected crash;
 # 6. the report's suspects (learning rate, `max_grad_norm`) on a run that learns;
@@ -34,7 +34,6 @@ seed = 0
 output_dir = None  # None: outputs/05_grpo_sigfpe_deeper at the repository root
 
 # %%
-import statistics
 
 import torch
 from IPython.display import Markdown, display
@@ -44,7 +43,7 @@ from trl_clinic.course import child, eras
 from trl_clinic.course.companions import lesson_05_grpo_crash as grpo_crash
 from trl_clinic.course.crash import bisect_settings, in_process
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import conclude, injected, measured, save_metrics
+from trl_clinic.course.results import above, below, conclude, injected, measured, save_metrics
 
 run = start_run("05-deeper", profile, seed, output_dir)
 sizes = run.sizes
@@ -54,24 +53,26 @@ print(run.describe())
 # ## 1. A native crash, close up
 #
 # torch on an x86 CPU has a real one: integer division of the smallest int64 by −1 overflows, and the
-# processor traps it (`trl_clinic.course.crash.native_sigfpe`; on ARM, whose division does not trap, the
-# process sends itself the same signal). Run in a child from a shell without `faulthandler`, as a user runs a
-# script, and with it:
+# processor traps it (`trl_clinic.course.crash.native_sigfpe`; an ARM processor's division does not trap).
+# `divide_and_report` writes a line after the division, so a child that never writes it died in the kernel. Run
+# from a shell without `faulthandler`, as a user runs a script, and with it; then the same for a division by
+# zero, which torch checks itself:
 
 # %%
-code = "from trl_clinic.course.crash import native_sigfpe; print('about to divide', flush=True); native_sigfpe()"
-shell = child.run_child(["-c", code], faulthandler=False, shell=True, cwd=run.output_dir)
-traced = child.run_child(["-c", code])
-by_zero = in_process(lambda: torch.div(torch.tensor([5]), 0, rounding_mode="trunc"))
-print(f"from a shell: exit status {shell.returncode}; its stderr, all of it: {shell.stderr!r}")
-print("with faulthandler:", traced.describe())
-print(traced.stderr.split("Extension modules")[0])
-print(f"integer division by zero, by contrast: {by_zero.message} (a Python error, caught here)")
+divisions = {"overflow": "from trl_clinic.course.crash import divide_and_report; divide_and_report()",
+             "by zero": "import torch; torch.div(torch.tensor([5]), 0, rounding_mode='trunc')"}
+native = {}
+for name, code in divisions.items():
+    shell = child.run_child(["-c", code], faulthandler=False, shell=True, cwd=run.output_dir)
+    traced = child.run_child(["-c", code])
+    native[name] = grpo_crash.native_record(shell, traced)
+    print(f"{name}: from a shell, exit status {shell.returncode}, its stderr: {shell.stderr.strip()[-100:]!r}")
+    print(f"{name}: with faulthandler, {traced.describe()}\n{traced.stderr.split('Extension modules')[0].strip()}\n")
 
 # %% [markdown]
-# ## 2. The config walk, and where the rule sits
+# ## 2. The report's config on today's TRL, and the generation batch as groups
 #
-# The report's config, verbatim, through today's `GRPOConfig`, as in the core:
+# The report's config, verbatim, through today's `GRPOConfig`: each real error and its fix.
 
 # %%
 reported = dict(  # the report's GRPOConfig, verbatim (as in the core)
@@ -82,20 +83,32 @@ reported = dict(  # the report's GRPOConfig, verbatim (as in the core)
     report_to="tensorboard",
 )
 walk = grpo_crash.walk_report(run, reported)
+print("the walk's last config, as it stands:")
+accepted_walk = grpo_crash.walk_report(run, walk.configs[-1])
 
 # %% [markdown]
-# "Per-device batch × accumulation × processes must be a multiple of `num_generations`" holds only while
-# `generation_batch_size` and `steps_per_generation` are unset: it is their default
-# (`trl/trainer/grpo_config.py`, `GRPOConfig.__post_init__`). The rule itself is on `generation_batch_size`.
-# The report's per-device batch 1 and accumulation 4, with each of them set:
+# GRPO samples `num_generations` completions per prompt and scores each against its group's mean. It generates
+# completions for several micro-batches together, the generation batch: unless you set `generation_batch_size`
+# or `steps_per_generation`, per-device batch × accumulation × processes, and it must split into whole groups.
+# Two small configs with 4 generations and accumulation 2, and today's verdict on per-device batches 1 to 8:
+
+# %%
+said = grpo_crash.verdicts(run, num_generations=4, accumulation=2, batches=range(1, 9))
+grpo_crash.draw_groups(run, 4, 2, (4, 3), said)
+print("\n".join(grpo_crash.rule_lines()))  # the installed grpo_config.py
+print({batch: "accepted" if error is None else error for batch, error in said.items()})
+
+# %% [markdown]
+# The rule itself is on `generation_batch_size`; per-device × accumulation × processes is only its default.
+# The report's per-device batch 1 and accumulation 4, with neither set, and with each of them set:
 
 # %%
 settable = {"neither set": {}, "generation_batch_size=16": {"generation_batch_size": 16},
             "steps_per_generation=16": {"steps_per_generation": 16}}
 for name, extra in settable.items():
-    said = grpo_crash.verdicts(run, num_generations=16, accumulation=4, batches=[1], **extra)[1]
-    settable[name] = {"error": said, **grpo_crash.generation_shape(run, 16, 4, 1, **extra)}
-    print(f"{name:>24}: {said or 'accepted'}; {settable[name]}")
+    answer = grpo_crash.verdicts(run, num_generations=16, accumulation=4, batches=[1], **extra)[1]
+    settable[name] = {"error": answer, **grpo_crash.generation_shape(run, 16, 4, 1, **extra)}
+    print(f"{name:>24}: {answer or 'accepted'}; {settable[name]}")
 
 # %% [markdown]
 # ## 3. The rule's history, read in each release
@@ -128,6 +141,9 @@ then = eras.run_in_era("01-trl-0.14", "then_05_grpo_config", {"reported": report
                                                              "seed": run.subseed("then")}, run.output_dir / "then")
 print(then.describe())
 then_numbers = grpo_crash.then_numbers(then)
+today_trl = grpo_crash.today_answers(run, walk)
+print(f"today's TRL {today_trl['trl']}: accepted as written {today_trl['accepted']}; per_device_train_batch_size's "
+      f"help {today_trl['batch_help']!r}; a GRPOConfig that does not name bf16 has bf16={today_trl['default_bf16']}")
 
 # %% [markdown]
 # Its `GRPOConfig` has no `bf16` of its own and inherits `TrainingArguments`' default (False, printed above),
@@ -162,6 +178,10 @@ def try_config(names: list[str]):
 config_bisection = bisect_settings(list(renamed), try_config)
 full_error = try_config(list(renamed))
 print(f"{len(config_bisection.trials)} trials; smallest failing set: {config_bisection.culprits}\n{full_error.message}")
+renamed = walk.configs[-1]  # the config today's TRL accepted: nothing to find
+accepted_bisection = bisect_settings(list(renamed), try_config)
+print(f"the accepted config: {len(accepted_bisection.trials)} trials, smallest failing set "
+      f"{accepted_bisection.culprits}")
 
 # %% [markdown]
 # ### On a crash: the injected stand-in
@@ -186,6 +206,16 @@ for trial in bisection.trials:
     print(f"{trial.phase:>8} + {trial.settings or 'nothing (minimal)'}: {trial.outcome.describe()}")
 crash = next((t.outcome for t in bisection.trials if t.outcome.crashed), None)
 print(f"smallest failing set: {bisection.culprits}\n\n" + (crash.stderr.split("Extension modules")[0][-1200:] if crash else ""))
+
+# %% [markdown]
+# The same bisection over the user's settings with the fix, `bf16=False`, and the stand-in still attached:
+
+# %%
+user_settings = {**grpo_crash.in_todays_names(reported), "bf16": False}
+fixed_bisection = bisect_settings(list(user_settings), try_settings)
+for trial in fixed_bisection.trials:
+    print(f"{trial.phase:>8} + {trial.settings or 'nothing (minimal)'}: {trial.outcome.describe()}")
+print(f"smallest failing set: {fixed_bisection.culprits}")
 
 # %% [markdown]
 # ## 6. The report's suspects, on a run that learns
@@ -219,26 +249,35 @@ suspects = {"learning_rate": {"learning_rate": reported["learning_rate"]},
 suspect_runs = grpo_crash.try_suspects(run, suspects, healthy_config, warm)
 
 # %% [markdown]
-# Neither ends a run: they change how fast it learns (the gains above, over their first and last tenth).
+# Neither ends a run: they change how fast it learns (the gains above, over their first and last tenth). That
+# they finish is no evidence for the H20: on this CPU nothing in them could crash; it says only that the report's
+# two suspects are not what kills a GRPO run.
 #
 # ## 7. The silent failure beside the loud one
 #
 # A crash is loud. GRPO also fails silently: a completion's advantage is its reward minus its group's mean,
 # divided by the group's spread, so when every completion of a group gets the same reward, every advantage
-# is 0 and the group teaches nothing; TRL logs the share of such groups as `frac_reward_zero_std`. Here: the
-# policy before any warm start, with an all-or-nothing reward (1 only when every word is in the category).
+# is 0 and the group teaches nothing; TRL logs the share of such groups as `frac_reward_zero_std`. The policy
+# before any warm start, two runs that differ only in the reward: all-or-nothing (1 only when every word is in
+# the category) and partial credit (the share of words in the category).
 
 # %%
-silent = grpo_crash.grpo_trial(run, "zero-std", {**healthy_config, "beta": 0.0, "max_steps": sizes.silent_steps},
-                               grpo_crash.policy(run), reward="all_in_category_reward")  # beta 0: no KL term
-silent_rows = silent.result or []
-equal_steps = [r for r in silent_rows if r["frac_reward_zero_std"] == 1.0]
-print(f"{silent.outcome.describe()}; {len(equal_steps)} of {len(silent_rows)} steps had every group's rewards equal; "
-      f"their largest grad norm {max((r['grad_norm'] for r in equal_steps), default=float('nan')):.2e}; "
-      f"the healthy run's median {statistics.median(r['grad_norm'] for r in healthy_rows or [{'grad_norm': 0}]):.2e}")
+zero_std = {}
+for reward in ("all_in_category_reward", "category_reward"):
+    ran = grpo_crash.grpo_trial(run, f"zero-std-{reward}", {**healthy_config, "beta": 0.0,
+                                "max_steps": sizes.silent_steps}, grpo_crash.policy(run), reward=reward)
+    zero_std[reward] = ran.result or []
+    rows = zero_std[reward]
+    print(f"{reward:>22}: {ran.outcome.describe()}; mean frac_reward_zero_std "
+          f"{sum(r['frac_reward_zero_std'] for r in rows) / max(1, len(rows)):.2f}; largest grad norm of a step whose "
+          f"groups were all equal {max((r['grad_norm'] for r in rows if r['frac_reward_zero_std'] == 1.0), default=None)}")
+
+# %% [markdown]
+# A step whose groups are all equal has a gradient of exactly 0 here, by construction: every advantage is 0, and
+# `beta=0` leaves no KL term. What can go either way is how often the groups are equal, which the reward decides.
 
 # %%
-grpo_crash.deep_figure(run, bisection, healthy_rows, silent_rows)
+grpo_crash.deep_figure(run, bisection, zero_std)
 
 # %% [markdown]
 # ## Checks
@@ -246,61 +285,87 @@ grpo_crash.deep_figure(run, bisection, healthy_rows, silent_rows)
 # The claims above, asserted on this run's numbers.
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
-def native_checks(n: dict) -> dict:
-    """The native crash's claims (section 1) as functions of the numbers alone."""
-    native = n["native_crash"]
+def native_checks(native: dict) -> dict:
+    """Section 1: a native crash, as the child that divided left it."""
     return {
-        "a torch kernel's SIGFPE kills the child: return code -8": measured(
-            native["signal"] == "SIGFPE" and native["returncode"] == -8),
-        "a shell words it 'Floating point exception', exit status 136": measured(
-            "Floating point exception" in (native["shell_says"] or "") and native["shell_returncode"] == 136),
-        "without faulthandler the crash leaves no message of its own": measured(native["shell_stderr_is_bash_only"]),
-        "faulthandler shows the Python stack": measured(
-            "Fatal Python error: Floating point exception" in native["stderr_with_faulthandler"]
-            and "native_sigfpe" in native["stderr_with_faulthandler"]),
+        "a torch kernel's overflowing division traps: the child dies by SIGFPE (-8) inside native_sigfpe, before "
+        "the line after it": measured(native["signal"] == "SIGFPE" and native["returncode"] == -8
+                                      and not native["division_returned"] and native["died_in_native_sigfpe"]),
+        "from a shell it is 'Floating point exception', exit status 136, and nothing of its own": measured(
+            "Floating point exception" in (native["shell_says"] or "") and native["shell_returncode"] == 136
+            and native["shell_python_said_nothing"]),
+    }
+
+
+# %% jupyter={"source_hidden": true} tags=["checks"]
+def config_checks(bad: dict, verdicts: dict, groups: dict) -> dict:
+    """Sections 2 and 5: today's GRPOConfig on the report's config, and the bisection of its error."""
+    walk, rule, found = bad["walk"], bad["rule"], bad["config_bisection"]
+    expected = {b: int(b) * groups["accumulation"] % groups["num_generations"] == 0 for b in verdicts}
+    return {
+        "today's TRL rejects the report's config three times (2 TypeErrors, the generation batch), then accepts it":
+            measured([step["error"].split(":")[0] if step["error"] else None for step in walk]
+                     == ["TypeError", "TypeError", "ValueError", None]
+                     and "divisible by num_generations" in walk[2]["error"]),
+        "today's GRPOConfig accepts exactly the per-device batches whose generation batch holds whole groups":
+            measured({b: error is None for b, error in verdicts.items()} == expected and len(set(expected.values())) == 2),
+        "per-device 1 x accumulation 4 is rejected for 16 generations: a generation batch of 4": measured(
+            bool(rule) and all(row["error"] and "generation_batch_size (4)" in row["error"] for row in rule)),
+        "bisecting today's real config error names per_device_train_batch_size alone": measured(
+            found["culprits"] == ["per_device_train_batch_size"]),
+        "the real config error's message does not name the guilty setting": measured(
+            bool(found["message"]) and bool(found["culprits"])
+            and not any(name in found["message"] for name in found["culprits"])),
     }
 
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
 def symptom_checks(n: dict) -> dict:
-    """The failures' claims as functions of the numbers alone (a test feeds them runs without the bug)."""
-    rule, silent = n["settable"], n["silent"]
+    """The failures, on the side without the fix (each section's numbers in n["runs"]["without_fix"])."""
+    bad = n["runs"]["without_fix"]
     return {
-        **native_checks(n),
-        "per-device 1 x accumulation 4 is rejected for 16 generations unless generation_batch_size or "
-        "steps_per_generation makes the generation batch 16": measured(
-            rule["neither set"]["error"] is not None and all(rule[k]["error"] is None and rule[k]["generation_batch_size"] == 16
-                                                             for k in ("generation_batch_size=16", "steps_per_generation=16"))),
-        "bisecting today's real config error names per_device_train_batch_size alone": measured(
-            n["config_bisection"]["culprits"] == ["per_device_train_batch_size"]),
-        "the real config error's message does not name the guilty setting": measured(
-            bool(n["config_bisection"]["culprits"])
-            and not any(name in n["config_bisection"]["message"] for name in n["config_bisection"]["culprits"])),
-        "bisection in child processes names bf16 (the injected stand-in)": injected(n["culprits"] == ["bf16"]),
-        "equal-reward groups teach nothing: most groups are equal, and steps where all are have a gradient "
-        "under 1e-6 of the healthy run's": measured(
-            silent["mean_frac_reward_zero_std"] > 0.5 and silent["equal_steps"] >= 1
-            and silent["max_equal_grad_norm"] < 1e-6 * (n["healthy_median_grad_norm"] or 0.0)),
+        **native_checks(bad["native"]),
+        **config_checks(bad, n["verdicts"], n["verdict_rule"]),
+        "bisection in child processes names bf16 (the injected stand-in)": injected(
+            bad["crash_bisection"]["culprits"] == ["bf16"]),
+        "with the all-or-nothing reward nearly every group is equal (mean frac_reward_zero_std > 0.75)": measured(
+            above(bad["zero_std"]["mean_frac_reward_zero_std"], 0.75)),
     }
 
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
 def fix_checks(n: dict) -> dict:
-    """What works, and the real TRL 0.14.0's answers (absent when its side environment was skipped)."""
+    """The same sections with the fix (n["runs"]["with_fix"]), and the report's TRL."""
+    fixed = n["runs"]["with_fix"]
+    trials = fixed["crash_bisection"]["trials"]
     fix = {
-        "the minimal config runs": measured(bool(n["bisection"]) and n["bisection"][0]["status"] == "finished"),
-        "neither the report's learning rate nor its max_grad_norm crashes a run": measured(
-            all(row["status"] == "finished" for row in n["suspects"].values())),
-        "reward improves over the healthy run (by > 0.1)": measured(n["reward_end"] > n["reward_start"] + 0.1),
+        "the walk's last config (warmup renamed, no max_prompt_length, per-device 4) is accepted as it stands":
+            measured([step["error"] for step in fixed["walk"]] == [None]),
+        "generation_batch_size=16 or steps_per_generation=16 makes the generation batch 16, and it is accepted":
+            measured(bool(fixed["rule"]) and all(row["error"] is None and row["generation_batch_size"] == 16
+                                                 for row in fixed["rule"])),
+        "with bf16=False the user's whole config trains in a child with the stand-in attached": injected(
+            any(t["phase"] == "all" for t in trials)
+            and all(t["status"] == "finished" for t in trials if t["phase"] == "all")),
+        "partial credit on the same policy gives over a quarter of the groups unequal rewards (mean "
+        "frac_reward_zero_std < 0.75)": measured(below(fixed["zero_std"]["mean_frac_reward_zero_std"], 0.75)),
     }
-    if n["then"]["status"] == "finished":  # the real TRL 0.14.0
-        then = n["then"]
-        fix["TRL 0.14.0 accepts the report's config as written and trains with it"] = measured(
-            then["accepted"] and then["optimizer_steps"] >= 1)
-        fix["TRL 0.14.0 counts prompts: per-device batch 1 gives 16 completions a micro-batch"] = measured(
-            set(then["completions_per_call"]) == {16} and "prompts" in then["batch_help"])
-        fix["TRL 0.14.0's GRPOConfig runs in fp32 unless bf16 is named"] = measured(then["default_bf16"] is False)
-    return fix
+    return {**fix, **era_checks(n["then"])}
+
+
+# %% jupyter={"source_hidden": true} tags=["checks"]
+def era_checks(then: dict) -> dict:
+    """Section 4: the report's TRL in its side environment (absent when it did not run; in a test, today's TRL's
+    answers to the same questions stand in its place)."""
+    if then["status"] != "finished":
+        return {}
+    return {
+        f"TRL {then['trl']} accepts the report's config as written and trains with it": measured(
+            then["accepted"] and then["optimizer_steps"] >= 1),
+        f"TRL {then['trl']} counts prompts: per-device batch 1 gives 16 completions a micro-batch": measured(
+            set(then["completions_per_call"] or []) == {16} and "prompts" in then["batch_help"]),
+        f"TRL {then['trl']}'s GRPOConfig runs in fp32 unless bf16 is named": measured(then["default_bf16"] is False),
+    }
 
 
 def checks(n: dict) -> tuple[dict, dict]:
@@ -309,14 +374,18 @@ def checks(n: dict) -> tuple[dict, dict]:
 
 # %% jupyter={"source_hidden": true}
 numbers = grpo_crash.deep_numbers(
-    shell=shell, traced=traced, by_zero=by_zero, settable=settable, config_bisection=config_bisection,
-    full_error=full_error, bisection=bisection, healthy_rows=healthy_rows, reward_ends=(reward_start, reward_end),
-    suspects=suspect_runs, silent_rows=silent_rows, then=then_numbers)
-summary = (f"A torch kernel's SIGFPE killed its child with no message (exit 136 from a shell); bisection named "
-           f"{', '.join(config_bisection.culprits or [])} for today's config error and "
-           f"{', '.join(bisection.culprits or [])} for the injected crash in {len(bisection.trials)} child runs; "
-           f"neither suspect crashed, reward rose {reward_start:.2f} -> {reward_end:.2f}; TRL 0.14.0 "
+    native=native, walks=(walk, accepted_walk), verdicts=said, settable=settable,
+    config_bisections=(config_bisection, accepted_bisection), full_error=full_error,
+    crash_bisections=(bisection, fixed_bisection), healthy_rows=healthy_rows, suspects=suspect_runs,
+    zero_std=zero_std, then=then_numbers, today_trl=today_trl)
+summary = (f"A torch kernel's overflowing division killed its child by "
+           f"{native['overflow']['signal'] or 'nothing'} with no message (exit {native['overflow']['shell_returncode']} "
+           f"from a shell); bisection named {', '.join(config_bisection.culprits or [])} for today's config error and "
+           f"{', '.join(bisection.culprits or [])} for the injected crash in {len(bisection.trials)} child runs "
+           f"(nothing with bf16=False); an all-or-nothing reward left "
+           f"{numbers['runs']['without_fix']['zero_std']['mean_frac_reward_zero_std']:.0%} of groups equal, partial "
+           f"credit {numbers['runs']['with_fix']['zero_std']['mean_frac_reward_zero_std']:.0%}; TRL 0.14.0 "
            f"{'accepts' if then_numbers.get('accepted') else 'was not run on'} the report's config.")
 metrics = save_metrics(run, "05-deeper", numbers, checks, summary=summary, eras=[then.to_metrics()])
-print(summary)
+display(Markdown(summary))
 conclude(metrics, run.output_dir)

@@ -83,20 +83,3 @@ for name, (counts, handle) in watched.items():
     print(f"{name}: {counts['right_padded']} of {counts['forwards']} evaluation forwards right-padded, "
           f"{counts['right_padded_with_cache']} of them with a KV cache")
 assert all(c["right_padded"] > 0 and c["right_padded_with_cache"] == 0 for c, _ in watched.values())
-
-# %% [markdown]
-# ## Exercise 3
-#
-# A forward with `use_cache=True` writes the keys and values of this batch into a cache for the *next* forward
-# (the next token of a `generate()`); it does not read them back in this one. So the log-probs of the real tokens
-# are the same with and without it: for a scoring forward the old check was a false alarm.
-
-# %%
-batch = smol_tokenizer(companion.GRID_PROMPTS, padding=True, padding_side="right", return_tensors="pt").to(run.device)
-with torch.no_grad():
-    cached, uncached = (torch.log_softmax(smol(**batch, use_cache=flag).logits, -1) for flag in (True, False))
-real = batch["attention_mask"].bool()
-diff = (cached - uncached).abs()[real].max().item()
-print(f"right-padded batch with {int((~real).sum())} pad slots: real tokens' log-probs with and without the cache "
-      f"differ by at most {diff:.1e}")
-assert not real.all() and diff < 1e-4

@@ -18,16 +18,19 @@ seed = 0
 output_dir = None  # None: outputs/05_grpo_sigfpe at the repository root
 
 # %%
+import os
 import signal
 import subprocess
 import sys
-
-from trl import GRPOConfig
 
 from trl_clinic.course.companions import lesson_05_grpo_crash as grpo_crash
 from trl_clinic.course.parameters import start_run
 
 run = start_run("05", profile, seed, output_dir)
+sizes = run.sizes
+reported = dict(learning_rate=5e-6, adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.1, warmup_ratio=0.1,
+                lr_scheduler_type="cosine", bf16=True, gradient_accumulation_steps=4, max_grad_norm=0.1)
+settings = grpo_crash.in_todays_names(reported)
 
 
 def how_it_ends(*args: str, timeout: float = 600) -> str:
@@ -43,42 +46,39 @@ def how_it_ends(*args: str, timeout: float = 600) -> str:
 # %% [markdown]
 # ## Exercise 1
 #
-# The generation batch is per-device × accumulation 4 × 1 process, and it must be a multiple of 16: the
-# per-device batch must be a multiple of 4.
+# Without the stand-in the same bf16=True settings train on this machine: bf16 itself does not crash here. The
+# crash in the lesson is the stand-in's, put there because the real one needs an H20 and its cuBLAS.
 
 # %%
-batches = range(1, 17)
-predicted = [batch for batch in batches if batch * 4 * 1 % 16 == 0]
-said = grpo_crash.verdicts(run, num_generations=16, accumulation=4, batches=batches)
-accepted = [batch for batch, error in said.items() if error is None]
-print(f"predicted {predicted}; today's TRL accepts {accepted}; per-device 1 says: {said[1]}")
-assert accepted == predicted == [4, 8, 12, 16]
+no_stand_in = grpo_crash.user_spec(run, "bf16-no-stand-in", settings, sizes.user_steps, h20_stand_in=False)
+ended = how_it_ends(str(grpo_crash.SCRIPT), str(no_stand_in))
+steps = len(grpo_crash.logged_steps(no_stand_in))
+print(f"bf16=True without the stand-in: {ended.splitlines()[0]}; {steps} of {sizes.user_steps} steps logged")
+assert ended == "finished" and steps == sizes.user_steps
 
 # %% [markdown]
 # ## Exercise 2
 #
-# With `generation_batch_size=16` set, TRL no longer computes the generation batch from per-device ×
-# accumulation: it only checks that 16 splits into whole per-device batches (16 of 1) and into whole groups
-# (one of 16), and feeds it through `steps_per_generation` = 16 micro-batches, four optimizer steps of
-# accumulation 4. The rule is on the generation batch; per-device × accumulation × processes is only its default.
+# Reading memory at address 0 is a segmentation fault: the child dies by SIGSEGV, signal 11, so a shell would
+# report exit status 128 + 11 = 139 ("Segmentation fault (core dumped)"). faulthandler names the line.
 
 # %%
-said = grpo_crash.verdicts(run, num_generations=16, accumulation=4, batches=[1], generation_batch_size=16)
-config = GRPOConfig(**run.trainer_kwargs("exercise-2", logging=False), num_generations=16,
-                    per_device_train_batch_size=1, gradient_accumulation_steps=4, generation_batch_size=16)
-print(f"per-device 1, accumulation 4, generation_batch_size=16: {said[1] or 'accepted'}; "
-      f"steps_per_generation = {config.steps_per_generation}")
-assert said[1] is None and config.steps_per_generation == 16
+segfault = how_it_ends("-c", "import ctypes; ctypes.string_at(0)")
+print(f"{segfault}\na shell would report exit status {128 + signal.Signals.SIGSEGV.value}")
+assert segfault.startswith("killed by SIGSEGV") and 'File "<string>", line 1' in segfault
+assert 128 + signal.Signals.SIGSEGV.value == 139
 
 # %% [markdown]
 # ## Exercise 3
 #
-# torch checks an integer division by zero itself and raises a Python error (a traceback, exit code 1); the
-# smallest int64 divided by -1 overflows inside the kernel, the processor traps it and the child dies by SIGFPE.
+# Python reads `PYTHONFAULTHANDLER` at start-up as it reads `-X faulthandler`: the stack appears, and the command
+# stays as the job's launcher wrote it.
 
 # %%
-by_zero = how_it_ends("-c", 'import torch; torch.div(torch.tensor([5]), 0, rounding_mode="trunc")')
-overflow = how_it_ends("-c", 'import torch; torch.div(torch.tensor([-2**63]), -1, rounding_mode="trunc")')
-print(f"by zero: {by_zero.splitlines()[0]} ... {by_zero.strip().splitlines()[-1]}\nINT64_MIN / -1: {overflow}")
-assert by_zero.startswith("error (exit 1)") and "ZeroDivisionError" in by_zero
-assert overflow.startswith("killed by SIGFPE")
+bad_script = grpo_crash.user_spec(run, "bf16", settings, sizes.user_steps)  # the stand-in attached
+command = [sys.executable, str(grpo_crash.SCRIPT), str(bad_script)]
+done = subprocess.run(command, env={**os.environ, "PYTHONFAULTHANDLER": "1"}, capture_output=True, text=True)
+stack = done.stderr[done.stderr.find("Fatal Python error"):].split("\n\n")[:2]
+print(f"return code {done.returncode}\n" + "\n\n".join(stack))
+assert done.returncode == -signal.SIGFPE and "Fatal Python error: Floating point exception" in done.stderr
+assert "in on_step_begin" in done.stderr

@@ -1,95 +1,67 @@
-"""Lesson 05's deep dive: how a run without the bug, or without the fix, changes the numbers, one mutation per
-check (the part of the check's name it matches -> a change of the numbers such a run could produce)."""
+"""Lesson 05's deep dive: the other side of each experiment for each group, and the one rule both sides share.
 
-NO_GENERATION_BATCH = "TypeError: GRPOConfig.__init__() got an unexpected keyword argument 'generation_batch_size'"
+Each section records both sides with the same fields (``numbers["runs"]``, built by
+``lesson_05_grpo_crash.deep_numbers``): without the fix, the overflowing division, the report's config and its
+walk, per-device 1 with neither generation setting, the renamed config's bisection, the user's bf16=True settings
+bisected with the injected stand-in, the all-or-nothing reward; with it, the division torch checks (by zero), the
+walk's last config, the generation batch set to 16, the accepted config's bisection, the settings with
+bf16=False (the stand-in still attached), partial credit on the same policy. TRL 0.14.0's answers in its era
+(``numbers["then"]``) have today's TRL's answers to the same questions beside them (``numbers["today_trl"]``).
+
+Margins, with the values of seeds 0-5 (cpu profile, one thread; the tiny Qwen2 policy before any warm start,
+15 GRPO steps of 4 prompts x 8 completions, ``beta=0``):
+- "nearly every group is equal (> 0.75)" and "over a quarter of the groups unequal (< 0.75)": the all-or-nothing
+  reward left every group equal at every step on every seed (1.0: a random completion whose every word is a
+  category word never came up), partial credit 0.32-0.48. 0.75 sits at least 0.25 from each: linear(0.2, 0.2).
+  At the gpu sizes SmolLM2-135M-Instruct answers in sentences, which the all-or-nothing reward scored 1 in 0 of 64
+  completions sampled on a CPU, and which partial credit scores above 0 whenever a category word appears: the same
+  sides of the line.
+Everything else compares statuses, exit codes, signals, names and error types: no magnitude.
+"""
+
+from mutation_helpers import linear
 
 
-def _checked_overflow(n):
-    """A torch whose integer division checks for overflow, as torch 2.13 checks for a division by zero: a
-    Python error (exit code 1, a traceback) instead of a native crash."""
-    traceback = (
-        'Traceback (most recent call last):\n  File "crash.py", line 31, in native_sigfpe\n'
-        "RuntimeError: integer overflow in division\n"
-    )
-    n["native_crash"].update(
-        returncode=1,
-        signal=None,
-        shell_returncode=1,
-        shell_says=None,
-        stderr_with_faulthandler=traceback,
-        shell_stderr_is_bash_only=False,
-    )
+def _symptom(n):
+    return {**n, "runs": {**n["runs"], "without_fix": n["runs"]["with_fix"]}}
 
 
-MUTATIONS = {
-    (
-        "kills the child: return code -8",
-        "a shell words it",
-        "leaves no message of its own",
-        "faulthandler shows the Python stack",
-    ): _checked_overflow,
-    # PYTHONFAULTHANDLER=1 in the user's environment: the plain run prints its stack too
-    "leaves no message of its own": lambda n: n["native_crash"].update(shell_stderr_is_bash_only=False),
-    # a child started without -X faulthandler
-    "faulthandler shows the Python stack": lambda n: n["native_crash"].update(stderr_with_faulthandler=""),
-    # TRL 0.17.0: no generation_batch_size or steps_per_generation in GRPOConfig yet
-    "unless generation_batch_size or steps_per_generation": lambda n: n["settable"].update(
-        {
-            "generation_batch_size=16": {
-                "error": NO_GENERATION_BATCH,
-                "generation_batch_size": None,
-                "steps_per_generation": None,
-            }
-        }
-    ),
-    # a rule that also checked the accumulation against num_generations
-    "names per_device_train_batch_size alone": lambda n: n["config_bisection"].update(
-        culprits=["per_device_train_batch_size", "gradient_accumulation_steps"]
-    ),
-    # a TRL whose message named the setting
-    "message does not name the guilty setting": lambda n: n["config_bisection"].update(
-        message="ValueError: per_device_train_batch_size (1) x gradient_accumulation_steps (4) must be divisible by "
-        "num_generations (16)."
-    ),
-    # a fault that needed two of the user's settings
-    "names bf16": lambda n: n.update(culprits=["learning_rate", "bf16"]),
-    # beta > 0 after the policy moved: the KL term still pulls on groups whose rewards are equal
-    "equal-reward groups teach nothing": lambda n: n["silent"].update(
-        max_equal_grad_norm=n["healthy_median_grad_norm"]
-    ),
-    # a machine where even the fp32 minimal config dies (a native crash not tied to bf16)
-    "minimal config runs": lambda n: n["bisection"][0].update(status="signal", signal="SIGFPE"),
-    "nor its max_grad_norm crashes a run": lambda n: n["suspects"]["max_grad_norm"].update(status="signal"),
-    # the report's learning rate 5e-6 on the healthy run: the suspect run measured a gain of about -0.02
-    "reward improves": lambda n: n.update(reward_end=n["reward_start"] - 0.02),
-    # today's TRL, which rejects the config as written
-    "accepts the report's config as written": lambda n: n["then"].update(accepted=False, optimizer_steps=0),
-    # a TRL whose per-device batch counted completions (0.15.2 on): per-device batch 1 is one completion
-    "counts prompts": lambda n: n["then"].update(
-        completions_per_call=[1], batch_help="The batch size per device accelerator core/CPU for training."
-    ),
-    # today's GRPOConfig, whose bf16 defaults to True (trl 1.16.0 grpo_config.py)
-    "runs in fp32 unless bf16 is named": lambda n: n["then"].update(default_bf16=True),
+def _fix(n):
+    return {**n, "runs": {**n["runs"], "with_fix": n["runs"]["without_fix"]}, "then": n["today_trl"]}
+
+
+OTHER_RUN = {"symptom": _symptom, "fix": _fix}
+
+SHARED = {
+    "accepts exactly the per-device batches": "today's GRPOConfig's rule, asked on configs of neither side (4 "
+    "generations, accumulation 2, per-device 1 to 8): both sides meet the same rule",
+}
+
+
+def _rule_without_accumulation(n):
+    """TRL 0.15.2-0.16.0's rule (grpo_trainer.py, GRPOTrainer.__init__): per-device x processes must divide by
+    num_generations, accumulation left out: with 4 generations only the multiples of 4 pass."""
+    for batch in n["verdicts"]:
+        n["verdicts"][batch] = None if int(batch) % 4 == 0 else "ValueError: The global train batch size ..."
+
+
+MUTATIONS = {"accepts exactly the per-device batches": _rule_without_accumulation}
+
+MARGINS = {
+    "nearly every group is equal": linear(0.2, 0.2),
+    "over a quarter of the groups unequal": linear(0.2, 0.2),
 }
 
 
 def gpu_shape(numbers: dict, sizes: dict) -> dict:
-    """The cpu fixture in the gpu profile's shape: the healthy run's and the silent run's step counts.
+    """The cpu fixture in the gpu profile's shape: the checks' indexing at the gpu sizes.
 
-    Thresholds at the gpu sizes (SmolLM2-135M-Instruct with real weights, bf16 autocast, 8 prompts x 16
-    generations of up to 64 tokens a step, 150 GRPO steps as on the cpu):
-    * the native crash, the config rule, both bisections and the era: no model or device in them (the era
-      and the config builds run on the CPU in both profiles; the injected fault fires before generation).
-    * "reward improves by > 0.1": the warm start (word lists, half of their words from the asked category)
-      leaves a policy near 0.5 of a completion's words in category, as the tiny model's 0.66-0.71 at the cpu
-      sizes; 0.1 is a third of the cpu gain (0.28 at seed 0) and the reward's ceiling is 1, so the bar asks
-      for learning, not for the cpu's pace. Not yet run on a GPU.
-    * "equal-reward groups teach nothing": with beta 0 an equal group's advantages are exactly 0 (reward
-      minus an equal mean), in bf16 as in fp32, so the bound 1e-6 x the healthy median grad norm holds with
-      any precision; "most groups equal" (mean frac_reward_zero_std > 0.5): SmolLM2 before the warm start
-      scored 1 on the all-or-nothing reward in 0 of 64 completions of 64 tokens sampled on the CPU (4 prompts
-      x 16), as it answers in sentences, not word lists.
-    """
-    numbers["healthy_steps"] = sizes["grpo_steps"]
-    numbers["silent"].update(steps=sizes["silent_steps"], equal_steps=sizes["silent_steps"])
+    The sizes enter only the GRPO runs' step counts (the all-or-nothing and partial-credit runs, ``silent_steps``
+    on both profiles) and the healthy run's, which no check reads; the native crash, the config rule, both
+    bisections and the era run no model on a device (the era and the config builds run on the CPU in both
+    profiles; the stand-in fires at on_step_begin, before the first generation). The share of equal groups is a
+    mean over the run's steps, whatever their number: the margins above argue its value at the gpu sizes."""
+    for side in numbers["runs"].values():
+        side["zero_std"]["steps"] = sizes["silent_steps"]
+    numbers["healthy"]["steps"] = sizes["grpo_steps"]
     return numbers

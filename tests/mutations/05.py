@@ -1,37 +1,42 @@
-"""Lesson 05 (core): how a run without the bug, or without the fix, changes the numbers, one mutation per check
-(the part of the check's name it matches -> a change of the numbers such a run could produce)."""
+"""Lesson 05 (core): the other run's numbers for each group, and the one precondition both runs share.
+
+The lesson runs the user's script twice, with the same settings and the same injected stand-in for the H20's
+crash (``stand_ins.InjectedH20Fault``), ``bf16=True`` (without the fix) and ``bf16=False`` (with it); each run
+is started from a shell and through the portable check, and records the same fields (``numbers["runs"]``).
+Whole runs: the symptom's checks read the bf16=False run in place of the bf16=True one, the fix's checks the
+other way round. No check is written below()/above(): the death is an exit status, a signal's name and the
+shell's words; the fix a count of logged steps against the run's own ``max_steps``.
+"""
 
 
-def _rule_without_accumulation(n):
-    """TRL 0.15.2-0.16.0's rule (grpo_trainer.py, GRPOTrainer.__init__): per-device x processes must divide by
-    num_generations, accumulation left out: with 4 generations only the multiples of 4 pass."""
-    for batch in n["verdicts"]:
-        n["verdicts"][batch] = None if int(batch) % 4 == 0 else "ValueError: The global train batch size ..."
+def _swap(group: str):
+    side = {"symptom": "without_fix", "fix": "with_fix"}[group]
+    other = {"without_fix": "with_fix", "with_fix": "without_fix"}[side]
+    return lambda n: {**n, "runs": {**n["runs"], side: n["runs"][other]}}
 
+
+OTHER_RUN = {"symptom": _swap("symptom"), "fix": _swap("fix")}
+
+SHARED = {
+    "differ only in bf16": "the comparison's precondition, read from the two specs the lesson wrote: both runs "
+    "carry the stand-in, so only bf16 can decide which of them dies",
+}
 
 MUTATIONS = {
-    # the user's script on a GPU without the H20 bug: bf16=True trains, the shell says nothing
-    "dies by SIGFPE from the shell": lambda n: n["died"].update(returncode=0, signal=None, shell_says=None),
-    # the report's TRL 0.14.0 accepts the config as written (lesson 05's deep dive runs it)
-    "rejects the report's config three times": lambda n: n.update(config_walk=[{"error": None, "fix": None}]),
-    "accepts exactly the per-device batches": _rule_without_accumulation,
-    # the portable check on a run without the fault: the child finishes
-    "reads the bf16 run's death": lambda n: n.update(check_bad="finished"),
-    # a crash not tied to bf16 (one the workaround does not avoid) at the fourth step
-    "train every step": lambda n: n.update(check_fixed="killed by SIGFPE\n...", fixed_steps=3),
+    # the lesson before it compared runs that differ only in the fix: the bf16=False run built without the stand-in
+    "differ only in bf16": lambda n: n["runs"]["with_fix"].update(stand_in=False),
 }
+
+MARGINS = {}
 
 
 def gpu_shape(numbers: dict, sizes: dict) -> dict:
-    """The cpu fixture in the gpu profile's shape. Only the user's steps depend on the sizes (user_steps, the
-    same 6 on both profiles); the config walk and the verdicts build GRPOConfigs, whatever the device or model.
+    """The cpu fixture in the gpu profile's shape: the checks' indexing at the gpu sizes.
 
-    Thresholds at the gpu sizes (SmolLM2-135M-Instruct, bf16 autocast, 16 generations of up to 128 tokens):
-    * the death: exit status 136 and "Floating point exception" come from bash and the kernel, not from the
-      model; the injected fault fires at on_step_begin, before the first generation, whatever its size.
-    * the walk and the verdicts: GRPOConfig's arithmetic, computed on the CPU in both profiles.
-    * "trains every step": equality of counts (the fixed run's logged steps against user_steps), not a float.
-    """
+    Only the user's step count depends on the sizes: a run that finishes logs one row per optimizer step
+    (``logging_steps=1``, the report's), so the bf16=False run logs ``user_steps`` rows at any model size; the
+    bf16=True run dies at ``on_step_begin`` of step 1, before the first generation, whatever the model, and logs
+    none. The exit statuses and the shell's words come from bash and the kernel, not from the model."""
     numbers["user_steps"] = sizes["user_steps"]
-    numbers["fixed_steps"] = sizes["user_steps"]
+    numbers["runs"]["with_fix"]["steps"] = sizes["user_steps"]
     return numbers

@@ -7,8 +7,7 @@ kernel, with every variable in it. So each trial runs in a child (``trl_clinic.c
 
 from __future__ import annotations
 
-import os
-import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -19,18 +18,28 @@ import torch
 from trl_clinic.course.child import Outcome
 
 INT64_MIN = torch.iinfo(torch.int64).min
+# what divide_and_report() writes when the division came back: a child that trapped never writes it
+DIVISION_RETURNED = "the division returned"
 
 
-def native_sigfpe() -> None:
-    """A real native SIGFPE on CPU: integer division of the smallest int64 by -1 overflows in the kernel, and
-    an x86 processor traps it (#DE, which Linux delivers as SIGFPE).
+def native_sigfpe() -> torch.Tensor:
+    """Integer division of the smallest int64 by -1 in torch's kernel: the quotient overflows, and an x86
+    processor traps it (#DE, which Linux delivers as SIGFPE), so on x86 this call never returns and the
+    process dies. Python cannot catch it (integer division by zero, by contrast, raises a Python error in torch).
 
-    Python cannot catch it (integer division by zero, by contrast, raises a Python error in torch). An ARM
-    processor's division does not trap: there the division returns, and the process sends itself the same
-    signal, so the lesson's child dies the same way on every machine.
+    An ARM processor's division does not trap: there the call returns the wrapped quotient (INT64_MIN) and
+    nothing dies. Nothing here sends the signal by hand, so a child that dies in this call died by the trap;
+    the injected stand-in that must die on every machine is ``stand_ins.die_by_sigfpe``.
     """
-    torch.div(torch.tensor([INT64_MIN]), -1, rounding_mode="trunc")
-    os.kill(os.getpid(), signal.SIGFPE)
+    return torch.div(torch.tensor([INT64_MIN]), -1, rounding_mode="trunc")
+
+
+def divide_and_report() -> None:
+    """``native_sigfpe()``, then ``DIVISION_RETURNED`` on stderr: run in a child, the line's absence and
+    faulthandler's stack naming ``native_sigfpe`` tell a trap in the kernel from any other death."""
+    print("about to divide", file=sys.stderr, flush=True)
+    native_sigfpe()
+    print(DIVISION_RETURNED, file=sys.stderr, flush=True)
 
 
 def in_process(call: Callable[[], object]) -> Outcome:

@@ -95,7 +95,10 @@ def instruction_pairs(n: int, seed: int, max_people: int = 6) -> Dataset:
 
 
 def mrc_samples(n: int, seed: int, min_sentences: int = 3, max_sentences: int = 40) -> Dataset:
-    """Reading-comprehension samples: a passage of varied length, a question, a short answer in it."""
+    """Reading-comprehension samples: a passage of varied length, a question, a short answer in it.
+
+    A passage has ``min_sentences`` to ``max_sentences`` sentences, then the answer's own sentence inserted among
+    them: up to ``max_sentences + 1`` in all."""
     world, rng = fixed_world(), random.Random(seed)
     rows = []
     for _ in range(n):

@@ -69,8 +69,8 @@ def progress(iterable, description: str, total: int | None = None):
     return tqdm(iterable, desc=description, total=total, disable=not show_progress(), leave=False)
 
 
-def no_activation_checkpointing() -> dict[str, bool]:
-    """Turn off TRL's default checkpointing under the name this transformers version uses.
+def checkpointing_flag() -> str:
+    """The name this transformers version gives the activation (gradient) checkpointing switch.
 
     transformers 5.23 renamed ``gradient_checkpointing`` to ``activation_checkpointing`` and warns on
     the old name; older 5.x releases (the GPU machines' 5.17) know only the old one.
@@ -78,8 +78,13 @@ def no_activation_checkpointing() -> dict[str, bool]:
     from transformers import TrainingArguments
 
     if "activation_checkpointing" in TrainingArguments.__dataclass_fields__:
-        return {"activation_checkpointing": False}
-    return {"gradient_checkpointing": False}
+        return "activation_checkpointing"
+    return "gradient_checkpointing"
+
+
+def no_activation_checkpointing() -> dict[str, bool]:
+    """Turn off TRL's default checkpointing (it only slows the small models here), under ``checkpointing_flag()``."""
+    return {checkpointing_flag(): False}
 
 
 def quiet_library_noise() -> None:

@@ -8,12 +8,25 @@ library version and the code it stands for.
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
 from transformers import Trainer, TrainerCallback
 from trl import SFTTrainer
 
 from trl_clinic.course.crash import native_sigfpe
 
 RECREATED, INJECTED = "recreated", "injected"
+
+# Re-creations that run inside an era, whose script cannot import this package: named here with what they stand
+# for, and labelled the same way where they are defined.
+IN_ERAS = {
+    "then_04_padding_side.as_flash_attention_2": "RE-CREATED: a Qwen2 loaded with eager attention, then told it is "
+    "FlashAttention-2 (its config; on transformers <= 4.47 also the model's field and its layers' class), as loading "
+    "it with FlashAttention-2 on a GPU leaves it; the old code then runs for real up to the first flash kernel call, "
+    "which needs flash-attn and a CUDA GPU (lesson 04's era checks are `recreated`).",
+}
 
 
 def recreate_pre_446_loss(trainer: Trainer) -> Trainer:
@@ -45,6 +58,19 @@ class MeanPerMicroBatchSFTTrainer(SFTTrainer):
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=None)
 
 
+def die_by_sigfpe() -> None:
+    """INJECTED: die by SIGFPE, through torch's real kernel trap where the processor has one.
+
+    On x86, ``crash.native_sigfpe`` traps and the process dies in the kernel. A processor whose division
+    does not trap (ARM) returns from it; then the process sends itself SIGFPE, saying so on stderr, so the
+    stand-in dies the same way on every machine. Only ``InjectedH20Fault`` uses it; the lessons' checks of a
+    real native crash call ``crash.native_sigfpe`` and see whether it trapped.
+    """
+    native_sigfpe()
+    print("stand-in: this processor's division did not trap; sending SIGFPE by hand", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGFPE)
+
+
 class InjectedH20Fault(TrainerCallback):
     """INJECTED: dies with a native SIGFPE at the first step when ``bf16`` is on.
 
@@ -58,4 +84,4 @@ class InjectedH20Fault(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         if args.bf16:
-            native_sigfpe()
+            die_by_sigfpe()

@@ -24,7 +24,7 @@ from transformers import (
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
-    PrinterCallback,
+    TrainerCallback,
 )
 from trl import RewardConfig, RewardTrainer
 
@@ -132,13 +132,26 @@ def reward_trainer(
     )
 
 
-def keep_log(trainer: RewardTrainer) -> StepRecorder:
+# the keys of a training log row the report quoted (RewardTrainer's row also has rewards, margins, token counts)
+QUOTED = ("loss", "grad_norm", "learning_rate", "epoch")
+
+
+class PrintLogRows(TrainerCallback):
+    """Print each training log row as transformers' ``PrinterCallback`` does (floats to 4 significant digits), cut
+    to the keys the report quoted, so a row fits a screen line."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_local_process_zero and logs and "loss" in logs:
+            print({k: (f"{logs[k]:.4g}" if isinstance(logs[k], float) else logs[k]) for k in QUOTED if k in logs})
+
+
+def keep_log(trainer: RewardTrainer, printed: bool = True) -> StepRecorder:
     """Keep each optimizer step's loss as the model returned it (``raw_loss``) beside what the trainer logs
-    (``StepRecorder``), and let the trainer print its own log lines as a user sees them."""
-    printed = any(isinstance(callback, PrinterCallback) for callback in trainer.callback_handler.callbacks)
+    (``StepRecorder``, which quiets the trainer's own printer); ``printed``: print the training log rows as a user
+    sees them (``PrintLogRows``: the report's run, whose log is the symptom)."""
     recorder = StepRecorder().watch(trainer)
-    if printed:  # the recorder silences the printer (sweeps); this lesson's log is the symptom
-        trainer.add_callback(PrinterCallback)
+    if printed:
+        trainer.add_callback(PrintLogRows)
     return recorder
 
 
@@ -216,32 +229,49 @@ def load_outcome(run: Run, checkpoint: Path, pairs: Pairs, model_init_kwargs: di
     return f"loads with weights in {trainer.model.get_base_model().score.weight.dtype}"
 
 
-def adam_state(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict:
-    """After the first step of ``torch.optim.AdamW``: which weights' state underflowed and what they became.
+class FirstGradient(TrainerCallback):
+    """Keep the trainable ``score`` head's gradient of optimizer step 1 as AdamW receives it (after clipping:
+    transformers 5.23.0 ``Trainer._run_epoch`` clips, then calls ``on_pre_optimizer_step``, then steps)."""
+
+    def __init__(self) -> None:
+        self.gradient: torch.Tensor | None = None
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if state.global_step == 0:
+            head = next(p for n, p in model.named_parameters() if "score" in n and p.requires_grad)
+            self.gradient = head.grad.detach().clone()
+
+
+def adam_state(optimizer: torch.optim.Optimizer, param: torch.Tensor, gradient: torch.Tensor) -> dict:
+    """After the first step of ``torch.optim.AdamW``: which weights' state underflowed, against the fp16
+    prediction from their gradient, and what the weights became.
 
     After one step ``exp_avg = (1 - beta1) * g`` and ``exp_avg_sq = (1 - beta2) * g**2``, kept in the weight's
-    dtype; in fp16 each is 0 below 2**-25 (half the smallest subnormal, rounding to even). A weight whose
-    second moment is 0 is divided by ``0 + eps`` = 0 (eps rounds to 0 in fp16): ±inf where the first moment is
-    not 0, 0/0 = NaN where it is 0 too. Returns the counts, the |g| thresholds that predict them, and whether
-    the inf and NaN weights are exactly the predicted ones."""
+    dtype; in fp16 each is 0 below 2**-25 (half the smallest subnormal, rounding to even), so v is 0 exactly where
+    |g| < (2**-25 / (1 - beta2)) ** 0.5, the v threshold. ``mismatches`` counts the weights where v's being 0 and
+    |g| (the step's real gradient, ``FirstGradient``) being below the threshold disagree: 0 for fp16 state, the
+    number of weights below the threshold for float32 state (which keeps them). A weight whose second moment is 0
+    is divided by ``0 + eps`` = 0 (eps rounds to 0 in fp16): ±inf where the first moment is not 0, 0/0 = NaN where
+    it is 0 too."""
     state = optimizer.state[param]
     beta1, beta2 = optimizer.param_groups[0]["betas"]
     m_zero, v_zero = state["exp_avg"] == 0, state["exp_avg_sq"] == 0
-    gradient = state["exp_avg"].float().abs() / (1 - beta1)  # |g| read back from the first moment
-    underflowed, kept = gradient[v_zero & ~m_zero], gradient[~v_zero]
+    v_threshold = (2.0**-25 / (1 - beta2)) ** 0.5
+    below = gradient.double().abs() < v_threshold
     return {
         "state_dtype": str(state["exp_avg_sq"].dtype),
         "weights": param.numel(),
+        "below_v_threshold": int(below.sum()),
         "v_underflowed": int(v_zero.sum()),
         "m_underflowed": int(m_zero.sum()),
+        "mismatches": int((below != v_zero).sum()),
         "inf_weights": int(param.isinf().sum()),
         "nan_weights": int(param.isnan().sum()),
         "inf_where_only_v_underflowed": torch.equal(param.isinf(), v_zero & ~m_zero),
         "nan_where_m_underflowed_too": torch.equal(param.isnan(), v_zero & m_zero),
-        "v_threshold": (2.0**-25 / (1 - beta2)) ** 0.5,
+        "v_threshold": v_threshold,
         "m_threshold": 2.0**-25 / (1 - beta1),
-        "largest_underflowed_gradient": underflowed.max().item() if underflowed.numel() else None,
-        "smallest_kept_gradient": kept.min().item() if kept.numel() else None,
+        "nearest_gradient_to_threshold": (gradient.double().abs() / v_threshold).sub(1).abs().min().item(),
     }
 
 

@@ -2,15 +2,16 @@
 models and trainers the lesson builds, the padding grid, the printed tables and the figures, which the
 notebooks call in one line each.
 
-The lines that show the bug and the fix stay in the notebooks: the era's error, ``padding_side`` of each
-batch, ``use_cache`` in the config or ``DPOConfig(model_init_kwargs=...)``, the portable forward hook and
-the ``ForwardAudit`` of the policy and the reference model.
+The lines that show the bug and the fix stay in the notebooks: the era's error and the config that raised it,
+``padding_side`` of each batch, ``use_cache`` in the config or ``DPOConfig(model_init_kwargs=...)``, the
+portable forward hook and the ``ForwardAudit`` of the policy and the reference model.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,28 +19,28 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, PreTrainedModel, PreTrainedTokenizerBase
 from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
-from trl_clinic.course import data, plotting
+from trl_clinic.course import data, eras, plotting
 from trl_clinic.course.eras import EraRun
 from trl_clinic.course.models import MODEL_SIZES, make_causal_lm, trained_model
 from trl_clinic.course.run import Run
-from trl_clinic.course.runtime import no_activation_checkpointing
+from trl_clinic.course.runtime import checkpointing_flag
 
 # the deep dive calls companion.guard_families(): today's transformers read as the era script reads its own
 from trl_clinic.course.then.then_04_padding_side import guard_families  # noqa: F401
 from trl_clinic.probes.padding import completion_logprob
 from trl_clinic.probes.recording import StepRecorder, quiet
 
-# the core's run of the report's era; the deep dive runs the rest (padding_free, the direct forwards)
-CORE_SCENARIOS = [
-    "as_reported",
-    "train_defaults",
-    "train_checkpointing",
-    "tokenizer_left",
-    "use_cache_false",
-    "path_model_init_kwargs",
-    "explicit_ref_path",
-    "explicit_ref_path_fixed",
-]
+# the era's runs that fail, each beside the same run with the fix and nothing else changed (the core's checks
+# read them as the run without and with the fix); the core runs them all, the deep dive the rest
+PAIRS = {
+    "evaluate": ("as_reported", "as_reported_no_cache"),
+    "train_step": ("train_defaults", "train_defaults_no_cache"),
+    "train_checkpointing": ("train_checkpointing", "train_checkpointing_no_cache"),
+    "tokenizer_left": ("tokenizer_left", "tokenizer_left_no_cache"),
+    "model_path": ("path_defaults", "path_model_init_kwargs"),
+    "explicit_ref": ("explicit_ref_path", "explicit_ref_path_fixed"),
+}
+CORE_SCENARIOS = [name for pair in PAIRS.values() for name in pair] + ["cache_audit"]
 GRID_PROMPTS = ["A, B, C,", "A, B,"]  # the mechanism: one row two tokens shorter than the other
 # chat questions of different lengths for SmolLM2 (the longest is the one that gets no padding)
 QUESTIONS = [
@@ -52,9 +53,11 @@ QUESTIONS = [
 ]
 VERDICTS = {
     "guard": "raises the padding_side='right' ValueError",
-    "missing_flash_kernel": "gets past the check; then {error} (flash-attn is not installed on this CPU)",
+    "missing_flash_kernel": "gets past the check (then stops at the first flash kernel call *)",
     "finished": "gets past the check and finishes",
 }
+# said once under a table that has it, not after every run
+KERNEL_NOTE = "* {error} (flash-attn, which needs a CUDA GPU, is not installed)"
 
 
 # ---- the eras --------------------------------------------------------------------------------------------
@@ -71,7 +74,9 @@ def show_error(era: EraRun, name: str = "as_reported", group: str = "scenarios")
     print(era.describe())
     if era.finished:
         outcome = era.result[group][name]
-        print(f"\n{descriptions(era, group).get(name, name)}:\n\n{outcome.get('user_traceback') or 'nothing raised'}")
+        shown = (outcome.get("user_traceback") or "nothing raised").splitlines()
+        last = textwrap.fill(shown[-1], width=116, subsequent_indent="    ")  # the message, folded to the screen
+        print(f"\n{descriptions(era, group).get(name, name)}:\n\n" + "\n".join([*shown[:-1], last]))
 
 
 def said(outcome: dict) -> str:
@@ -81,10 +86,11 @@ def said(outcome: dict) -> str:
 
 def show_scenarios(era: EraRun, names: list[str] | None = None, group: str = "scenarios") -> None:
     """Each run of the era script, one line each, with the reference model's forward or the evaluation that
-    followed where the scenario ran one."""
+    followed where the scenario ran one; the missing kernel's error once, under the runs it ended."""
     if not era.finished:
         print(f"not run ({era.status})")
         return
+    kernel = None
     for name in names or list(era.result[group]):
         outcome = era.result[group][name]
         print(f"{descriptions(era, group).get(name, name)}:\n    {said(outcome)}")
@@ -94,6 +100,32 @@ def show_scenarios(era: EraRun, names: list[str] | None = None, group: str = "sc
         ):
             if step in outcome:
                 print(f"    {what}: {said(outcome[step])}")
+        found = [o for o in (outcome, outcome.get("then_evaluate"), outcome.get("reference_forward")) if o]
+        kernel = kernel or next((o["error"] for o in found if o["verdict"] == "missing_flash_kernel"), None)
+    if kernel:
+        print(KERNEL_NOTE.format(error=kernel))
+
+
+def show_pairs(era: EraRun, pairs: list[str]) -> None:
+    """Each failing run of the era beside the same run with the fix (``PAIRS``)."""
+    show_scenarios(era, [name for pair in pairs for name in PAIRS[pair]])
+
+
+def show_fixes(era: EraRun) -> None:
+    """Each failing run beside the same run with the fix, then the era's DPO evaluation of a plain Qwen2 counted."""
+    show_pairs(era, ["evaluate", "train_step", "train_checkpointing", "model_path", "explicit_ref"])
+    print("\nevaluate() of a plain Qwen2 (nothing re-created), its forwards counted:")
+    show_cache_audit(era)
+
+
+def show_cache_audit(era: EraRun) -> None:
+    """The era's real DPO evaluation of a plain Qwen2, counted by forward hooks: the cache nobody reads."""
+    if not era.finished:
+        print(f"not run ({era.status})")
+        return
+    audit = era.result["scenarios"]["cache_audit"]
+    for model, counts in audit["counts"].items():
+        print(f"{model:>9}: {counts}; passed: {audit['asked'][model]}")
 
 
 def era_record(era: EraRun) -> dict:
@@ -106,8 +138,7 @@ def era_record(era: EraRun) -> dict:
         row = {key: outcome.get(key) for key in ("verdict", "error_type", "message", "function", "in_training_step")}
         row["file"] = Path(outcome["file"]).name if outcome.get("file") else None
         row.update({step: brief(outcome[step]) for step in ("then_evaluate", "reference_forward") if step in outcome})
-        if "use_cache" in outcome:
-            row["use_cache"] = outcome["use_cache"]
+        row.update({key: outcome[key] for key in ("use_cache", "counts", "asked") if key in outcome})
         return row
 
     record.update(
@@ -119,6 +150,22 @@ def era_record(era: EraRun) -> dict:
         direct_forward={name: brief(row) for name, row in era.result["direct_forward"].items()},
     )
     return record
+
+
+def era_sides(record: dict) -> tuple[dict, dict]:
+    """The era's runs as the core's checks read them: each failing run (without the fix) and the same run with it,
+    keyed by ``PAIRS``; empty when the era did not run."""
+    if record["status"] != "finished":
+        return {}, {}
+    scenarios = record["scenarios"]
+    return tuple({key: scenarios[pair[i]] for key, pair in PAIRS.items() if pair[i] in scenarios} for i in (0, 1))
+
+
+def cache_audit_counts(record: dict) -> dict | None:
+    """The era's DPO evaluation of a plain Qwen2, counted per model (``cache_audit``); None when it did not run."""
+    if record["status"] != "finished" or "cache_audit" not in record["scenarios"]:
+        return None
+    return record["scenarios"]["cache_audit"]["counts"]
 
 
 # ---- the models and trainers -----------------------------------------------------------------------------
@@ -167,10 +214,7 @@ def dpo_trainer(
     with activation checkpointing on (TRL's default), evaluating once at the end of ``dpo_steps`` steps."""
     sizes = run.sizes
     args = DPOConfig(
-        **{
-            **run.trainer_kwargs(f"dpo-{eval_batch_size}", logging=False),
-            **{key: True for key in no_activation_checkpointing()},
-        },
+        **{**run.trainer_kwargs(f"dpo-{eval_batch_size}", logging=False), checkpointing_flag(): True},
         per_device_train_batch_size=4,
         per_device_eval_batch_size=eval_batch_size,
         max_steps=sizes.dpo_steps,
@@ -231,14 +275,71 @@ def tiny_gpt2(run: Run, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     return AutoModelForCausalLM.from_config(config).to(run.device).eval()
 
 
-def chat_prompts(tokenizer: PreTrainedTokenizerBase, n: int) -> list[str]:
-    """The first ``n`` questions as SmolLM2's chat template writes them (it adds a default system prompt)."""
-    return [
+def chat_prompts(tokenizer: PreTrainedTokenizerBase, n: int) -> tuple[list[str], list[int]]:
+    """The first ``n`` questions as SmolLM2's chat template writes them (it adds a default system prompt), and
+    their lengths in tokens."""
+    prompts = [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
         )
         for question in QUESTIONS[:n]
     ]
+    return prompts, [len(tokenizer(prompt)["input_ids"]) for prompt in prompts]
+
+
+def report_era(run: Run) -> EraRun:
+    """The core's run of the report's era (04-transformers-4.51): every scenario of ``CORE_SCENARIOS``."""
+    spec = {"seed": run.subseed("then"), "scenarios": CORE_SCENARIOS, "direct_forward": False}
+    return eras.run_in_era("04-transformers-4.51", "then_04_padding_side", spec, run.output_dir / "then")
+
+
+def eval_padding(trainer: DPOTrainer) -> tuple[dict, torch.Tensor | None]:
+    """DPO's evaluation batches: how many, how many padded, how many of those padded on the left; the first
+    padded batch's attention mask."""
+    padded = [b["attention_mask"] for b in trainer.get_eval_dataloader() if not b["attention_mask"].all()]
+    counts = {
+        "batches": len(trainer.get_eval_dataloader()),
+        "padded": len(padded),
+        "on_the_left": sum(bool((mask[:, 0] == 0).any()) for mask in padded),
+    }
+    return counts, (padded[0] if padded else None)
+
+
+def core_numbers(
+    report: EraRun, grid: dict, generation: dict, lengths: list[int], portable: dict, checkup_found, dpo_padding: dict
+) -> dict:
+    """The core's numbers: each side (right padding and the era's failing runs without the fix; left padding, the
+    era's runs with it and today's DPO evaluation with it) with the same fields, and DPO's batches."""
+    record = era_record(report)
+    bad_era, fixed_era = era_sides(record)
+    today = {
+        "policy": portable["DPO evaluate(), policy"],
+        "reference": portable["DPO evaluate(), reference"],
+        "checkup": {"status": checkup_found.status, "value": checkup_found.value},
+    }
+
+    def side(name: str, era: dict, dpo_eval: dict | None) -> dict:
+        shorter = shorter_rows(generation, lengths, name)
+        changed = sum(generation[name]["changed"])
+        return {
+            "era": era,
+            "dpo_eval": dpo_eval,
+            "grid": grid[name],
+            "hook": portable[f"generate(), {name} padding"],
+            "generation": {"changed": changed, "shorter": shorter},
+        }
+
+    return {
+        "then": record,
+        "prompts": len(lengths),
+        "lengths": lengths,
+        "dpo_padding": dpo_padding,
+        "runs": {
+            "without_fix": side("right", bad_era, cache_audit_counts(record)),
+            "with_fix": side("left", fixed_era, today),
+        },
+        "shift": {s: generation[s]["first_token_logit_shift"] for s in ("left", "right")},
+    }
 
 
 @contextlib.contextmanager
@@ -309,6 +410,14 @@ def padding_grid(
     return rows
 
 
+def padding_grids(run: Run, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> dict[str, list[dict]]:
+    """The mechanism: ``padding_grid`` of the two ``GRID_PROMPTS`` padded right and left, drawn and explained."""
+    grid = {side: padding_grid(model, tokenizer, GRID_PROMPTS, side) for side in ("right", "left")}
+    draw_grid(run, grid)
+    explain_grid(grid)
+    return grid
+
+
 def explain_grid(grid: dict[str, list[dict]]) -> None:
     """The grid's finding for the shorter row, in a sentence per padding side, from the measured numbers."""
     for side, rows in grid.items():
@@ -360,9 +469,9 @@ def draw_grid(run: Run, grid: dict[str, list[dict]]) -> None:
     plotting.save(fig, run.output_dir, "padding_grid")
 
 
-def print_generation(questions: list[str], generation: dict, lengths: list[int]) -> None:
+def print_generation(generation: dict, lengths: list[int]) -> None:
     """Each prompt's answer one at a time and in the right- and left-padded batches."""
-    for i, question in enumerate(questions[: len(lengths)]):
+    for i, question in enumerate(QUESTIONS[: len(lengths)]):
         shift = {side: generation[side]["first_token_logit_shift"][i] for side in ("right", "left")}
         print(
             f"[{lengths[i]} tokens] {question}\n    alone: {generation['single']['outputs'][i]!r}\n"
@@ -374,7 +483,7 @@ def print_generation(questions: list[str], generation: dict, lengths: list[int])
 
 def shorter_rows(generation: dict, lengths: list[int], side: str = "right") -> dict:
     """The padded rows (shorter than the longest prompt) against the unpadded ones: first-token logit shifts
-    and changed outputs for ``side``."""
+    and changed outputs for ``side`` (in a left-padded batch the same rows carry their pads first)."""
     longest = max(lengths)
     shift, changed = generation[side]["first_token_logit_shift"], generation[side]["changed"]
     padded = [i for i, n in enumerate(lengths) if n < longest]
@@ -475,48 +584,99 @@ def print_scoring(scoring: dict) -> None:
 def summary(n: dict) -> str:
     """Core: the report's sentences, written from this run's numbers."""
     sentences = []
-    report = n["then"]
+    report, bad, fixed = n["then"], n["runs"]["without_fix"], n["runs"]["with_fix"]
     if report["status"] == "finished":
-        s = report["scenarios"]
+        on = f"On transformers {report['transformers']} + TRL {report['trl']}"
+        raised = bad["era"]["evaluate"]["verdict"] == "guard"
+        passed = fixed["era"]["evaluate"]["verdict"] in ("missing_flash_kernel", "finished")
+        cached = bad["dpo_eval"]["policy"]
         sentences.append(
-            f"On transformers {report['transformers']} + TRL {report['trl']}, DPOTrainer.evaluate() "
-            + (
-                "raised the real padding_side='right' ValueError"
-                if s["as_reported"]["verdict"] == "guard"
-                else "did not raise the padding_side='right' ValueError"
-            )
-            + "; the first training step with DPOConfig's defaults "
-            + ("raised it too" if s["train_defaults"]["verdict"] == "guard" else "did not")
-            + ", and with gradient checkpointing training "
-            + (
-                "got past it"
-                if s["train_checkpointing"]["verdict"] == "missing_flash_kernel"
-                else "did not get past it"
-            )
-            + "."
+            f"{on}, DPOTrainer.evaluate() on a Qwen2 told it is FlashAttention-2 "
+            + ("raised" if raised else "did not raise")
+            + " the padding_side='right' ValueError, and with model.config.use_cache=False it "
+            + ("got past the check" if passed else "did not get past it")
+            + f"; on a plain Qwen2 the same evaluation built a KV cache for {cached['right_padded_with_cache']} of "
+            f"{cached['right_padded']} right-padded policy forwards."
         )
     else:
-        sentences.append("The report's era did not run (run `make eras`).")
-    g = n["generation"]
+        sentences.append("The report's versions did not run (run `make eras`).")
+    today = fixed["dpo_eval"]["policy"]
     sentences.append(
-        f"Today SmolLM2's batched generate() changed {g['changed']['right']}/{g['prompts']} answers with right "
-        f"padding and {g['changed']['left']}/{g['prompts']} with left; DPO evaluation made "
-        f"{n['portable']['DPO evaluate(), policy']['right_padded']} right-padded policy forwards, "
-        f"{n['portable']['DPO evaluate(), policy']['right_padded_with_cache']} with a KV cache."
+        f"Today SmolLM2's batched generate() changed {bad['generation']['changed']}/{n['prompts']} answers with right "
+        f"padding and {fixed['generation']['changed']}/{n['prompts']} with left; DPO evaluation made "
+        f"{today['right_padded']} right-padded policy forwards, {today['right_padded_with_cache']} with a KV cache."
     )
     return " ".join(sentences)
+
+
+def deeper_numbers(
+    first: EraRun,
+    report: EraRun,
+    families_today: list[str],
+    audits: dict,
+    generation: dict,
+    lengths: list[int],
+    no_positions: dict,
+    gpt2_positioned: dict,
+    scoring: dict,
+    sft_eval: dict,
+) -> dict:
+    """The deep dive's numbers: each experiment's two sides with the same fields (``runs``). Without the fix: the
+    right-padded forward with the cache (both windows, for either fix), a forward keeping the cache on 4.40 beside TRL
+    0.17's ``evaluate()`` on 4.51, the families with the check on 4.51, TRL 0.17's DPO evaluation of a plain Qwen2,
+    GPT-2 scored without ``position_ids``, right-padded generation, SFT evaluation at eval batch 2. With it: the same
+    forward without the cache and left-padded, TRL 0.8.6's ``evaluate()`` and ``padding_free=True`` on 0.17, today's
+    families, today's DPO evaluation (eval batch 1), positions from the mask, left-padded generation, eval batch 1."""
+    records = {"4.40": era_record(first), "4.51": era_record(report)}
+    direct = {era: (r["direct_forward"] if r["status"] == "finished" else None) for era, r in records.items()}
+    sides: dict[str, dict] = {"without_fix": {}, "with_fix": {}}
+    sides["without_fix"]["direct"] = {e: {"cache": d["right"], "side": d["right"]} for e, d in direct.items() if d}
+    sides["with_fix"]["direct"] = {e: {"cache": d["right_no_cache"], "side": d["left"]} for e, d in direct.items() if d}
+    scenarios = {era: r.get("scenarios", {}) for era, r in records.items()}
+    sides["without_fix"]["dpo"] = {
+        **({"4.40": direct["4.40"]["right"]} if direct["4.40"] else {}),
+        **({"4.51": scenarios["4.51"]["as_reported"]} if "as_reported" in scenarios["4.51"] else {}),
+    }
+    sides["with_fix"]["dpo"] = {
+        **({"4.40": scenarios["4.40"]["as_reported"]} if "as_reported" in scenarios["4.40"] else {}),
+        **({"4.51": scenarios["4.51"]["padding_free"]} if "padding_free" in scenarios["4.51"] else {}),
+    }
+    sides["without_fix"]["families"] = records["4.51"].get("guard_families")
+    sides["with_fix"]["families"] = families_today
+    audit = scenarios["4.51"].get("cache_audit")
+    sides["without_fix"]["dpo_cache"] = (
+        {m: {**audit["counts"][m], "asked": audit["asked"][m]} for m in audit["counts"]} if audit else None
+    )
+    sides["with_fix"]["dpo_cache"] = {m: audits[1][m]["eval"] for m in ("policy", "reference")}
+    sides["without_fix"]["scoring"] = {"gpt2": no_positions["gpt2 (random init), left"]["diff"]}
+    sides["with_fix"]["scoring"] = {
+        "qwen2": max(scoring["fp32"][m] for m in ("left", "right")),
+        "gpt2": max(gpt2_positioned.values()),
+    }
+    for side, padding, size in (("without_fix", "right", "2"), ("with_fix", "left", "1")):
+        sides[side]["changed"] = sum(generation[padding]["changed"])
+        sides[side]["shorter"] = shorter_rows(generation, lengths, padding)
+        sides[side]["sft"] = sft_eval[int(size)]
+    return {
+        "then": records,
+        "runs": sides,
+        "audits": {str(size): audit_ for size, audit_ in audits.items()},
+        "generation": generation,
+        "lengths": lengths,
+        "no_position_ids": no_positions,
+    }
 
 
 def summary_deeper(n: dict) -> str:
     """Deep dive: the report's sentences, written from this run's numbers."""
     sentences = []
-    first = n["then"]["4.40"]
+    first, bad, fixed = n["then"]["4.40"], n["runs"]["without_fix"], n["runs"]["with_fix"]
     if first["status"] == "finished":
         sentences.append(
             f"On transformers {first['transformers']} a right-padded forward with the cache "
-            f"{'raised' if first['direct_forward']['right']['verdict'] == 'guard' else 'did not raise'} the "
+            f"{'raised' if bad['direct']['4.40']['cache']['verdict'] == 'guard' else 'did not raise'} the "
             f"error, while TRL {first['trl']}'s DPO evaluation "
-            f"{'got past it' if first['scenarios']['as_reported']['verdict'] == 'missing_flash_kernel' else 'did not'}."
+            f"{'got past it' if fixed['dpo']['4.40']['verdict'] == 'missing_flash_kernel' else 'did not'}."
         )
     eval_rows = [audit[model]["eval"] for audit in n["audits"].values() for model in ("policy", "reference")]
     sentences.append(
@@ -528,16 +688,16 @@ def summary_deeper(n: dict) -> str:
     return " ".join(sentences)
 
 
-def figure(run: Run, generation: dict, lengths: list[int], portable: dict) -> None:
-    """Core: SmolLM2's first-token logit shift per prompt by padding side, and the portable hook's counts."""
+def figure(run: Run, generation: dict, lengths: list[int], portable: dict[str, dict], era: EraRun) -> None:
+    """Core: SmolLM2's first-token logit shift per prompt by padding side, and the portable hook's counts on each
+    run (the era's DPO evaluation of a plain Qwen2, counted by the same hook, then today's runs)."""
+    counts = cache_audit_counts(era_record(era)) or {}
+    hook = {**{f"TRL {era.versions.get('trl')} DPO evaluate(), {m}": c for m, c in counts.items()}, **portable}
     changed = {side: sum(generation[side]["changed"]) for side in ("right", "left")}
-    policy = portable["DPO evaluate(), policy"]
     fig, (ax_shift, ax_hook) = plotting.figure(
         2,
-        title=f"Right padding changed {changed['right']}/{len(lengths)} answers, "
-        f"left {changed['left']}/{len(lengths)}\n"
-        f"DPO evaluation today: {policy['right_padded']} right-padded forwards, "
-        f"{policy['right_padded_with_cache']} with a cache",
+        title=f"Right padding changed {changed['right']}/{len(lengths)} answers, left {changed['left']}/{len(lengths)}"
+        "\nRight-padded forwards that built a KV cache: TRL 0.17's DPO evaluation did, today's does not",
         height=4.0,
     )
     for side, kind, size in (("right", "bad", 10), ("left", "fixed", 5)):
@@ -557,18 +717,18 @@ def figure(run: Run, generation: dict, lengths: list[int], portable: dict) -> No
         "batched generate() vs one prompt at a time",
         log_y=True,
     )
-    names = list(portable)
+    names = list(hook)
     x = range(len(names))
     ax_hook.bar(
         [i - 0.2 for i in x],
-        [portable[n]["right_padded"] for n in names],
+        [hook[n]["right_padded"] for n in names],
         width=0.4,
         color=plotting.REFERENCE,
         label="right-padded forwards",
     )
     ax_hook.bar(
         [i + 0.2 for i in x],
-        [portable[n]["right_padded_with_cache"] for n in names],
+        [hook[n]["right_padded_with_cache"] for n in names],
         width=0.4,
         color=plotting.BAD,
         label="... that built a KV cache",

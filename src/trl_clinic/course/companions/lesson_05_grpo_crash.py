@@ -21,7 +21,7 @@ from matplotlib.patches import Rectangle
 from trl import GRPOConfig, SFTConfig, SFTTrainer
 
 from trl_clinic.course import child, data, plotting
-from trl_clinic.course.crash import Bisection, in_process
+from trl_clinic.course.crash import DIVISION_RETURNED, Bisection, in_process
 from trl_clinic.course.models import PRETRAINED_SIZES, dequantized_smollm2, load_smollm2, make_causal_lm
 from trl_clinic.course.run import Run
 from trl_clinic.course.tokenizer import build_tokenizer
@@ -88,9 +88,10 @@ def policy(run: Run, name: str = "random", model=None, tokenizer=None) -> Path:
 # ---- the user's script -------------------------------------------------------------------------------------
 
 
-def user_spec(run: Run, name: str, settings: dict, steps: int, h20_stand_in: bool = False) -> Path:
+def user_spec(run: Run, name: str, settings: dict, steps: int, h20_stand_in: bool = True) -> Path:
     """Write the spec of the user's script (``train_grpo.py``): the lesson's GRPO run with ``settings`` on
-    top, the progress bar a user sees, and ``h20_stand_in`` (the injected fault). Returns its path."""
+    top, the progress bar a user sees, and ``h20_stand_in`` (the injected fault, attached unless told not to,
+    so that the core's two runs differ only in their settings). Returns its path."""
     folder = run.output_dir / "user"
     folder.mkdir(exist_ok=True)
     # per-device batch = num_generations: with the report's accumulation 4, four prompts' groups a step
@@ -293,16 +294,28 @@ def draw_groups(
 # ---- the core's figure -------------------------------------------------------------------------------------
 
 
-def figure(run: Run, died: child.Outcome, fixed_rows: list[dict], steps: int, walk: Walk) -> None:
-    """Bad against fixed: where each run of the user's script ended, and the report's config on today's TRL
-    (each attempt of the walk: red where it raised, green where it was accepted)."""
-    fig, (ax_run, ax_walk) = plotting.figure(
+def stack_frames(ended: str, shown: int = 10) -> list[str]:
+    """The innermost frames of faulthandler's stack in a ``how_it_ends`` answer, as ``function (file:line)``."""
+    frames = []
+    for line in ended.splitlines():
+        line = line.strip()
+        if line.startswith("File "):  # File "/path/to/file.py", line 12 in function
+            where, _, function = line.partition(" in ")
+            file, _, number = where.removeprefix("File ").partition(", line ")
+            frames.append(f"{function}  ({Path(file.strip(chr(34))).name}:{number})")
+    return frames[:shown]
+
+
+def figure(run: Run, ended: dict[str, str], fixed_rows: list[dict], steps: int) -> None:
+    """Bad against fixed: how far each run of the user's script got (the bf16=False run's reward per step, the
+    bf16=True run's death), and where the bf16=True run died, read from faulthandler's stack."""
+    bad = ended["bf16=True"]
+    frames = stack_frames(bad)
+    fig, (ax_run, ax_stack) = plotting.figure(
         2,
         title=(
-            f"bf16=True: killed by {died.signal} before step 1 (injected stand-in); bf16=False: {len(fixed_rows)} of "
-            f"{steps} steps.\nToday's TRL rejects the report's config "
-            f"{sum(bool(s['error']) for s in walk.steps)} times "
-            f"before per-device batch {walk.configs[-1]['per_device_train_batch_size']}"
+            f"bf16=True: {bad.splitlines()[0]} before step 1 (the injected stand-in); "
+            f"bf16=False: {len(fixed_rows)} of {steps} steps"
         ),
         width=5.4,
     )
@@ -313,24 +326,15 @@ def figure(run: Run, died: child.Outcome, fixed_rows: list[dict], steps: int, wa
         "fixed",
         "bf16=False: mean reward of the step",
     )
-    ax_run.plot(
-        [1],
-        [0],
-        marker="X",
-        markersize=12,
-        color=plotting.BAD,
-        linestyle="none",
-        label=f"bf16=True: killed by {died.signal}",
-    )
+    ax_run.plot([1], [0], marker="X", markersize=12, color=plotting.BAD, linestyle="none", label="bf16=True: killed")
     ax_run.set_xlim(0, steps + 1)
-    plotting.label(ax_run, "optimizer step", "mean reward", "the user's settings, two runs")
-    names = ["as written", "warmup renamed", "prompt length\ndropped", "per-device\nbatch fixed"][: len(walk.steps)]
-    errors = [step["error"].split(":")[0] if step["error"] else "accepted" for step in walk.steps]
-    plotting.bars(
-        ax_walk, names, [1] * len(names), ["bad" if step["error"] else "fixed" for step in walk.steps], texts=errors
-    )
-    ax_walk.set_yticks([])
-    plotting.label(ax_walk, "the report's config, fix after fix", "", "today's GRPOConfig")
+    plotting.label(ax_run, "optimizer step", "mean reward", "the user's script, two runs (stand-in in both)")
+    ax_stack.set_axis_off()
+    for i, frame in enumerate(frames or ["no stack: the run did not die"]):
+        ax_stack.text(
+            0.0, 0.92 - 0.09 * i, frame, fontsize=9, family="monospace", color=plotting.BAD if i == 0 else "black"
+        )
+    ax_stack.set_title("where bf16=True died: faulthandler's stack, innermost first", fontsize=10)
     plotting.save(fig, run.output_dir, "grpo_sigfpe")
 
 
@@ -428,6 +432,7 @@ def then_numbers(then) -> dict:
     if then.finished:
         result = then.result
         numbers.update(
+            trl=result["era_versions"]["trl"],
             accepted=result["config_accepted_as_written"],
             error=result["error"],
             optimizer_steps=result["optimizer_steps"],
@@ -437,7 +442,7 @@ def then_numbers(then) -> dict:
             batch_help=result["batch_help"],
         )
         print(
-            f"TRL 0.14.0 accepts the report's config as written: {result['config_accepted_as_written']}; "
+            f"TRL {numbers['trl']} accepts the report's config as written: {result['config_accepted_as_written']}; "
             f"{result['optimizer_steps']} real GRPO steps ran (changed for the run: {result['changed_for_the_run']})\n"
             f"completions per reward call: {sorted(set(result['completions_per_call']))} with "
             f"per_device_train_batch_size={result['reported']['per_device_train_batch_size']}; its help: "
@@ -446,15 +451,53 @@ def then_numbers(then) -> dict:
     return numbers
 
 
-def deep_figure(run: Run, bisection: Bisection, healthy_rows: list[dict], silent_rows: list[dict]) -> None:
-    """The injected bisection's trials in order, and the healthy and the silent runs' reward."""
-    start, end, _ = reward_ends(healthy_rows)
-    flat = sum(r["reward"] for r in silent_rows) / max(1, len(silent_rows))
-    fig, (ax_trials, ax_reward) = plotting.figure(
+def native_record(shell: child.Outcome, traced: child.Outcome) -> dict:
+    """How one division's children ended (from a shell without faulthandler, and with it), as the checks read it:
+    whether the line after the division ran (``crash.DIVISION_RETURNED``) and whether faulthandler's innermost
+    frame is ``native_sigfpe``, which tell a trap in the kernel from any other death."""
+    stack = traced.stderr.split("Current thread", 1)[-1] if "Current thread" in traced.stderr else ""
+    frames = [line.strip() for line in stack.splitlines() if line.strip().startswith("File ")]
+    return {
+        "returncode": traced.returncode,
+        "signal": traced.signal,
+        "division_returned": DIVISION_RETURNED in traced.stderr or DIVISION_RETURNED in shell.stderr,
+        "died_in_native_sigfpe": bool(frames) and frames[0].endswith(" in native_sigfpe"),
+        "stderr_with_faulthandler": traced.stderr,
+        "shell_returncode": shell.returncode,
+        "shell_says": shell.message if shell.status == "signal" else None,
+        "shell_python_said_nothing": "Fatal Python error" not in shell.stderr and "Traceback" not in shell.stderr,
+    }
+
+
+def today_answers(run: Run, walk: Walk) -> dict:
+    """The questions the deep dive asks TRL 0.14.0 in its era, put to today's TRL: the report's config as written
+    (the walk's first answer), the help of ``per_device_train_batch_size``, and the ``bf16`` of a ``GRPOConfig``
+    that does not name it. Today's TRL trains nothing with the report's config (it rejects it)."""
+    import trl
+
+    return {
+        "status": "finished",
+        "trl": trl.__version__,
+        "accepted": walk.steps[0]["error"] is None,
+        "optimizer_steps": 0,
+        "completions_per_call": None,
+        "batch_help": GRPOConfig.__dataclass_fields__["per_device_train_batch_size"].metadata["help"],
+        # as the era script asks it (use_cpu=True there: the eras run on the CPU)
+        "default_bf16": GRPOConfig(output_dir=str(run.output_dir / "runs" / "default-bf16"), use_cpu=True).bf16,
+    }
+
+
+def deep_figure(run: Run, bisection: Bisection, zero_std: dict[str, list[dict]]) -> None:
+    """The injected bisection's trials in order, and the share of equal-reward groups per step under the two
+    rewards (the same policy, the same config)."""
+    silent, partial = zero_std["all_in_category_reward"], zero_std["category_reward"]
+    mean = {name: sum(r["frac_reward_zero_std"] for r in rows) / max(1, len(rows)) for name, rows in zero_std.items()}
+    fig, (ax_trials, ax_equal) = plotting.figure(
         2,
         title=(
             f"Child processes name {', '.join(bisection.culprits or ['nothing'])} in {len(bisection.trials)} trials "
-            f"(injected fault).\nPartial credit: reward {start:.2f} -> {end:.2f}; all-or-nothing: {flat:.2f} a step"
+            f"(injected fault).\nEqual-reward groups: {mean['all_in_category_reward']:.0%} with an all-or-nothing "
+            f"reward, {mean['category_reward']:.0%} with partial credit"
         ),
         width=5.4,
     )
@@ -478,61 +521,17 @@ def deep_figure(run: Run, bisection: Bisection, healthy_rows: list[dict], silent
             color="white",
         )
     plotting.label(ax_trials, "red: killed, green: finished", "", "bisection, in order")
-    plotting.line(
-        ax_reward,
-        [r["step"] for r in healthy_rows],
-        [r["reward"] for r in healthy_rows],
-        "fixed",
-        "partial credit, warm policy",
-        markersize=0,
-    )
-    plotting.line(
-        ax_reward,
-        [r["step"] for r in silent_rows],
-        [r["reward"] for r in silent_rows],
-        "bad",
-        "all-or-nothing reward, policy before warm start",
-    )
-    plotting.label(ax_reward, "optimizer step", "mean reward", "reward")
+    for rows, kind, name in ((silent, "bad", "all-or-nothing reward"), (partial, "fixed", "partial credit")):
+        plotting.line(ax_equal, [r["step"] for r in rows], [r["frac_reward_zero_std"] for r in rows], kind, name)
+    ax_equal.set_ylim(-0.05, 1.05)
+    plotting.label(ax_equal, "optimizer step", "frac_reward_zero_std", "groups whose rewards are all equal")
     plotting.save(fig, run.output_dir, "grpo_sigfpe_deeper")
 
 
-def deep_numbers(
-    *,
-    shell: child.Outcome,
-    traced: child.Outcome,
-    by_zero: child.Outcome,
-    settable: dict,
-    config_bisection: Bisection,
-    full_error: child.Outcome,
-    bisection: Bisection,
-    healthy_rows: list[dict],
-    reward_ends: tuple[float, float],
-    suspects: dict,
-    silent_rows: list[dict],
-    then: dict,
-) -> dict:
-    """The deep dive's numbers, gathered from every section's results (what ``metrics.json`` stores)."""
-    equal = [row for row in silent_rows if row["frac_reward_zero_std"] == 1.0]
+def _bisection_record(bisection: Bisection) -> dict:
     return {
-        "native_crash": {
-            "returncode": traced.returncode,
-            "signal": traced.signal,
-            "stderr_with_faulthandler": traced.stderr,
-            "shell_returncode": shell.returncode,
-            "shell_says": shell.message,
-            "by_zero": by_zero.message,
-            "shell_stderr_is_bash_only": shell.stderr.strip().startswith("bash:")
-            and "Fatal Python error" not in shell.stderr
-            and "Traceback" not in shell.stderr,
-        },
-        "settable": settable,
-        "config_bisection": {
-            "culprits": config_bisection.culprits,
-            "trials": len(config_bisection.trials),
-            "message": full_error.message,
-        },
-        "bisection": [
+        "culprits": bisection.culprits,
+        "trials": [
             {
                 "settings": t.settings,
                 "phase": t.phase,
@@ -542,19 +541,67 @@ def deep_numbers(
             }
             for t in bisection.trials
         ],
-        "culprits": bisection.culprits,
-        "reward_start": reward_ends[0],
-        "reward_end": reward_ends[1],
-        "healthy_steps": len(healthy_rows),
-        "healthy_median_grad_norm": statistics.median(row["grad_norm"] for row in healthy_rows)
-        if healthy_rows
-        else None,
-        "suspects": suspects,
-        "silent": {
-            "steps": len(silent_rows),
-            "equal_steps": len(equal),
-            "mean_frac_reward_zero_std": sum(r["frac_reward_zero_std"] for r in silent_rows) / max(1, len(silent_rows)),
-            "max_equal_grad_norm": max((row["grad_norm"] for row in equal), default=None),
+    }
+
+
+def _zero_std_record(rows: list[dict]) -> dict:
+    equal = [row for row in rows if row["frac_reward_zero_std"] == 1.0]
+    return {
+        "steps": len(rows),
+        "mean_frac_reward_zero_std": sum(r["frac_reward_zero_std"] for r in rows) / max(1, len(rows)),
+        "equal_steps": len(equal),
+        "max_equal_grad_norm": max((row["grad_norm"] for row in equal), default=None),
+        "reward": [row["reward"] for row in rows],
+    }
+
+
+def deep_numbers(
+    *,
+    native: dict[str, dict],
+    walks: tuple[Walk, Walk],
+    verdicts: dict[int, str | None],
+    settable: dict,
+    config_bisections: tuple[Bisection, Bisection],
+    full_error: child.Outcome,
+    crash_bisections: tuple[Bisection, Bisection],
+    healthy_rows: list[dict],
+    suspects: dict,
+    zero_std: dict[str, list[dict]],
+    then: dict,
+    today_trl: dict,
+) -> dict:
+    """The deep dive's numbers (what ``metrics.json`` stores): each section's bad and fixed side under
+    ``runs["without_fix"]`` and ``runs["with_fix"]`` with the same fields, so a test can hand each check group the
+    other side. Without the fix: the overflowing division, the report's config and its walk, per-device 1 with
+    neither generation setting, the renamed config's error, the user's bf16=True settings, the all-or-nothing
+    reward. With it: the division torch checks (by zero), the walk's last config, the generation batch set to 16,
+    that config's bisection, the settings with bf16=False (the stand-in still attached), partial credit."""
+    reward_start, reward_end, _ = reward_ends(healthy_rows) if healthy_rows else (None, None, 0)
+    sides = {}
+    for side, i in (("without_fix", 0), ("with_fix", 1)):
+        sides[side] = {
+            "native": native["overflow" if i == 0 else "by zero"],
+            "walk": walks[i].steps,
+            "rule": [row for name, row in settable.items() if (name == "neither set") == (i == 0)],
+            "config_bisection": {
+                "culprits": config_bisections[i].culprits,
+                "trials": len(config_bisections[i].trials),
+                "message": full_error.message if i == 0 else None,
+            },
+            "crash_bisection": _bisection_record(crash_bisections[i]),
+            "zero_std": _zero_std_record(zero_std["all_in_category_reward" if i == 0 else "category_reward"]),
+        }
+    return {
+        "runs": sides,
+        "verdicts": verdicts,
+        "verdict_rule": {"num_generations": 4, "accumulation": 2},
+        "healthy": {
+            "steps": len(healthy_rows),
+            "reward_start": reward_start,
+            "reward_end": reward_end,
+            "median_grad_norm": statistics.median(row["grad_norm"] for row in healthy_rows) if healthy_rows else None,
         },
+        "suspects": suspects,
         "then": then,
+        "today_trl": today_trl,
     }

@@ -15,15 +15,19 @@ padding_side='right' ...`` lived in two windows of transformers' ``models/qwen2/
   (transformers 4.51.3, trl 0.17.0, the report's versions; trl 0.17.0's dpo_trainer.py passes no
   ``use_cache``, and its DPOConfig leaves ``gradient_checkpointing`` at TrainingArguments' False).
 
-Both checks run before any attention kernel, so they raise on CPU: the tiny Qwen2 is built (or loaded)
-with eager or sdpa attention and then told it is FlashAttention-2, as loading with FlashAttention-2 on a
-GPU leaves it (the config; on 4.40 also ``Qwen2Model._attn_implementation`` and the layers'
-``Qwen2FlashAttention2`` class). A forward that gets past the check then needs the flash-attn package,
-which this CPU machine has not: transformers imports ``_flash_supports_window_size`` and the kernels only
-when flash-attn is installed (4.51.3 modeling_flash_attention_utils.py lines 35-51), so the next error is
-``NameError: name '_flash_supports_window_size' is not defined``. Each outcome says which it was:
-``guard`` (the ValueError), ``missing_flash_kernel`` (that NameError: past the check), ``finished`` or
-``other`` (anything else, never counted as past the check).
+Both checks run before any attention kernel, so they raise on CPU. What is real and what is re-created:
+the old TRL and transformers run for real up to the kernel call, the guard included; the model's state is
+RE-CREATED: the tiny Qwen2 is built (or loaded) with eager attention and then told it is FlashAttention-2
+(``as_flash_attention_2``), as loading with FlashAttention-2 on a GPU leaves it (the config; on 4.40 also
+``Qwen2Model._attn_implementation`` and the layers' ``Qwen2FlashAttention2`` class), because flash-attn
+needs a CUDA GPU. A forward that gets past the check then needs the flash-attn package, which this CPU
+machine has not: transformers imports ``_flash_supports_window_size`` and the kernels only when flash-attn
+is installed (4.51.3 modeling_flash_attention_utils.py lines 35-51), so the next error is
+``NameError: name '_flash_supports_window_size' is not defined``: a run "past the check" is shown up to the
+kernel call, never to its end. Each outcome says which it was: ``guard`` (the ValueError),
+``missing_flash_kernel`` (that NameError: past the check), ``finished`` or ``other`` (anything else, never
+counted as past the check). ``cache_audit`` alone tells the model nothing: the real DPOTrainer evaluates a
+plain (eager) Qwen2 while forward hooks count the right-padded rows for which the model built a KV cache.
 
 Usage: ``python then_04_padding_side.py SPEC.json RESULT.json`` with the era's interpreter. The spec may
 set ``seed`` (default 0), ``eval_batch_size`` (default 1, the report's), ``threads``, ``scenarios`` (names
@@ -63,25 +67,32 @@ PAIRS = [
     ("is it", "yes it is", "no"),
     ("the red cat", "was very fast and good", "slow"),
 ]
-# what each scenario changes from the report's setup (trl 0.17: DPOConfig defaults, a model instance)
+# what each scenario changes from the report's setup (trl 0.17: DPOConfig defaults, a model instance); each
+# "..._no_cache" is its scenario with the fix, model.config.use_cache = False, and nothing else changed
 SCENARIOS = {
     "as_reported": "evaluate(), DPOConfig defaults",
+    "as_reported_no_cache": "evaluate(), model.config.use_cache = False on the model instance",
     "train_defaults": "train(), DPOConfig defaults: the first training step",
-    "train_checkpointing": "train() with DPOConfig(gradient_checkpointing=True): the first training step, then "
-    "evaluate() on the same trainer (checkpointing on, the model in eval mode)",
+    "train_defaults_no_cache": "train(), the first training step, model.config.use_cache = False",
+    "train_checkpointing": "train() with DPOConfig(gradient_checkpointing=True), its first step; then evaluate() "
+    "(the model in eval mode)",
+    "train_checkpointing_no_cache": "the same with model.config.use_cache = False",
     "tokenizer_left": "evaluate(), tokenizer.padding_side = 'left' (the message's advice)",
-    "use_cache_false": "evaluate(), model.config.use_cache = False on the model instance",
+    "tokenizer_left_no_cache": "evaluate(), tokenizer.padding_side = 'left' and model.config.use_cache = False",
+    "path_defaults": "evaluate(), a model path (TRL loads the policy and the reference), no model_init_kwargs",
     "path_model_init_kwargs": "evaluate(), a model path and DPOConfig(model_init_kwargs={'use_cache': False})",
     "explicit_ref_path": "evaluate(), the same and ref_model=<path> (no ref_model_init_kwargs)",
     "explicit_ref_path_fixed": "evaluate(), the same and ref_model=<path>, ref_model_init_kwargs={'use_cache': False}",
     "padding_free": "evaluate(), DPOConfig(padding_free=True)",
+    "cache_audit": "evaluate() of a plain eager Qwen2 (not told it is FlashAttention-2), DPOConfig defaults: the "
+    "forwards of the policy and the reference model counted",
 }
 DIRECT = {
     "right": "one forward of a stacked pair, right-padded, use_cache=True",
     "right_no_cache": "the same forward with use_cache=False",
     "left": "the same pair left-padded, use_cache=True",
 }
-NEEDS_DPO_CONFIG = set(SCENARIOS) - {"as_reported", "tokenizer_left", "use_cache_false"}
+NEEDS_DPO_CONFIG = set(SCENARIOS) - {"as_reported", "as_reported_no_cache", "tokenizer_left", "tokenizer_left_no_cache"}
 
 
 def tiny_tokenizer(bos: bool = False):
@@ -108,20 +119,22 @@ def tiny_tokenizer(bos: bool = False):
 def as_flash_attention_2(model):
     """Tell a model built with eager/sdpa attention that it is FlashAttention-2, as ``from_pretrained(...,
     attn_implementation="flash_attention_2")`` leaves it on a GPU, without needing the kernel to build it.
-    transformers <= 4.41 read the implementation once, into ``Qwen2Model._attn_implementation`` and each
-    layer's attention class (``Qwen2FlashAttention2``); later releases read the config at every forward."""
+    RE-CREATED: the state loading with FlashAttention-2 gives, without the kernel that needs a CUDA GPU.
+    transformers <= 4.47 read the implementation once, into ``Qwen2Model._attn_implementation`` and each
+    layer's attention class (``Qwen2FlashAttention2``); from 4.48.0 the config is read at every forward."""
     from transformers.models.qwen2 import modeling_qwen2
 
     model.config._attn_implementation = "flash_attention_2"
-    if hasattr(model.model, "_attn_implementation"):  # transformers <= 4.41
+    if hasattr(model.model, "_attn_implementation"):  # transformers <= 4.47
         model.model._attn_implementation = "flash_attention_2"
         for layer in model.model.layers:
             layer.self_attn.__class__ = modeling_qwen2.Qwen2FlashAttention2
     return model
 
 
-def tiny_qwen2(tokenizer, seed: int, use_cache: bool = True):
-    """A two-layer Qwen2 with the config's default ``use_cache=True`` (or the one asked), then FlashAttention-2."""
+def tiny_qwen2(tokenizer, seed: int, use_cache: bool = True, flash: bool = True):
+    """A two-layer Qwen2 with the config's default ``use_cache=True`` (or the one asked), then told it is
+    FlashAttention-2 (unless ``flash=False``: the plain eager model)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     config = Qwen2Config(
@@ -139,9 +152,8 @@ def tiny_qwen2(tokenizer, seed: int, use_cache: bool = True):
         use_cache=use_cache,
     )
     torch.manual_seed(seed)
-    return as_flash_attention_2(
-        AutoModelForCausalLM.from_config(config, attn_implementation="eager", torch_dtype=torch.float32)
-    )
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", torch_dtype=torch.float32)
+    return as_flash_attention_2(model) if flash else model
 
 
 def site_relative(filename: str) -> str:
@@ -290,30 +302,67 @@ def from_path(spec: dict, workdir: Path, tokenizer, explicit_ref: bool, **config
     }
 
 
+class ForwardCounter:
+    """Forward hooks on the policy and the reference model: for each, the forwards, those whose attention mask
+    ends in padding, those among them for which the model returned a KV cache, and the ``use_cache`` each
+    forward was passed (the portable check of lesson 04, kept standalone here)."""
+
+    def __init__(self, **models):
+        self.counts = {name: {"forwards": 0, "right_padded": 0, "right_padded_with_cache": 0} for name in models}
+        self.asked = {name: {} for name in models}
+        self.handles = [
+            model.register_forward_hook(self.hook(name), with_kwargs=True) for name, model in models.items()
+        ]
+
+    def hook(self, name):
+        def count(module, args, kwargs, output):
+            mask = kwargs.get("attention_mask")
+            right = mask is not None and mask.dim() == 2 and bool((mask[:, -1] == 0).any())
+            row = self.counts[name]
+            row["forwards"] += 1
+            row["right_padded"] += right
+            row["right_padded_with_cache"] += right and getattr(output, "past_key_values", None) is not None
+            asked = f"use_cache={kwargs.get('use_cache', 'not passed')}"
+            self.asked[name][asked] = self.asked[name].get(asked, 0) + 1
+
+        return count
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+
+
+def cache_audit(spec: dict, workdir: Path, tokenizer) -> dict:
+    """The era's real DPOTrainer.evaluate() on a plain eager Qwen2 (nothing re-created), each forward counted."""
+    trainer = dpo_trainer(spec, workdir, tiny_qwen2(tokenizer, spec.get("seed", 0), flash=False), tokenizer)
+    counter = ForwardCounter(policy=trainer.model, reference=trainer.ref_model)
+    result = outcome(trainer.evaluate)
+    counter.remove()
+    return {**result, "counts": counter.counts, "asked": counter.asked}
+
+
 def run_scenario(name: str, spec: dict, workdir: Path) -> dict:
     tokenizer = tiny_tokenizer(bos=not has_dpo_config())
     seed = spec.get("seed", 0)
-    if name == "tokenizer_left":
+    if name.startswith("tokenizer_left"):
         tokenizer.padding_side = "left"
+    if name == "cache_audit":
+        return cache_audit(spec, workdir, tokenizer)
     if name.startswith("path") or name.startswith("explicit_ref"):
         ref_kwargs = {"ref_model_init_kwargs": {"use_cache": False}} if name.endswith("fixed") else {}
+        init_kwargs = {} if name == "path_defaults" else {"model_init_kwargs": {"use_cache": False}}
         return from_path(
-            spec,
-            workdir,
-            tokenizer,
-            explicit_ref=name.startswith("explicit_ref"),
-            model_init_kwargs={"use_cache": False},
-            **ref_kwargs,
+            spec, workdir, tokenizer, explicit_ref=name.startswith("explicit_ref"), **init_kwargs, **ref_kwargs
         )
-    model = tiny_qwen2(tokenizer, seed, use_cache=name != "use_cache_false")
+    model = tiny_qwen2(tokenizer, seed, use_cache=not name.endswith("_no_cache"))
     config = {"padding_free": True} if name == "padding_free" else {}
     if name.startswith("train"):
-        config.update(max_steps=1, gradient_checkpointing=name == "train_checkpointing")
+        config.update(max_steps=1, gradient_checkpointing=name.startswith("train_checkpointing"))
     trainer = dpo_trainer(spec, workdir / name, model, tokenizer, **config)
     if not name.startswith("train"):
         return outcome(trainer.evaluate)
     trained = outcome(trainer.train)
-    if name == "train_checkpointing":  # evaluation as train() runs it at eval_steps: checkpointing on, eval mode
+    if name.startswith("train_checkpointing"):  # evaluation as train() runs it at eval_steps: checkpointing, eval mode
         trained["then_evaluate"] = outcome(trainer.evaluate)
         trained["checkpointing_on"] = bool(trainer.model.is_gradient_checkpointing)
     return trained
