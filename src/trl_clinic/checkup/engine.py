@@ -5,7 +5,8 @@ does not apply to this trainer (the reason says why); any other exception it rai
 finding with the exception's type and text, never a skip, so one broken probe never ends the check-up
 and never hides. Every ok, warn or fail says how it was decided (``DECISIONS``): ``measured`` on the
 user's trainer, ``config`` read from its arguments or model, or ``table`` (a known-bugs entry). The
-report prints as a table (rich), as JSON for CI, and gives the exit code (``EXIT_CODES``).
+report prints as a table (rich; folded to what failed, warned or crashed), as JSON for CI, and gives the exit
+code (``EXIT_CODES``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ DECISIONS = {
 # 0: no fail and no error; 1: a probe failed (whatever else happened); 3: no fail, but a probe crashed, so
 # the check-up is incomplete. 2 stays the command line's own (a usage error, a bad file).
 EXIT_CODES = {"clean": 0, "fail": 1, "error": 3}
+# the printed table's width where the output is not a terminal: JupyterLab's output area holds about 120 characters
+# before a line wraps, and a wrapped table is no longer a table
+WIDTH = 120
 
 
 class Skip(Exception):
@@ -115,14 +119,26 @@ class Report:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
-    def table(self):
-        """The findings as a rich table: one row per finding, the fix and the lesson beside the number."""
+    def table(self, everything: bool = False):
+        """The findings as a rich table: one row per finding, the fix and the lesson beside the number.
+
+        Folded unless ``everything``: only what failed, warned or crashed gets a row, and one line under the table
+        names the probes that passed or were skipped, so the rows that need a reader fit a screen."""
         from rich.table import Table
 
-        table = Table(title=f"trl-clinic checkup: {self.subject} ({self.seconds:.1f} s)", show_lines=True)
+        shown = [f for f in self.findings if everything or f.status in ("fail", "warn", "error")]
+        folded = {
+            status: [f.probe for f in self.findings if f not in shown and f.status == status] for status in STATUSES
+        }
+        caption = "; ".join(f"{status}: {', '.join(names)}" for status, names in folded.items() if names)
+        table = Table(
+            title=f"trl-clinic checkup: {self.subject} ({self.seconds:.1f} s)",
+            caption=f"{caption} (every row: report.print(everything=True))" if caption else None,
+            show_lines=True,
+        )
         for column in ("probe", "status", "decided", "measured", "fix / why skipped or crashed", "lesson", "s"):
             table.add_column(column, overflow="fold")
-        for f in self.findings:
+        for f in shown:
             why = f.fix if f.status in ("warn", "fail") else f.reason
             table.add_row(
                 f.probe,
@@ -140,16 +156,18 @@ class Report:
 
         from rich.console import Console
 
-        console = Console(width=140, file=io.StringIO())
-        console.print(self.table())
+        console = Console(width=WIDTH, file=io.StringIO())
+        console.print(self.table(everything=True))
         return console.file.getvalue()
 
-    def print(self) -> None:
+    def print(self, everything: bool = False) -> None:
+        """The table on the screen (folded unless ``everything``: see ``table``); a terminal's own width, else
+        ``WIDTH`` columns (a notebook's output area)."""
         import sys
 
         from rich.console import Console
 
-        Console(width=None if sys.stdout.isatty() else 140).print(self.table())
+        Console(width=None if sys.stdout.isatty() else WIDTH).print(self.table(everything))
 
 
 def selected(only: Iterable[str] | None = None, skip: Iterable[str] | None = None) -> list[Probe]:
