@@ -347,3 +347,8 @@ def test_clinic_keys_reach_callbacks_that_were_there_first(tokenizer, tmp_path):
     page = (tmp_path / "watch.html").read_text()
     assert "score.modules_to_save.default.weight" in page and "lesson 03 (LoRA reward model NaN)" in page
     assert watch.findings[0].line().startswith("[trl-clinic watch] step 1: nonfinite:")
+    from trl_clinic.watch.report import summary
+
+    printed = [watch.findings[0].line(), summary(watch)]  # what a notebook shows: folded to 120 columns
+    assert max(len(line) for text in printed for line in text.splitlines()) <= 120
+    assert "fix: load the weights in float32" in printed[1] and "nothing found by" in printed[1]

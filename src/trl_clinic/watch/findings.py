@@ -5,7 +5,18 @@ Torch-free, so ``trl-clinic watch --help`` can list the findings without importi
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import asdict, dataclass, field
+
+# the printed lines' width: a notebook's output area holds about 120 characters, and a finding of 600 characters on
+# one line is read in neither a notebook nor a log viewer
+WIDTH = 120
+
+
+def wrapped(text: str, indent: str = "") -> str:
+    """``text`` folded to ``WIDTH`` columns, its continuation lines indented four more spaces than its first."""
+    return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "    ", break_long_words=False)
+
 
 # the course's lesson keys and the short name a finding gives each ("lesson 03 (LoRA reward model NaN)")
 LESSONS = {
@@ -91,9 +102,15 @@ class Finding:
             raise ValueError(f"unknown finding {self.key!r}: expected one of {', '.join(CATALOGUE)}")
 
     def line(self) -> str:
-        return (
-            f"[trl-clinic watch] step {self.step}: {self.key}: {self.seen} | likely cause: {self.cause} | "
-            f"fix: {self.fix} | {lesson_name(self.lesson)} [{self.how}]"
+        """The finding as printed when it is made: what was seen, the likely cause, the fix, the lesson and how it
+        was decided, each folded to ``WIDTH`` columns."""
+        return "\n".join(
+            [
+                wrapped(f"[trl-clinic watch] step {self.step}: {self.key}: {self.seen}"),
+                wrapped(f"likely cause: {self.cause}", "  "),
+                wrapped(f"fix: {self.fix}", "  "),
+                f"  {lesson_name(self.lesson)} [{self.how}]",
+            ]
         )
 
     def logs(self) -> dict[str, float]:
