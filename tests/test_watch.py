@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
-from trl_clinic.course import data, examples
+from trl_clinic.course import data, examples, stand_ins
 from trl_clinic.course.models import make_causal_lm, make_reward_model
 from trl_clinic.watch import CATALOGUE, ClinicWatch
 
@@ -139,7 +139,7 @@ def masked_labels_trainer(tokenizer, out, max_length: int):
         }
 
     rows = data.instruction_pairs(16, seed=0).map(tokenize, remove_columns=["prompt", "completion"])
-    trainer = examples.custom_trainer(tokenizer, out, examples.MeanLossTrainer, max_steps=3, logging_steps=1)
+    trainer = examples.custom_trainer(tokenizer, out, stand_ins.MeanLossTrainer, max_steps=3, logging_steps=1)
     trainer.train_dataset = rows
     return trainer
 
@@ -254,7 +254,7 @@ def test_accumulation_on_a_loss_that_ignores_num_items_in_batch(tokenizer, tmp_p
             )
         )
 
-    bad = found(run(examples.MeanLossTrainer))["accumulation"]
+    bad = found(run(stand_ins.MeanLossTrainer))["accumulation"]
     assert bad.numbers["slope"] < 0.1 and "ignores num_items_in_batch" in bad.cause and "sum of 32 means" in bad.cause
     fixed = run(examples.SumLossTrainer)
     assert fixed.findings == [] and "slope 1.00 over 32 micro-batches" in fixed.checks["accumulation"]
