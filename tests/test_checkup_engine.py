@@ -105,3 +105,9 @@ def test_the_printed_table_folds_what_passed_and_fits_a_notebooks_output(capsys)
     assert max(len(line) for line in folded.splitlines()) <= 120
     report.print(everything=True)
     assert "1e-7" in capsys.readouterr().out and "no labels column" in str(report)
+    clean = Report([Finding("accumulation", "ok", "1e-7", decided="measured")], "t")
+    clean.print()
+    assert " ".join(capsys.readouterr().out.split()) == (
+        "trl-clinic checkup: t (0.0 s): no probe failed, warned or crashed; ok: accumulation "
+        "(all rows: report.print(everything=True))"
+    )

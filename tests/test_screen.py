@@ -55,7 +55,7 @@ def output_lines(cell) -> list[str]:
         elif output.output_type == "error":
             text.append("\n".join(output.traceback) + "\n")
         elif "image/png" not in output.get("data", {}) and "text/plain" in output.get("data", {}):
-            text.append(output.data["text/plain"] + "\n")
+            text.append(output.data["text/plain"].rstrip("\n") + "\n")  # a display ends its own line
     return ANSI.sub("", "".join(text)).splitlines()
 
 

@@ -122,33 +122,36 @@ class Report:
     def table(self, everything: bool = False):
         """The findings as a rich table: one row per finding, the fix and the lesson beside the number.
 
-        Folded unless ``everything``: only what failed, warned or crashed gets a row, and one line under the table
-        names the probes that passed or were skipped, so the rows that need a reader fit a screen."""
+        Folded unless ``everything``: only what failed, warned or crashed gets a row (without the seconds column),
+        and one line under it names the probes that passed or were skipped, so the rows that need a reader fit a
+        screen; with no such row, that line alone."""
         from rich.table import Table
+        from rich.text import Text
 
+        title = f"trl-clinic checkup: {self.subject} ({self.seconds:.1f} s)"
         shown = [f for f in self.findings if everything or f.status in ("fail", "warn", "error")]
         folded = {
             status: [f.probe for f in self.findings if f not in shown and f.status == status] for status in STATUSES
         }
-        caption = "; ".join(f"{status}: {', '.join(names)}" for status, names in folded.items() if names)
-        table = Table(
-            title=f"trl-clinic checkup: {self.subject} ({self.seconds:.1f} s)",
-            caption=f"{caption} (every row: report.print(everything=True))" if caption else None,
-            show_lines=True,
-        )
-        for column in ("probe", "status", "decided", "measured", "fix / why skipped or crashed", "lesson", "s"):
+        rest = "; ".join(f"{status}: {', '.join(names)}" for status, names in folded.items() if names)
+        rest = f"{rest} (all rows: report.print(everything=True))" if rest else None
+        if not shown:
+            return Text(f"{title}: no probe failed, warned or crashed; {rest}")
+        table = Table(title=title, caption=rest, show_lines=True)
+        columns = ("probe", "status", "decided", "measured", "fix / why skipped or crashed", "lesson")
+        for column in columns + (("s",) if everything else ()):
             table.add_column(column, overflow="fold")
         for f in shown:
             why = f.fix if f.status in ("warn", "fail") else f.reason
-            table.add_row(
+            row = [
                 f.probe,
                 f"[{STYLES[f.status]}]{f.status}[/]",
                 f.decided or "-",
                 f.measured,
                 why + (f" [{f.known_bug}]" if f.known_bug else ""),
                 f.lesson,
-                f"{f.seconds:.2f}",
-            )
+            ]
+            table.add_row(*row, *((f"{f.seconds:.2f}",) if everything else ()))
         return table
 
     def __str__(self) -> str:
