@@ -36,8 +36,8 @@ from peft import LoraConfig
 from trl import SFTConfig, SFTTrainer
 
 from trl_clinic import checkup
-from trl_clinic.course import examples, stand_ins
-from trl_clinic.course.companions import lesson_06_checkup_tour as tour  # bookkeeping you need not read
+from trl_clinic.course import examples, stand_ins  # tiny real trainers; stand-ins: faults set on purpose
+from trl_clinic.course.companions import lesson_06_checkup_tour as tour  # its companion: bookkeeping, not the story
 from trl_clinic.course.data import all_in_category_reward
 from trl_clinic.course.models import make_causal_lm
 from trl_clinic.course.parameters import start_run
