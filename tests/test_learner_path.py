@@ -57,7 +57,7 @@ CHROMIUM_ARGS = [
 
 def fresh_copy(dest: Path) -> Path:
     """The files a clone would have: tracked ones plus new ones not ignored, as they are in the working
-    tree (no outputs/, no .venv, no workbook-output)."""
+    tree (no outputs/, no .venv, no workbook-output), and the checkout's built eras."""
     listed = (
         subprocess.run(
             ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -74,6 +74,10 @@ def fresh_copy(dest: Path) -> Path:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, dest / name)
     assert (dest / "notebooks" / f"{FASTEST}.ipynb").exists() and not (dest / "outputs").exists()
+    # the eras `make lab` builds in the background beside JupyterLab (a learner's lesson waits for them); built once
+    # here, so the copy links the checkout's: a lesson whose era is missing is incomplete, never passed
+    if (ROOT / ".eras").exists():
+        (dest / ".eras").symlink_to((ROOT / ".eras").resolve(), target_is_directory=True)
     return dest
 
 
