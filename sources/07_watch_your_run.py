@@ -50,7 +50,7 @@ pairs = reward_pairs(run)  # the model's tokenizer and (prompt, chosen, rejected
 # ## 1. The run, as its log shows it
 #
 # `RewardTrainer` on a reward model loaded in fp16, LoRA with `task_type="SEQ_CLS"` (the `score` head trains),
-# `optim="adamw_torch"` and a log every 10 steps, `RewardConfig`'s default:
+# `optim="adamw_torch"` and a log every 10 steps, `RewardConfig`'s default (TRL 1.16.0 `reward_config.py`):
 
 # %% tags=["symptom"]
 user_settings = dict(optim="adamw_torch", per_device_train_batch_size=sizes.batch_size, max_steps=sizes.train_steps,
@@ -85,7 +85,7 @@ print(*(textwrap.fill(", ".join(f"{k} {v:.4g}" for k, v in row.items()), 116) fo
 #
 # `clinic/raw_loss` is the mean loss the model returned since the last log: NaN where the log says a finite
 # number. The trainer's `logging_nan_inf_filter` (on by default) replaces each NaN step loss by a running
-# average before it is logged.
+# average before it is logged (transformers 5.23.0 `trainer.py`, `_run_epoch`).
 #
 # `stop_on` ends the run at the step of a finding, instead of after all of them:
 
