@@ -77,7 +77,7 @@ print({name: (c["returncode"], [p for p, s in c["statuses"].items() if s == "fai
 # ## 2. GRPO's batch rule is TRL's own
 #
 # No probe of a built GRPO trainer can fail the rule of lesson 05: `GRPOConfig.__post_init__` refuses a
-# generation batch that is not made of whole groups before any trainer exists (trl `trainer/grpo_config.py`).
+# generation batch that is not made of whole groups before any trainer exists (TRL 1.16.0 `trainer/grpo_config.py`).
 # The command reports that refusal, and only a refusal raised in one of TRL's config classes, as a `grpo_config`
 # fail with TRL's message; any other build error is an `error`, exit code 3. Three completions a step, groups of 4:
 
@@ -108,7 +108,7 @@ print({name: (g["returncode"], sorted(set(g["statuses"].values()))) for name, g 
 #
 # Three probes watch the labels and the gradients, whatever the lesson. **Labels cut away**: your own
 # preprocessing masks the prompt and truncates to a length shorter than the prompts, so no completion token is
-# left to learn from (TRL's `SFTTrainer` drops such rows itself; a plain `Trainer` does not):
+# left to learn from (TRL 1.16.0's `SFTTrainer` drops such rows itself, `sft_trainer.py`; a plain `Trainer` does not):
 
 # %%
 def completion_only(row: dict, max_length: int) -> dict:
@@ -131,7 +131,8 @@ print(f"max_length {shortest_prompt} (the shortest prompt):", found["labels, cut
 
 # %% [markdown]
 # **An EOS that is never a target**: `pad_token = eos_token`, the line many scripts copy, with transformers'
-# language-modeling collator, which sets the label to -100 wherever the input is the pad token, and so at every EOS:
+# language-modeling collator, which sets the label to -100 wherever the input is the pad token, and so at every EOS
+# (transformers 5.23.0 `data/data_collator.py`):
 
 # %%
 tokenizer.save_pretrained(out / "pad-is-eos")
@@ -146,7 +147,7 @@ print({name: f["measured"] for name, f in found.items() if name.startswith("eos"
 # %% [markdown]
 # **Gradients that never arrive**: LoRA with reentrant gradient checkpointing computes no gradient for the adapters
 # when the checkpointed inputs need none. peft makes the input embeddings need one itself
-# (`_prepare_model_for_gradient_checkpointing`, peft `peft_model.py`), whichever comes first:
+# (`_prepare_model_for_gradient_checkpointing`, peft 0.21.2 `peft_model.py`), whichever comes first:
 
 # %%
 for order in ("checkpointing, then LoRA", "LoRA, then checkpointing"):
