@@ -173,7 +173,7 @@ print(f"exit code {fixed_report.exit_code}; parts the check-up changed: {changed
 
 # %% [markdown]
 # A fingerprint that could not see a change would prove nothing: one real training step must change it. Then a
-# second check-up, now that the optimizer holds state:
+# second check-up, now that the optimizer holds state. The parts each changed:
 
 # %%
 fixed.train()
@@ -181,7 +181,7 @@ trained = tour.fingerprint(fixed)
 changed["training step"] = [part for part in trained if trained[part] != before[part]]
 checkup(fixed, show=False)
 changed["second check-up"] = [part for part, value in tour.fingerprint(fixed).items() if value != trained[part]]
-print(*(f"changed by the {why}: {', '.join(parts) or 'nothing'}" for why, parts in changed.items()), sep="\n")
+print(*(f"{why}: {', '.join(parts) or 'nothing'}" for why, parts in changed.items()), sep="\n")
 
 # %% [markdown]
 # ## 5. The other lessons' traps
