@@ -9,17 +9,17 @@
 # %% [markdown]
 # # 06 · Check your own trainer before it trains
 #
-# Lessons 01-05 each met a failure that trains without an error. `checkup(trainer)` runs their probes on your
-# own trainer, in your own environment, just before `trainer.train()` ([what each probe does](../docs/checkup.md)).
+# Lessons 01-05 each met a failure that trains without an error. `checkup(trainer)` runs their probes (a probe:
+# one measurement on your trainer) just before `trainer.train()` ([each probe](../docs/checkup.md)).
 #
 # **You will learn**
-# * to read the check-up's table: status, how it was decided, the number, the one-line fix, the lesson;
+# * to read the check-up's table: status, how it was decided, the number, the fix, the lesson;
 # * what a probe measures, on one packed row small enough to check by hand;
 # * to change the lines it names, prove the check-up changed nothing, and check without the library.
 #
 # **You should know**: how to build a TRL `SFTTrainer`; lessons [01](01_padding_free_high_loss.ipynb)-[05](05_grpo_sigfpe.ipynb) help.
 #
-# **Time**: 18 s to run on the cpu profile; about 25 minutes to work through.
+# **Time**: 8 s to run on the cpu [profile](../README.md#words-the-lessons-use); about 25 minutes to work through.
 #
 # > **Hosted** (Colab, Kaggle, a server without the repository): upload the wheel (`uv build` makes it) and run `%pip install "./trl_clinic-0.1.0-py3-none-any.whl[course]"` in a cell first.
 
@@ -29,18 +29,21 @@ seed = 0
 output_dir = None  # None: outputs/06_checkup_your_trainer at the repository root
 
 # %%
+import textwrap
+from dataclasses import asdict
+
 import torch
 from datasets import load_dataset
 from peft import LoraConfig
 from trl import SFTConfig, SFTTrainer
 
 from trl_clinic import checkup
-from trl_clinic.course import examples
-from trl_clinic.course.companions import lesson_06_checkup_tour as tour
+from trl_clinic.course import examples, stand_ins  # tiny real trainers; stand-ins: faults set on purpose
+from trl_clinic.course.companions import lesson_06_checkup_tour as tour  # its companion: bookkeeping, not the story
 from trl_clinic.course.data import all_in_category_reward
 from trl_clinic.course.models import make_causal_lm
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import conclude, measured, save_metrics
+from trl_clinic.course.results import above, below, conclude, injected, measured, save_metrics
 from trl_clinic.course.tokenizer import build_tokenizer
 
 run = start_run("06", profile, seed, output_dir)
@@ -69,17 +72,12 @@ def my_trainer(padding_free: bool, dtype: str) -> SFTTrainer:
 
 trainer = my_trainer(padding_free=True, dtype="float16")
 report = checkup(trainer)  # just before trainer.train()
+print(f"exit code {report.exit_code} (0: clean, 1: a probe failed, 3: a probe crashed)")
 
 # %% [markdown]
-# Each row is one probe. `decided` says how: `measured` (run on your model, collator, loss or optimizer class and
-# compared with a threshold), `config` (read from the arguments or the model) or `table` (a known-bugs entry
-# matched your versions; such a row only warns). The rows that failed:
-
-# %%
-for f in report.findings:
-    if f.status in ("fail", "warn"):
-        print(f"{f.probe}: {f.status}, {f.decided}, lesson {f.lesson}\n  {f.measured}\n  fix: {f.fix}\n")
-print(f"exit code {report.exit_code} (0: clean, 1: a probe failed, 3: a probe crashed)")
+# The table shows the probes that failed or warned, one row each, and names the rest under it. `decided` says how:
+# `measured` (run on your model, collator, loss or optimizer class and compared with a threshold), `config` (read
+# from the arguments or the model) or `table` (a known-bugs entry matched your versions; such a row only warns).
 
 # %% [markdown]
 # ## 2. What the `packing` probe measured
@@ -93,7 +91,8 @@ print(f"exit code {report.exit_code} (0: clean, 1: a probe failed, 3: a probe cr
 # %% tags=["mechanism"]
 samples = [trainer.train_dataset[i] for i in range(2)]
 row = trainer.data_collator(samples)
-print("keys sent:", sorted(row), "\nposition_ids:", row["position_ids"][0].tolist())
+starts = [i for i, p in enumerate(row["position_ids"][0].tolist()) if p == 0]
+print("keys sent:", ", ".join(sorted(row)), f"\nposition_ids restart at 0 at tokens {starts}: one row, two samples")
 model, by_token = trainer.model.eval(), {}
 with torch.no_grad():
     packed = model(input_ids=row["input_ids"].to(model.device), position_ids=row["position_ids"].to(model.device))
@@ -102,8 +101,8 @@ with torch.no_grad():
         alone = model(input_ids=torch.tensor([sample["input_ids"]], device=model.device)).logits[0].float()
         by_token[name] = (packed.logits[0, start:start + len(alone)].float() - alone).abs().amax(-1).tolist()
         start += len(alone)
-        print(f"{name} sequence ({len(alone)} tokens), largest |logit packed - alone| at its first 8 tokens:",
-              " ".join(f"{d:.1g}" for d in by_token[name][:8]))
+        print(f"{name} sequence ({len(alone)} tokens), largest |packed - alone| at its first 6 tokens:",
+              " ".join(f"{d:.1g}" for d in by_token[name][:6]))
 scale = alone.abs().max().item()  # the logits' size
 tolerance = max(4 * max(by_token["first"]), 4 * torch.finfo(model.dtype).eps * scale)
 print(f"tolerance = max(4 x {max(by_token['first']):.2g}, 4 x {torch.finfo(model.dtype).eps:.2g} x {scale:.2g})"
@@ -141,8 +140,12 @@ def packed_vs_alone(trainer, n: int = 2) -> tuple[float, float] | None:
 # (FlashAttention's sequence lengths among them):
 
 # %%
-first, later = packed_vs_alone(trainer)
-packing = tour.finding(checkup(trainer, only=["packing"], show=False), "packing")
+def verdict(report, probe: str) -> dict:
+    return asdict(report.by_probe(probe)[-1])  # the finding as plain numbers
+
+
+first, later = packed_vs_alone(trainer, n=sizes.packed_batch_size)  # the rows the probe reads
+packing = verdict(checkup(trainer, only=["packing"], show=False), "packing")
 print(f"pasted check: first sequence {first:.2g}, later ones {later:.2g}; "
       f"checkup(trainer, only=['packing']): {packing['status']}, {packing['value']:.2g}")
 
@@ -166,42 +169,46 @@ print(f"pasted check: first sequence {first:.2g}, later ones {later:.2g}; "
 fixed = my_trainer(padding_free=False, dtype="float32")
 before = tour.fingerprint(fixed)
 fixed_report = checkup(fixed)
-changed = {"check-up": [part for part in before if before[part] != tour.fingerprint(fixed)[part]]}
+after = tour.fingerprint(fixed)
+changed = {"check-up": [part for part in before if before[part] != after[part]]}
 print(f"exit code {fixed_report.exit_code}; parts the check-up changed: {changed['check-up'] or 'none'}")
 
 # %% [markdown]
 # A fingerprint that could not see a change would prove nothing: one real training step must change it. Then a
-# second check-up, now that the optimizer holds state:
+# second check-up, now that the optimizer holds state. The parts each changed:
 
 # %%
 fixed.train()
 trained = tour.fingerprint(fixed)
 changed["training step"] = [part for part in trained if trained[part] != before[part]]
-second = checkup(fixed, show=False)
-changed["second check-up"] = [part for part in trained if trained[part] != tour.fingerprint(fixed)[part]]
-print({why: parts or "none" for why, parts in changed.items()}, f"\nloss {fixed.state.log_history[-1]['train_loss']:.3g}")
+checkup(fixed, show=False)
+changed["second check-up"] = [part for part, value in tour.fingerprint(fixed).items() if value != trained[part]]
+print(*(f"{why}: {', '.join(parts) or 'nothing'}" for why, parts in changed.items()), sep="\n")
 
 # %% [markdown]
 # ## 5. The other lessons' traps
 #
 # Each in the trainer it lives in, built by the course's `examples` module, with and without the line that fixes
-# it; only that lesson's probe runs:
+# it; only that lesson's probe runs. `stand_ins.MeanLossTrainer` is a stand-in: a custom loss set wrong on purpose
+# (its check says `injected`).
 
 # %%
 def verdicts(probe: str, *trainers) -> tuple[dict, ...]:
-    return tuple(tour.finding(checkup(t, only=[probe], show=False), probe) for t in trainers)
+    return tuple(verdict(checkup(t, only=[probe], show=False), probe) for t in trainers)
 
 
 common, out = {"device": run.device, "seed": run.seed, "rows": sizes.rows}, run.output_dir
 window = {"per_device_train_batch_size": sizes.batch_size, "gradient_accumulation_steps": sizes.accumulation}
 lora = {task: LoraConfig(target_modules=["q_proj", "v_proj"], task_type=task) for task in (None, "SEQ_CLS")}
+
+# %%
 traps = {
-    "01 packing: OPT, padding-free": (packing, tour.finding(fixed_report, "packing")),
-    "03 fp16_adamw: fp16 weights": (tour.finding(report, "fp16_adamw"), tour.finding(fixed_report, "fp16_adamw")),
+    "01 packing: OPT, padding-free": (packing, verdict(fixed_report, "packing")),
+    "03 fp16_adamw: fp16 weights": (verdict(report, "fp16_adamw"), verdict(fixed_report, "fp16_adamw")),
     "02 accumulation: a loss that takes the mean": verdicts("accumulation", *(
         examples.custom_trainer(tokenizer, out / loss.__name__, loss, **common, **window,
                                 model=make_causal_lm(tokenizer, seed=run.seed))
-        for loss in (examples.MeanLossTrainer, examples.SumLossTrainer))),
+        for loss in (stand_ins.MeanLossTrainer, examples.SumLossTrainer))),
     "03 reward_head: LoRA, no task_type": verdicts("reward_head", *(
         examples.reward_trainer(tokenizer, out / f"reward-{task}", **common, peft_config=lora[task]) for task in lora)),
     "04 padding_cache: Qwen2, use_cache": verdicts("padding_cache", *(
@@ -215,19 +222,20 @@ traps = {
 
 # %% tags=["figure"]
 for name, (trap, fix) in traps.items():
-    print(f"{name}: {trap['status']}, {trap['measured']}\n    fixed: {fix['status']}, {fix['measured'] or fix['reason']}")
+    print(f"{name:44} {trap['status']:5} ({trap['value']:.2g}) -> fixed: {fix['status']}"
+          + ("" if fix["value"] is None else f" ({fix['value']:.2g})"))
 fails = [sum(pair[i]["status"] == "fail" for pair in traps.values()) for i in (0, 1)]
 title = f"{fails[0]} of {len(traps)} traps fail the check-up; with the fix line, {fails[1]} do"
 tour.plot_verdicts(traps, title, run.output_dir);
 
 # %% [markdown]
 # 04 is counted, not failed: transformers raises its right-padding error for Qwen2 with FlashAttention-2 in
-# 4.49.0-4.52.4, not in the version installed here (`modeling_qwen2.py`, read in each:
+# 4.37.0-4.41.2 and 4.49.0-4.52.4, not in the version installed here (`modeling_qwen2.py`, read in each:
 # [the known-bugs table](../docs/checkup.md#the-known-bugs-table-srctrl_cliniccheckupknown_bugsyaml)). Installed
 # beside lesson 04's versions, the probe meets that error itself and fails
 # ([measured there](../docs/checkup.md#proven-where-the-bugs-lived)). GRPO's batch rule (lesson 05) is TRL's own:
-# `GRPOConfig` refuses a bad generation batch before a trainer exists (TRL 1.16.0, `grpo_config.py`,
-# `__post_init__`), and `trl-clinic checkup grpo --config recipe.yaml` reports that refusal as a `grpo_config` fail.
+# `GRPOConfig` refuses a bad generation batch before a trainer exists (TRL 1.16.0, `grpo_config.py`), and
+# `trl-clinic checkup grpo` reports that refusal as a fail.
 #
 # During training, `trl_clinic.watch` reads the run's own log for the same failures: lesson
 # [07](07_watch_your_run.ipynb). From a shell, `trl-clinic checkup sft --config recipe.yaml --json` checks the
@@ -284,62 +292,75 @@ import json
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
 def symptom_checks(n: dict) -> dict:
-    """Your trainer's two traps fail by measurement, and the packed row shows why, token by token."""
-    f, row, traps = n["mine"], n["by_token"], n["traps"]
+    """Your trainer's two traps fail by measurement, the packed row shows why, the pasted check agrees with the
+    probe, and each other lesson's trap trips its probe: all read from the run without the fix lines."""
+    run, traps = n["runs"]["without_fix"], n["runs"]["without_fix"]["traps"]
+    row, pasted, probe = run["by_token"], run["pasted"], run["statuses"]
     return {
-        "your trainer: packing fails, measured (OPT, padding-free)": f["packing"] == "fail measured",
-        "your trainer: fp16_adamw fails, measured (fp16 weights, adamw_torch)": f["fp16_adamw"] == "fail measured",
-        "your trainer's check-up exits 1": n["exit_code"] == 1,
-        "in the row, the first sequence differs by rounding only (<= 4 units in the last place at the logits' size)":
-            max(row["first"]) <= n["four_ulps"],
-        "in the row, the second sequence's first token already differs beyond it": row["second"][0] > n["tolerance"],
-        "the pasted check sees the later sequence change (> 1e-2) and the first not (< 1e-2)":
-            n["pasted"] is not None and n["pasted"][1] > 1e-2 > n["pasted"][0],
-        "the custom loss fails the accumulation probe": traps["02 accumulation: a loss that takes the mean"][0]["status"] == "fail",
-        "LoRA without SEQ_CLS fails reward_head": traps["03 reward_head: LoRA, no task_type"][0]["status"] == "fail",
+        "your trainer: packing fails, measured (OPT, padding-free)": measured(probe["packing"] == "fail measured"),
+        "your trainer: fp16_adamw fails, measured (fp16 weights, adamw_torch)":
+            measured(probe["fp16_adamw"] == "fail measured"),
+        "in the row, the first sequence differs by rounding only (below 4 units in the last place at the logits' size)":
+            measured(row is not None and below(max(row["first"]), run["four_ulps"])),
+        "in the row, the second sequence's first token already differs beyond the probe's tolerance":
+            measured(row is not None and above(row["second"][0], run["tolerance"])),
+        "the pasted check finds the packing probe's number (later sequences, within 1 %)":
+            measured(pasted is not None and run["packing_value"] is not None
+                     and below(abs(pasted[1] / run["packing_value"] - 1), 0.01)),
+        "a custom loss that takes the mean fails the accumulation probe":
+            injected(traps["02 accumulation: a loss that takes the mean"]["status"] == "fail"),
+        "LoRA without SEQ_CLS fails reward_head": measured(traps["03 reward_head: LoRA, no task_type"]["status"] == "fail"),
         "Qwen2 with use_cache=True runs right-padded forwards with a cache":
-            traps["04 padding_cache: Qwen2, use_cache"][0]["value"] > 0,
+            measured(above(traps["04 padding_cache: Qwen2, use_cache"]["value"], 0.5)),
         "an all-or-nothing reward leaves every GRPO group equal":
-            traps["05 equal_rewards: a reward never earned"][0]["status"] == "fail",
+            measured(traps["05 equal_rewards: a reward never earned"]["status"] == "fail"),
     }
 
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
 def fix_checks(n: dict) -> dict:
-    """Each fix line passes its probe, and the check-up changed no part of the trainer a training step changes."""
-    traps, changed = n["traps"], n["changed"]
+    """Each fix line passes its probe (read from the run with the fix lines), and the check-up changed no part of
+    the trainer a training step changes."""
+    run, traps, changed = n["runs"]["with_fix"], n["runs"]["with_fix"]["traps"], n["changed"]
     return {
-        "the fixed trainer's check-up exits 0 with no fail": n["fixed_exit_code"] == 0 and "fail" not in n["fixed"].values(),
-        "padding_free=False: the pasted check finds no packed row": n["pasted_fixed"] is None,
-        "float32 weights pass fp16_adamw": traps["03 fp16_adamw: fp16 weights"][1]["status"] == "ok",
+        "the fixed trainer's check-up: no probe fails or crashes (exit code 0)": measured(run["exit_code"] == 0),
+        "float32 weights: fp16_adamw ok": measured(run["statuses"]["fp16_adamw"].startswith("ok ")),
+        "padding_free=False: the pasted check finds no packed row": measured(run["pasted"] is None),
         "the loss divided by num_items_in_batch passes accumulation":
-            traps["02 accumulation: a loss that takes the mean"][1]["status"] == "ok",
-        "task_type='SEQ_CLS' passes reward_head": traps["03 reward_head: LoRA, no task_type"][1]["status"] == "ok",
-        "use_cache=False: no right-padded forward with a cache": traps["04 padding_cache: Qwen2, use_cache"][1]["value"] == 0,
+            measured(traps["02 accumulation: a loss that takes the mean"]["status"] == "ok"),
+        "task_type='SEQ_CLS' passes reward_head": measured(traps["03 reward_head: LoRA, no task_type"]["status"] == "ok"),
+        "use_cache=False: no right-padded forward with a cache":
+            measured(traps["04 padding_cache: Qwen2, use_cache"]["value"] == 0),
         "a reward that differs within groups passes equal_rewards":
-            traps["05 equal_rewards: a reward never earned"][1]["status"] == "ok",
+            measured(traps["05 equal_rewards: a reward never earned"]["status"] == "ok"),
         "one training step changes the weights and the optimizer in the fingerprint":
-            {"weights and buffers", "optimizer"} <= set(changed["training step"]),
+            measured({"weights and buffers", "optimizer"} <= set(changed["training step"])),
         "the check-up changed no part of the trainer, before and after training":
-            changed["check-up"] == [] and changed["second check-up"] == [],
+            measured(changed["check-up"] == [] and changed["second check-up"] == []),
     }
 
 
 def checks(n: dict) -> tuple[dict, dict]:
-    """Every check runs today's real trainers and probes (nothing re-created or set by hand)."""
-    return ({name: measured(ok) for name, ok in symptom_checks(n).items()},
-            {name: measured(ok) for name, ok in fix_checks(n).items()})
+    """Today's real trainers and probes; the one trap set by hand (stand_ins.MeanLossTrainer) says injected."""
+    return symptom_checks(n), fix_checks(n)
 
 
 # %% jupyter={"source_hidden": true}
-numbers = {"mine": {f.probe: f"{f.status} {f.decided}" for f in report.findings}, "exit_code": report.exit_code,
-           "by_token": by_token, "tolerance": tolerance, "four_ulps": 4 * torch.finfo(model.dtype).eps * scale,
-           "pasted": (first, later), "pasted_fixed": packed_vs_alone(fixed), "traps": traps,
-           "fixed": tour.statuses(fixed_report), "fixed_exit_code": fixed_report.exit_code, "changed": changed}
+ulps = 4 * torch.finfo(model.dtype).eps * scale
+runs = {"without_fix": {"statuses": {f.probe: f"{f.status} {f.decided}" for f in report.findings},
+                        "exit_code": report.exit_code, "by_token": by_token, "tolerance": tolerance, "four_ulps": ulps,
+                        "pasted": (first, later), "packing_value": packing["value"],
+                        "traps": {name: pair[0] for name, pair in traps.items()}},
+        "with_fix": {"statuses": {f.probe: f"{f.status} {f.decided}" for f in fixed_report.findings},
+                     "exit_code": fixed_report.exit_code, "by_token": None, "tolerance": None, "four_ulps": None,
+                     "pasted": packed_vs_alone(fixed, n=sizes.packed_batch_size),
+                     "packing_value": traps["01 packing: OPT, padding-free"][1]["value"],
+                     "traps": {name: pair[1] for name, pair in traps.items()}}}
+numbers = {"runs": runs, "changed": changed}
 summary = (f"checkup(trainer) on an OPT SFTTrainer loaded in fp16 with padding-free batches failed packing (a later "
            f"sequence's logits {later:.2g} from alone, rounding {first:.2g}) and fp16_adamw, by measurement; "
            f"{fails[0]} of {len(traps)} lesson traps failed and {fails[1]} with their fix lines; padding_free=False "
            f"and float32 weights exit {fixed_report.exit_code}, and no part of the trainer changed.")
 metrics = save_metrics(run, "06", numbers, checks, summary=summary)
-print(summary)
+print(textwrap.fill(summary, 116))
 conclude(metrics, run.output_dir)

@@ -19,7 +19,7 @@
 #
 # **You should know**: a transformers `TrainerCallback`; lesson 03 helps.
 #
-# **Time**: 23 s to run on the cpu profile; about 20 minutes to work through.
+# **Time**: 8 s to run on the cpu [profile](../README.md#words-the-lessons-use); about 20 minutes to work through.
 #
 # > **Hosted** (Colab, Kaggle, a server without the repository): upload the wheel (`uv build` makes it) and run `%pip install "./trl_clinic-0.1.0-py3-none-any.whl[course]"` in a cell first.
 
@@ -30,15 +30,17 @@ output_dir = None  # None: outputs/07_watch_your_run at the repository root
 
 # %%
 import math
+import textwrap
 
 import torch
 from transformers import TrainerCallback
 
 from trl_clinic import checkup
+# the lesson's companions: the reward model and data (lesson 03's), the log rows, the figure; you need not read them
 from trl_clinic.course.companions.lesson_03_reward_nan import reward_trainer
 from trl_clinic.course.companions.lesson_07_watch import log_rows, plot_watched, reward_pairs, same_weights
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import conclude, measured, save_metrics
+from trl_clinic.course.results import below, conclude, measured, save_metrics
 from trl_clinic.watch import ClinicWatch
 
 run = start_run("07", profile, seed, output_dir)
@@ -50,7 +52,7 @@ pairs = reward_pairs(run)  # the model's tokenizer and (prompt, chosen, rejected
 # ## 1. The run, as its log shows it
 #
 # `RewardTrainer` on a reward model loaded in fp16, LoRA with `task_type="SEQ_CLS"` (the `score` head trains),
-# `optim="adamw_torch"` and a log every 10 steps, `RewardConfig`'s default:
+# `optim="adamw_torch"` and a log every 10 steps, `RewardConfig`'s default (TRL 1.16.0 `reward_config.py`):
 
 # %% tags=["symptom"]
 user_settings = dict(optim="adamw_torch", per_device_train_batch_size=sizes.batch_size, max_steps=sizes.train_steps,
@@ -75,8 +77,8 @@ watched = reward_trainer(run, pairs, torch.float16, "watched", **user_settings)
 watch = ClinicWatch()
 watched.add_callback(watch)
 watched_seconds = watched.train().metrics["train_runtime"]
-watched_rows = log_rows(watched)
-print("the first two log rows, as TensorBoard, W&B or trackio get them:", *watched_rows[:2], sep="\n")
+watched_rows = log_rows(watched)  # the first two below, as TensorBoard, W&B or trackio get them
+print(*(textwrap.fill(", ".join(f"{k} {v:.4g}" for k, v in row.items()), 116) for row in watched_rows[:2]), sep="\n")
 
 # %% [markdown]
 # The watch spoke at the step the run broke, before the first log: which tensor went non-finite, its dtype, the
@@ -85,7 +87,7 @@ print("the first two log rows, as TensorBoard, W&B or trackio get them:", *watch
 #
 # `clinic/raw_loss` is the mean loss the model returned since the last log: NaN where the log says a finite
 # number. The trainer's `logging_nan_inf_filter` (on by default) replaces each NaN step loss by a running
-# average before it is logged.
+# average before it is logged (transformers 5.23.0 `trainer.py`, `_run_epoch`).
 #
 # `stop_on` ends the run at the step of a finding, instead of after all of them:
 
@@ -103,16 +105,12 @@ print(f"stopped after step {stopped.state.global_step} of {sizes.train_steps}: "
 # so a non-finite sum names the broken tensor. The stopped run's tensors, as the watch read them:
 
 # %% tags=["mechanism"]
-optimizer = stopped.optimizer.optimizer
-print(f"optimizer {type(optimizer).__name__}, fused: {bool(optimizer.defaults.get('fused'))}")
-weight_sums = {}
+print("optimizer", type(stopped.optimizer.optimizer).__name__, "fused:", bool(stopped.optimizer.optimizer.defaults["fused"]))
 for name, p in stopped.model.named_parameters():
     if p.requires_grad:
-        weight_sums[name] = (str(p.dtype).removeprefix("torch."), p.detach().sum(dtype=torch.float32).item())
-        print(f"{name.removeprefix('base_model.model.'):58} {weight_sums[name][0]:8} {p.numel():5} weights, "
-              f"sum {weight_sums[name][1]:.4g}")
-raw = [row["raw_loss"] for row in watch.steps]
-print(f"loss the model returned, steps 1-3: {raw[:3]}")
+        print(f"{name.removeprefix('base_model.model.'):58} {str(p.dtype).removeprefix('torch.'):8} {p.numel():5} "
+              f"weights, sum {p.detach().sum(dtype=torch.float32).item():.4g}")
+print(f"loss the model returned, steps 1-3: {[row['raw_loss'] for row in watch.steps][:3]}")
 
 # %% [markdown]
 # One tensor is non-finite: the `score` head, the one trainable tensor left in fp16 (the LoRA matrices are
@@ -130,21 +128,22 @@ print(f"loss the model returned, steps 1-3: {raw[:3]}")
 
 # %% tags=["fix"]
 fixed = reward_trainer(run, pairs, torch.float32, "fixed", **user_settings)
-fixed_watch = ClinicWatch()
+fixed_watch = ClinicWatch(stop_on="nonfinite")
 fixed.add_callback(fixed_watch)
 fixed_seconds = fixed.train().metrics["train_runtime"]
+print(f"float32: {len(fixed_watch.findings)} findings; stop_on='nonfinite' let it run all {fixed.state.global_step} steps")
 
 # %% [markdown]
-# No finding. Does watching change the run? The float32 run again without the watch, and both pairs' weights
-# compared bit for bit, with the time each run took:
+# Does watching change the run? The float32 run again without the watch, its weights compared with the watched run's
+# bit for bit, with the time each run took. (The fp16 pair cannot show it: NaN from step 2 on in both runs.)
 
 # %%
 fixed_plain = reward_trainer(run, pairs, torch.float32, "fixed-plain", **user_settings)
 fixed_plain_seconds = fixed_plain.train().metrics["train_runtime"]
-identical = {"fp16": same_weights(plain.model, watched.model), "float32": same_weights(fixed_plain.model, fixed.model)}
+identical = {"float32": same_weights(fixed_plain.model, fixed.model)}
+print(f"float32 run: watched and unwatched weights bit-identical: {identical['float32']}")
 for name, off, on in (("fp16", plain_seconds, watched_seconds), ("float32", fixed_plain_seconds, fixed_seconds)):
-    print(f"{name} run: watched and unwatched weights bit-identical: {identical[name]}; {off:.2f} s unwatched, "
-          f"{on:.2f} s watched ({on / off - 1:+.0%})")
+    print(f"{name} run: {off:.2f} s unwatched, {on:.2f} s watched ({on / off - 1:+.0%})")
 
 # %% [markdown]
 # The weights are the same bit for bit. One pair of tiny runs varies more from run to run than the watch costs;
@@ -157,7 +156,7 @@ for name, off, on in (("fp16", plain_seconds, watched_seconds), ("float32", fixe
 
 # %% tags=["portable-check"]
 class StopAtFirstNonFinite(TrainerCallback):
-    step = None
+    step, names = None, []
 
     def on_optimizer_step(self, args, state, control, model=None, **kwargs):
         if self.step is None:
@@ -165,21 +164,24 @@ class StopAtFirstNonFinite(TrainerCallback):
                    if p.requires_grad and not torch.isfinite(p).all()}
             if bad:
                 self.step, self.names = state.global_step + 1, list(bad)
-                print(f"step {self.step}: non-finite weights after the optimizer step: {bad}")
+                print(f"step {self.step}: non-finite after the optimizer step:", *(f"{n} ({d})" for n, d in bad.items()))
                 control.should_training_stop = True
         return control
 
 
 # %% [markdown]
-# On the lesson's fp16 trainer; beside it, the check-up's probe that predicts the same before any step (lesson 06).
-# On the command line, `trl-clinic watch reward --config recipe.yaml` runs TRL's own script with the watch on.
+# On the lesson's fp16 trainer and the float32 one; beside it, the check-up's `fp16_adamw` probe (lesson 06: one
+# measurement on your trainer before it trains) predicts the same before any step. On the command line,
+# `trl-clinic watch reward --config recipe.yaml` runs TRL's own script with the watch on.
 
 # %%
-pasted = reward_trainer(run, pairs, torch.float16, "pasted", **user_settings)
-pasted_check = StopAtFirstNonFinite()
-pasted.add_callback(pasted_check)
-pasted.train()
-probe = checkup(reward_trainer(run, pairs, torch.float16, "checkup", **user_settings), only=["fp16_adamw"])
+pasted, probe = {}, {}
+for name, dtype in (("fp16", torch.float16), ("float32", torch.float32)):
+    trainer, pasted[name] = reward_trainer(run, pairs, dtype, f"pasted-{name}", **user_settings), StopAtFirstNonFinite()
+    probe[name] = checkup(trainer, only=["fp16_adamw"], show=name == "fp16").by_probe("fp16_adamw")[0].status
+    trainer.add_callback(pasted[name])
+    trainer.train()
+print(f"pasted callback stopped at step: { {name: c.step for name, c in pasted.items()} }; fp16_adamw: {probe}")
 
 # %% [markdown]
 # ## 6. Where the watch spoke, and where the log did
@@ -233,76 +235,76 @@ unfiltered = reward_trainer(run, pairs, torch.float16, "unfiltered", **user_sett
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
 def log_checks(n: dict) -> dict:
-    """What the trainer's log showed, and what the watch put beside it."""
-    logged = n["plain_logged"]
+    """What the trainer's log showed of the fp16 run, and what the watch put beside it."""
+    run = n["runs"]["fp16"]
+    logged, raw = run["plain_logged"], run["raw_loss"]
+    first_zero = next((r["step"] for r in logged if r["loss"] == 0.0), None)
+    error = max((abs(p - r["loss"]) / max(abs(p), 1e-12) for p, r in zip(run["replayed_logs"], logged)), default=math.nan)
     return {
-        "the first logged loss is finite and below ln 2, with a NaN grad norm": logged[0]["loss"] < math.log(2)
-            and math.isfinite(logged[0]["loss"]) and math.isnan(logged[0]["grad_norm"]),
-        "every later logged loss is exactly 0": len(logged) > 1 and all(r["loss"] == 0.0 for r in logged[1:]),
-        "the NaN filter's arithmetic on the raw losses gives every logged loss (within 1e-3)":
-            len(n["replayed_logs"]) == len(logged) and all(abs(p - r["loss"]) <= 1e-3 * max(abs(p), 1e-12)
-                                                           for p, r in zip(n["replayed_logs"], logged)),
+        "the first log shows a finite loss with a NaN grad norm":
+            measured(math.isfinite(logged[0]["loss"]) and math.isnan(logged[0]["grad_norm"])),
+        "every later logged loss is exactly 0": measured(len(logged) > 1 and all(r["loss"] == 0.0 for r in logged[1:])),
+        "the raw losses hold NaN, and the NaN filter's arithmetic on them gives every logged loss (within 1e-3)":
+            measured(any(math.isnan(v) for v in raw) and len(run["replayed_logs"]) == len(logged)
+                     and below(error, 1e-3)),
         "clinic/raw_loss is NaN in the first log row, where the logged loss is finite":
-            math.isnan(n["watched_logged"][0]["clinic/raw_loss"]) and math.isfinite(n["watched_logged"][0]["loss"]),
+            measured(math.isnan(run["watched_logged"][0]["clinic/raw_loss"])
+                     and math.isfinite(run["watched_logged"][0]["loss"])),
         "zero_loss is found at the first log of 0 and put down to the NaN filter (lesson 03)":
-            n["findings"].get("zero_loss") == next((r["step"] for r in logged if r["loss"] == 0.0), None)
-            and n["zero_loss_lesson"] == "03",
+            measured(first_zero is not None and run["findings"].get("zero_loss") == first_zero
+                     and run["zero_loss_lesson"] == "03"),
     }
 
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
 def watch_checks(n: dict) -> dict:
-    """When the watch spoke and what it named, stop_on, and that watching changed nothing."""
-    found, raw, first_log = n["findings"], n["raw_loss"], n["plain_logged"][0]["step"]
+    """When the watch spoke on the fp16 run and what it named, stop_on, and the check-up's probe."""
+    run = n["runs"]["fp16"]
+    found, raw, first_log = run["findings"], run["raw_loss"], run["plain_logged"][0]["step"]
     first_nan = next((i + 1 for i, v in enumerate(raw) if not math.isfinite(v)), None)
-    bad_sums = {name: dtype for name, (dtype, total) in n["weight_sums"].items() if not math.isfinite(total)}
+    bad_sums = {name: dtype for name, (dtype, total) in run["weight_sums"].items() if not math.isfinite(total)}
     return {
         "the watch finds nonfinite at the step the pasted callback stops, before the first log":
-            n["pasted_step"] is not None and found.get("nonfinite") == n["pasted_step"] < first_log,
-        "the raw loss is finite up to the finding's step and NaN at every step after it": first_nan is not None
-            and first_nan == found.get("nonfinite", 0) + 1 and not any(math.isfinite(v) for v in raw[first_nan - 1:]),
+            measured(run["pasted_step"] is not None and found.get("nonfinite") == run["pasted_step"] < first_log),
+        "the raw loss is finite up to the finding's step and NaN at every step after it":
+            measured(first_nan is not None and first_nan == found.get("nonfinite", 0) + 1
+                     and not any(math.isfinite(v) for v in raw[first_nan - 1:])),
         "the non-finite tensors are exactly the pasted callback's, all fp16, and the watch's line names them":
-            bool(bad_sums) and set(bad_sums) == set(n["pasted_names"]) and set(bad_sums.values()) == {"float16"}
-            and all(name in n["nonfinite_seen"] for name in bad_sums),
-        "stop_on='nonfinite' ends the run at the finding's step": n["stopped_step"] == found.get("nonfinite")
-            and n["stopped_step"] < n["train_steps"],
-        "the watched and unwatched fp16 runs end with bit-identical weights": n["identical"]["fp16"],
-        "the check-up's fp16_adamw probe fails on the trainer before training": n["checkup_fp16_adamw"] == "fail",
+            measured(bool(bad_sums) and set(bad_sums) == set(run["pasted_names"])
+                     and set(bad_sums.values()) == {"float16"} and all(name in run["nonfinite_seen"] for name in bad_sums)),
+        "stop_on='nonfinite' ends the run at the finding's step":
+            measured(run["stopped_step"] == found.get("nonfinite") and run["stopped_step"] < n["train_steps"]),
+        "the check-up's fp16_adamw probe fails on the trainer before training": measured(run["checkup_fp16_adamw"] == "fail"),
     }
 
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
 def fix_checks(n: dict) -> dict:
-    """float32 weights: finite, learning, silent under the watch, and the same weights watched or not."""
-    raw = n["fixed_raw_loss"]
+    """float32 weights: finite, learning, silent under the watch; and watching changed no weight."""
+    run = n["runs"]["float32"]
+    raw = run["raw_loss"]
     return {
-        "the watch makes no finding on the float32 run": n["fixed_findings"] == [],
-        "the float32 run's raw loss is finite at every step": bool(raw) and all(math.isfinite(v) for v in raw),
+        "the watch makes no finding on the float32 run": measured(run["findings"] == {}),
+        "the float32 run's raw loss is finite at every step": measured(bool(raw) and all(math.isfinite(v) for v in raw)),
         "the float32 run learns: its last 10 steps' mean loss is below its first 10 steps'":
-            len(raw) >= 20 and sum(raw[-10:]) < sum(raw[:10]),
-        "the watched and unwatched float32 runs end with bit-identical weights": n["identical"]["float32"],
+            measured(len(raw) >= 20 and below(sum(raw[-10:]) / 10, sum(raw[:10]) / 10)),
+        "the watched and unwatched float32 runs end with bit-identical weights": measured(n["identical"]["float32"]),
     }
 
 
 def checks(n: dict) -> tuple[dict, dict]:
     """The symptom under the watch, then the fix; every check on today's real code path."""
-    return ({name: measured(ok) for name, ok in {**log_checks(n), **watch_checks(n)}.items()},
-            {name: measured(ok) for name, ok in fix_checks(n).items()})
+    return {**log_checks(n), **watch_checks(n)}, fix_checks(n)
 
 
 # %% jupyter={"source_hidden": true}
-from trl_clinic.probes.recording import replay_nan_filter  # the Trainer's filter, step by step
+from trl_clinic.course.companions.lesson_07_watch import measurements  # the same numbers from each run
 
 found = {f.probe: f for f in watch.findings}
 numbers = {
-    "plain_logged": plain_rows, "watched_logged": watched_rows, "raw_loss": raw, "train_steps": sizes.train_steps,
-    "replayed_logs": replay_nan_filter(raw, 1, plain.args.logging_steps),
-    "findings": {key: f.step for key, f in found.items()}, "nonfinite_seen": found["nonfinite"].measured,
-    "zero_loss_lesson": found["zero_loss"].lesson, "weight_sums": weight_sums,
-    "stopped_step": stopped.state.global_step, "pasted_step": pasted_check.step, "pasted_names": pasted_check.names,
-    "identical": identical, "checkup_fp16_adamw": {f.probe: f.status for f in probe.findings}["fp16_adamw"],
-    "fixed_findings": [f.probe for f in fixed_watch.findings],
-    "fixed_raw_loss": [row["raw_loss"] for row in fixed_watch.steps],
+    "runs": {"fp16": measurements(plain, watched, watch, stopped, pasted["fp16"], probe["fp16"]),
+             "float32": measurements(fixed_plain, fixed, fixed_watch, fixed, pasted["float32"], probe["float32"])},
+    "train_steps": sizes.train_steps, "identical": identical,
     "seconds": {"plain": plain_seconds, "watched": watched_seconds, "stopped": stopped_seconds,
                 "fixed": fixed_seconds, "fixed_plain": fixed_plain_seconds},
 }
@@ -311,5 +313,5 @@ summary = (f"fp16 weights with the non-fused AdamW: the watch named the score he
            f"{plain_rows[0]['step']}, then 0. stop_on saved {sizes.train_steps - stopped.state.global_step} of "
            f"{sizes.train_steps} steps; float32 weights: no finding; weights bit-identical watched or not.")
 metrics = save_metrics(run, "07", numbers, checks, summary=summary)
-print(summary)
+print(textwrap.fill(summary, 116))
 conclude(metrics, run.output_dir)

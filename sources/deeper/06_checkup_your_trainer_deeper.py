@@ -25,6 +25,9 @@ seed = 0
 output_dir = None  # None: outputs/06_checkup_your_trainer_deeper at the repository root
 
 # %%
+import inspect
+import textwrap
+
 import torch
 import yaml
 from datasets import load_dataset
@@ -38,7 +41,8 @@ from trl_clinic.course import examples
 from trl_clinic.course.companions import lesson_06_checkup_tour as tour
 from trl_clinic.course.models import make_causal_lm, model_config
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import conclude, measured, save_metrics
+from trl_clinic.course.results import above, below, conclude, injected, measured, save_metrics
+from trl_clinic.course.stand_ins import ListedArgumentsLlama
 from trl_clinic.course.tokenizer import build_tokenizer
 
 run = start_run("06-deeper", profile, seed, output_dir)
@@ -60,7 +64,7 @@ recipe = tour.write_recipe(out / "cli", make_causal_lm(tokenizer, "opt", seed=ru
                            per_device_train_batch_size=sizes.packed_batch_size,
                            gradient_accumulation_steps=sizes.accumulation, **run.cpu_flags())
 command = tour.trl_clinic("checkup", "sft", "--config", str(recipe), timeout=sizes.command_timeout_s)
-print("$", " ".join(command.argv), "\n" + command.stdout, f"exit code: {command.returncode}")
+print(f"$ trl-clinic checkup sft --config {recipe.name}\n{command.stdout}exit code: {command.returncode}")
 
 # %% [markdown]
 # The fix in the recipe, `padding_free: false`, and the same command with `--json`, as a CI job runs it:
@@ -75,7 +79,7 @@ print({name: (c["returncode"], [p for p, s in c["statuses"].items() if s == "fai
 # ## 2. GRPO's batch rule is TRL's own
 #
 # No probe of a built GRPO trainer can fail the rule of lesson 05: `GRPOConfig.__post_init__` refuses a
-# generation batch that is not made of whole groups before any trainer exists (trl `trainer/grpo_config.py`).
+# generation batch that is not made of whole groups before any trainer exists (TRL 1.16.0 `trainer/grpo_config.py`).
 # The command reports that refusal, and only a refusal raised in one of TRL's config classes, as a `grpo_config`
 # fail with TRL's message; any other build error is an `error`, exit code 3. Three completions a step, groups of 4:
 
@@ -86,16 +90,27 @@ grpo_recipe = recipe.with_name("grpo.yaml")
 grpo_recipe.write_text(yaml.safe_dump({**local, "reward_funcs": ["trl_clinic.course.examples.length_reward"],
                                        "num_generations": 4, "per_device_train_batch_size": 3}))
 refused = tour.trl_clinic("checkup", "grpo", "--config", str(grpo_recipe), "--json", timeout=sizes.command_timeout_s)
-cli["grpo, 3 completions, groups of 4"] = tour.command_numbers(refused)
 grpo_finding = tour.json_findings(refused)[0]
-print(refused.returncode, grpo_finding["probe"], grpo_finding["status"], grpo_finding["decided"], grpo_finding["fix"])
+print(refused.returncode, grpo_finding["probe"], grpo_finding["status"], grpo_finding["decided"],
+      textwrap.fill(grpo_finding["fix"], 116))
+
+# %% [markdown]
+# Four completions a step, one whole group: TRL builds the trainer and every probe runs on it.
+
+# %%
+grpo_recipe.write_text(grpo_recipe.read_text().replace("per_device_train_batch_size: 3", "per_device_train_batch_size: 4")
+                       + "max_completion_length: 8\n")
+accepted = tour.trl_clinic("checkup", "grpo", "--config", str(grpo_recipe), "--json", timeout=sizes.command_timeout_s)
+grpo = {name: {**tour.command_numbers(c), "first": [tour.json_findings(c)[0][k] for k in ("probe", "status", "decided")]}
+        for name, c in (("groups of 4, 3 completions", refused), ("groups of 4, 4 completions", accepted))}
+print({name: (g["returncode"], sorted(set(g["statuses"].values()))) for name, g in grpo.items()})
 
 # %% [markdown]
 # ## 3. The label traps
 #
 # Three probes watch the labels and the gradients, whatever the lesson. **Labels cut away**: your own
 # preprocessing masks the prompt and truncates to a length shorter than the prompts, so no completion token is
-# left to learn from (TRL's `SFTTrainer` drops such rows itself; a plain `Trainer` does not):
+# left to learn from (TRL 1.16.0's `SFTTrainer` drops such rows itself, `sft_trainer.py`; a plain `Trainer` does not):
 
 # %%
 def completion_only(row: dict, max_length: int) -> dict:
@@ -118,7 +133,8 @@ print(f"max_length {shortest_prompt} (the shortest prompt):", found["labels, cut
 
 # %% [markdown]
 # **An EOS that is never a target**: `pad_token = eos_token`, the line many scripts copy, with transformers'
-# language-modeling collator, which sets the label to -100 wherever the input is the pad token, and so at every EOS:
+# language-modeling collator, which sets the label to -100 wherever the input is the pad token, and so at every EOS
+# (transformers 5.23.0 `data/data_collator.py`):
 
 # %%
 tokenizer.save_pretrained(out / "pad-is-eos")
@@ -133,16 +149,16 @@ print({name: f["measured"] for name, f in found.items() if name.startswith("eos"
 # %% [markdown]
 # **Gradients that never arrive**: LoRA with reentrant gradient checkpointing computes no gradient for the adapters
 # when the checkpointed inputs need none. peft makes the input embeddings need one itself
-# (`_prepare_model_for_gradient_checkpointing`, peft `peft_model.py`), whichever comes first:
+# (`_prepare_model_for_gradient_checkpointing`, peft 0.21.2 `peft_model.py`), whichever comes first:
 
 # %%
 for order in ("checkpointing, then LoRA", "LoRA, then checkpointing"):
     base = make_causal_lm(tokenizer, seed=run.seed)
     if order.startswith("checkpointing"):
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
     lora = get_peft_model(base, LoraConfig(target_modules=["q_proj", "v_proj"]))
     if order.startswith("LoRA"):
-        lora.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        lora.base_model.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
     trainer = examples.custom_trainer(tokenizer, out / f"lora-{len(found)}", model=lora, **common)
     found[f"gradients, {order}"] = tour.finding(checkup(trainer, only=["gradients_reach"], show=False),
                                                 "gradients_reach")
@@ -153,14 +169,13 @@ print({name: f["measured"] for name, f in found.items() if name.startswith("grad
 #
 # transformers' `Trainer` hands `num_items_in_batch` to the model only when its `forward` takes `**kwargs` (or the
 # class says `accepts_loss_kwargs`); otherwise it sets `model_accepts_loss_kwargs = False` and divides each
-# micro-batch's mean loss by the accumulation steps, the weighting of lesson 02 (transformers `trainer.py`,
-# `Trainer.__init__`, "Model introspection"). A subclass of your own, as a user writes one:
+# micro-batch's mean loss by the accumulation steps, the weighting of lesson 02 (transformers 5.23.0 `trainer.py`,
+# `Trainer.__init__`, "Model introspection"). `stand_ins.ListedArgumentsLlama` is such a subclass, set up on purpose
+# (a stand-in: its checks say `injected`); it stands for any class that takes no loss keywords, lesson 02's
+# Qwen2.5-VL among them. Its `forward`, and the fix, a `forward` that passes `**kwargs` on:
 
 # %%
-class ListedArgumentsLlama(LlamaForCausalLM):
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None, use_cache=None):
-        return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               labels=labels, use_cache=use_cache)
+print("ListedArgumentsLlama.forward", inspect.signature(ListedArgumentsLlama.forward))
 
 
 class KeywordsLlama(ListedArgumentsLlama):
@@ -231,64 +246,90 @@ print(table)
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
 def symptom_checks(n: dict) -> dict:
-    """Each trap fails its probe through a real code path: the command line, the user's preprocessing, the copied
-    pad line, the model class's signature, the OPT family, and the table for the report's versions."""
-    f, cli = n["found"], n["cli"]
+    """Each trap fails its probe through a real code path (the command line, the user's preprocessing, the copied pad
+    line, the OPT family, the table for the report's versions), or a stand-in set up on purpose (the model class that
+    takes no loss keywords): all read from the settings without the fix."""
+    run = n["runs"]["without_fix"]
+    cli, grpo, accumulation = run["cli"], run["grpo"], run["accumulation"]
     return {
-        "trl-clinic checkup sft fails the OPT padding-free recipe with exit code 1":
-            cli["padding_free: true"]["returncode"] == 1 and cli["padding_free: true"]["statuses"].get("packing") == "fail",
+        "trl-clinic checkup sft fails the OPT padding-free recipe: packing fail, exit code 1":
+            measured(cli["returncode"] == 1 and cli["statuses"].get("packing") == "fail"),
         "trl-clinic checkup grpo reports GRPOConfig's refusal as a grpo_config fail (config), exit 1":
-            cli["grpo, 3 completions, groups of 4"]["returncode"] == 1
-            and n["grpo_finding"][:3] == ["grpo_config", "fail", "config"],
-        "labels cut away by the user's truncation fail labels_present": f["labels, cut"]["status"] == "fail",
-        "pad == eos with the language-modeling collator fails eos_label": f["eos, pad == eos"]["status"] == "fail",
+            measured(grpo["returncode"] == 1 and grpo["first"] == ["grpo_config", "fail", "config"]),
+        "labels cut away by the user's truncation fail labels_present": measured(run["labels"]["status"] == "fail"),
+        "pad == eos with the language-modeling collator fails eos_label": measured(run["eos"]["status"] == "fail"),
         "a forward without **kwargs: the Trainer sets model_accepts_loss_kwargs=False":
-            n["accepts"]["ListedArgumentsLlama"] is False,
-        "and the accumulation probe fails it (gradient error > 1e-3)":
-            f["accumulation, ListedArgumentsLlama"]["status"] == "fail"
-            and f["accumulation, ListedArgumentsLlama"]["value"] > 1e-3,
-        "OPT padding-free fails the packing probe": n["families"]["opt"]["status"] == "fail",
+            injected(run["accepts_loss_kwargs"] is False),
+        "and the accumulation probe measures a gradient error above its 1e-3 tolerance":
+            injected(accumulation["value"] is not None and above(accumulation["value"], 1e-3)),
+        "a family whose mask ignores position_ids (OPT) fails the packing probe":
+            measured(bool(run["packing"]) and all(f["status"] == "fail" for f in run["packing"].values())),
         "the table names the Qwen2 FlashAttention-2 window and DPO's cache for the report's versions":
-            {"04-qwen2-fa2-right-padding-4.49", "04-trl-dpo-forward-keeps-the-cache"}
-            <= set(n["table"]["the report's versions"]),
+            measured({"04-qwen2-fa2-right-padding-4.49", "04-trl-dpo-forward-keeps-the-cache"} <= set(run["table"])),
     }
 
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
 def fix_checks(n: dict) -> dict:
-    """The fixed settings pass, and today's library paths that were traps once are measured clean."""
-    f, cli = n["found"], n["cli"]
+    """The fixed settings pass, read from the run with the fix."""
+    run = n["runs"]["with_fix"]
+    cli, grpo, accumulation = run["cli"], run["grpo"], run["accumulation"]
     return {
-        "the recipe with padding_free: false exits 0 with no fail": cli["padding_free: false"]["returncode"] == 0
-            and bool(cli["padding_free: false"]["statuses"]) and "fail" not in cli["padding_free: false"]["statuses"].values(),
-        "a max_length longer than the prompts passes labels_present": f["labels, long enough"]["status"] == "ok",
-        "a pad token of its own passes eos_label": f["eos, own pad"]["status"] == "ok",
+        "the recipe with padding_free: false exits 0 with no fail": measured(cli["returncode"] == 0
+            and bool(cli["statuses"]) and "fail" not in cli["statuses"].values()),
+        "a GRPO recipe of whole groups builds and exits 0 with no fail": measured(grpo["returncode"] == 0
+            and bool(grpo["statuses"]) and "fail" not in grpo["statuses"].values()),
+        "a max_length longer than the prompts passes labels_present": measured(run["labels"]["status"] == "ok"),
+        "a pad token of its own passes eos_label": measured(run["eos"]["status"] == "ok"),
+        "a forward with **kwargs: the Trainer hands num_items_in_batch on (model_accepts_loss_kwargs=True)":
+            measured(run["accepts_loss_kwargs"] is True),
+        "and the accumulation probe measures a gradient error below its 1e-3 tolerance":
+            measured(accumulation["value"] is not None and below(accumulation["value"], 1e-3)),
+        "families whose mask reads position_ids (Llama, Qwen2) pass the packing probe":
+            measured(bool(run["packing"]) and all(f["status"] == "ok" for f in run["packing"].values())),
+        "the installed versions match no padding_cache window": measured(run["table"] == []),
+    }
+
+
+# %% jupyter={"source_hidden": true} tags=["checks"]
+def today_checks(n: dict) -> dict:
+    """Today's library paths that were traps once (peft's input gradients, DPO's cache), measured clean: the same
+    for both runs, which share today's peft and TRL."""
+    today = n["today"]
+    return {
         "LoRA with reentrant checkpointing, in either order, gets every gradient (peft enables input gradients)":
-            f["gradients, checkpointing, then LoRA"]["status"] == f["gradients, LoRA, then checkpointing"]["status"] == "ok",
-        "a forward with **kwargs passes accumulation (gradient error <= 1e-3)":
-            n["accepts"]["KeywordsLlama"] is True and f["accumulation, KeywordsLlama"]["status"] == "ok",
-        "Llama and Qwen2 padding-free pass the packing probe":
-            n["families"]["llama"]["status"] == n["families"]["qwen2"]["status"] == "ok",
-        "TRL's DPO builds no cache on right-padded rows": n["dpo"]["value"] == 0,
-        "the installed versions match no padding_cache window": n["table"]["installed versions"] == [],
+            measured(bool(today["gradients"]) and all(f["status"] == "ok" for f in today["gradients"].values())),
+        "TRL's DPO builds no cache on right-padded rows": measured(today["dpo"]["value"] == 0),
     }
 
 
 def checks(n: dict) -> tuple[dict, dict]:
-    """Every check runs today's real trainers, probes and command (nothing re-created or set by hand)."""
-    return ({name: measured(ok) for name, ok in symptom_checks(n).items()},
-            {name: measured(ok) for name, ok in fix_checks(n).items()})
+    """Today's real trainers, probes and command; the model class that takes no loss keywords is a stand-in
+    (stand_ins.ListedArgumentsLlama), and its checks say injected."""
+    return symptom_checks(n), {**fix_checks(n), **today_checks(n)}
 
 
 # %% jupyter={"source_hidden": true}
-numbers = {"found": found, "cli": cli, "accepts": accepts, "families": families, "dpo": dpo, "table": table,
-           "grpo_finding": [grpo_finding[key] for key in ("probe", "status", "decided", "fix")]}
+listed, keywords = (found[f"accumulation, {name}"] for name in ("ListedArgumentsLlama", "KeywordsLlama"))
+runs = {"without_fix": {"cli": cli["padding_free: true"], "grpo": grpo["groups of 4, 3 completions"],
+                        "labels": found["labels, cut"], "eos": found["eos, pad == eos"],
+                        "accepts_loss_kwargs": accepts["ListedArgumentsLlama"], "accumulation": listed,
+                        "packing": {"opt": families["opt"]}, "table": table["the report's versions"]},
+        "with_fix": {"cli": cli["padding_free: false"], "grpo": grpo["groups of 4, 4 completions"],
+                     "labels": found["labels, long enough"], "eos": found["eos, own pad"],
+                     "accepts_loss_kwargs": accepts["KeywordsLlama"], "accumulation": keywords,
+                     "packing": {family: families[family] for family in ("llama", "qwen2")},
+                     "table": table["installed versions"]}}
+today = {"gradients": {name: f for name, f in found.items() if name.startswith("gradients")}, "dpo": dpo}
+numbers = {"runs": runs, "today": today}
+
+# %% jupyter={"source_hidden": true}
 summary = (f"`trl-clinic checkup sft` exited {command.returncode} on the OPT padding-free recipe and "
            f"{fixed_command.returncode} with padding_free: false; GRPOConfig's refusal came back as a grpo_config "
-           f"{grpo_finding['status']} (exit {refused.returncode}); labels cut by truncation, pad == eos and a forward "
-           f"without **kwargs (gradient error {found['accumulation, ListedArgumentsLlama']['value']:.2g}) failed their "
-           f"probes by measurement and passed fixed; Llama and Qwen2 packed safely, OPT did not; DPO built "
+           f"{grpo_finding['status']} (exit {refused.returncode}), whole groups exited {accepted.returncode}; labels cut "
+           f"by truncation, pad == eos and a forward without **kwargs (gradient error {listed['value']:.2g}) failed "
+           f"their probes by measurement and passed fixed; Llama and Qwen2 packed safely, OPT did not; DPO built "
            f"{dpo['value']:.0f} cached right-padded forwards.")
 metrics = save_metrics(run, "06-deeper", numbers, checks, summary=summary)
-print(summary)
+print(textwrap.fill(summary, 116))
 conclude(metrics, run.output_dir)

@@ -5,8 +5,8 @@ does not apply to this trainer (the reason says why); any other exception it rai
 finding with the exception's type and text, never a skip, so one broken probe never ends the check-up
 and never hides. The finding is the library's (``trl_clinic.probes.finding``): every ok, warn or fail says
 how it was decided (``DECISIONS``): ``measured`` on the user's trainer, ``config`` read from its arguments or
-model, or ``table`` (a known-bugs entry). The report prints as a table (rich), as JSON for CI, and gives the
-exit code (``EXIT_CODES``).
+model, or ``table`` (a known-bugs entry). The report prints as a table (rich; folded to what failed, warned or
+crashed), as JSON for CI, and gives the exit code (``EXIT_CODES``).
 """
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from trl_clinic.probes.finding import Finding
+from trl_clinic.probes.finding import STATUSES, Finding
 
 STYLES = {"ok": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim", "error": "bold magenta"}  # by status
 # 0: no fail and no error; 1: a probe failed (whatever else happened); 3: no fail, but a probe crashed, so
 # the check-up is incomplete. 2 stays the command line's own (a usage error, a bad file).
 EXIT_CODES = {"clean": 0, "fail": 1, "error": 3}
+# the printed table's width where the output is not a terminal: JupyterLab's output area holds about 120 characters
+# before a line wraps, and a wrapped table is no longer a table
+WIDTH = 120
 
 
 class Skip(Exception):
@@ -90,24 +93,39 @@ class Report:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
-    def table(self):
-        """The findings as a rich table: one row per finding, the fix and the lesson beside the number."""
-        from rich.table import Table
+    def table(self, everything: bool = False):
+        """The findings as a rich table: one row per finding, the fix and the lesson beside the number.
 
-        table = Table(title=f"trl-clinic checkup: {self.subject} ({self.seconds:.1f} s)", show_lines=True)
-        for column in ("probe", "status", "decided", "measured", "fix / why skipped or crashed", "lesson", "s"):
+        Folded unless ``everything``: only what failed, warned or crashed gets a row (without the seconds column),
+        and one line under it names the probes that passed or were skipped, so the rows that need a reader fit a
+        screen; with no such row, that line alone."""
+        from rich.table import Table
+        from rich.text import Text
+
+        title = f"trl-clinic checkup: {self.subject} ({self.seconds:.1f} s)"
+        shown = [f for f in self.findings if everything or f.status in ("fail", "warn", "error")]
+        folded = {
+            status: [f.probe for f in self.findings if f not in shown and f.status == status] for status in STATUSES
+        }
+        rest = "; ".join(f"{status}: {', '.join(names)}" for status, names in folded.items() if names)
+        rest = f"{rest} (all rows: report.print(everything=True))" if rest else None
+        if not shown:
+            return Text(f"{title}: no probe failed, warned or crashed; {rest}")
+        table = Table(title=title, caption=rest, show_lines=True)
+        columns = ("probe", "status", "decided", "measured", "fix / why skipped or crashed", "lesson")
+        for column in columns + (("s",) if everything else ()):
             table.add_column(column, overflow="fold")
-        for f in self.findings:
+        for f in shown:
             why = f.fix if f.status in ("warn", "fail") else f.reason
-            table.add_row(
+            row = [
                 f.probe,
                 f"[{STYLES[f.status]}]{f.status}[/]",
                 f.decided or "-",
                 f.measured,
                 why + (f" [{f.known_bug}]" if f.known_bug else ""),
                 f.lesson,
-                f"{f.seconds:.2f}",
-            )
+            ]
+            table.add_row(*row, *((f"{f.seconds:.2f}",) if everything else ()))
         return table
 
     def __str__(self) -> str:
@@ -115,16 +133,18 @@ class Report:
 
         from rich.console import Console
 
-        console = Console(width=140, file=io.StringIO())
-        console.print(self.table())
+        console = Console(width=WIDTH, file=io.StringIO())
+        console.print(self.table(everything=True))
         return console.file.getvalue()
 
-    def print(self) -> None:
+    def print(self, everything: bool = False) -> None:
+        """The table on the screen (folded unless ``everything``: see ``table``); a terminal's own width, else
+        ``WIDTH`` columns (a notebook's output area)."""
         import sys
 
         from rich.console import Console
 
-        Console(width=None if sys.stdout.isatty() else 140).print(self.table())
+        Console(width=None if sys.stdout.isatty() else WIDTH).print(self.table(everything))
 
 
 SEVERITY = ("fail", "error", "warn", "ok", "skipped")  # which process's finding speaks for all of them

@@ -94,19 +94,9 @@ def length_reward(completions: list[str], **kwargs) -> list[float]:
     return [float(len(c)) for c in completions]
 
 
-class MeanLossTrainer(Trainer):
-    """A custom compute_loss as users write it: the mean over this micro-batch's tokens, ignoring
-    ``num_items_in_batch`` (transformers #37766: gradient accumulation reweights tokens again)."""
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        labels = inputs.pop("labels")
-        outputs = model(**inputs)
-        loss = F.cross_entropy(outputs.logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
-        return (loss, outputs) if return_outputs else loss
-
-
 class SumLossTrainer(Trainer):
-    """The same custom loss, divided by ``num_items_in_batch`` when the Trainer gives it."""
+    """A custom compute_loss as the Trainer expects it: the summed token loss divided by ``num_items_in_batch`` when
+    the Trainer gives it (its mean-taking counterpart, a fault set on purpose, is ``stand_ins.MeanLossTrainer``)."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         labels = inputs.pop("labels")

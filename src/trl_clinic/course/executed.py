@@ -5,10 +5,17 @@
 figures included, without what changes at every run and says nothing (papermill's per-cell timings and the
 kernel's execution metadata), and the figures each notebook saved to ``figures/<notebook>/`` beside them (the
 README shows one per lesson). The sources under ``notebooks/`` stay without outputs.
+
+A copy lies one folder deeper than its notebook (``docs/executed/06_x.ipynb`` beside ``notebooks/06_x.ipynb``), so
+each relative link of its markdown is pointed again at the same file: another executed copy where there is one (a
+core's link to its deep dive), else the repository's file (the solutions, ``docs/*.md``); tests/test_links.py
+follows every link of the copies and of ``notebooks/`` to a file that exists.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -16,14 +23,43 @@ from pathlib import Path
 import nbformat
 
 VOLATILE_CELL_KEYS = ("papermill", "execution")
+# a markdown link or image, [text](target) or ![alt](target), and an HTML href/src: the target, up to a title or ")"
+LINK = re.compile(r"(?P<lead>\]\(|(?:href|src)=[\"'])(?P<target>[^)\"'\s]+)")
 
 
-def executed_copy(executed: Path, target: Path) -> None:
+def is_relative(target: str) -> bool:
+    """A link to a file of the repository: not a web address, a mail address or an anchor of the same page."""
+    return not re.match(r"^([a-z][a-z0-9+.-]*:|#|/)", target, re.IGNORECASE)
+
+
+def relinked(text: str, source_dir: Path, copy_dir: Path, copies: dict[Path, Path]) -> str:
+    """``text`` with each relative link written from ``source_dir`` pointed at the same file from ``copy_dir``:
+    its executed copy where ``copies`` (notebook -> copy, resolved paths) has one, else the file itself."""
+
+    def again(match: re.Match) -> str:
+        target = match["target"]
+        if not is_relative(target):
+            return match[0]
+        path, hash_, anchor = target.partition("#")
+        if not path:
+            return match[0]
+        file = (source_dir / path).resolve()
+        moved = os.path.relpath(copies.get(file, file), copy_dir)
+        return f"{match['lead']}{Path(moved).as_posix()}{hash_}{anchor}"
+
+    return LINK.sub(again, text)
+
+
+def executed_copy(executed: Path, target: Path, source: Path | None = None, copies: dict[Path, Path] | None = None):
+    """The executed notebook without its run's metadata, written to ``target``; with ``source`` (its notebook under
+    ``notebooks/``), the markdown's relative links pointed again from ``target`` (see ``relinked``)."""
     notebook = nbformat.read(executed, as_version=4)
     notebook.metadata.pop("papermill", None)
     for cell in notebook.cells:
         for key in VOLATILE_CELL_KEYS:
             cell.metadata.pop(key, None)
+        if source is not None and cell.cell_type == "markdown":
+            cell.source = relinked(cell.source, source.resolve().parent, target.resolve().parent, copies or {})
     target.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(notebook, target)
 
@@ -34,12 +70,16 @@ def copy_run(run_out: Path, target_dir: Path, notebooks_dir: Path = Path("notebo
     from trl_clinic.course.workbook import find_lessons
 
     written = []
-    for stem, source in find_lessons(notebooks_dir).items():
+    lessons = find_lessons(notebooks_dir)
+    copies = {
+        source.resolve(): (target_dir / source.relative_to(notebooks_dir)).resolve() for source in lessons.values()
+    }
+    for stem, source in lessons.items():
         executed = run_out / stem / f"{stem}.ipynb"
         if not executed.exists():
             raise FileNotFoundError(f"{executed} is missing: run every lesson (`make executed`)")
         target = target_dir / source.relative_to(notebooks_dir)
-        executed_copy(executed, target)
+        executed_copy(executed, target, source, copies)
         written.append(target)
         figures = target_dir / "figures" / stem
         shutil.rmtree(figures, ignore_errors=True)

@@ -87,14 +87,18 @@ class Run:
         }
 
     def describe(self) -> str:
-        lines = [f"lesson {self.lesson}, profile {self.profile}, seed {self.seed}"]
-        lines += [f"{key}: {value}" for key, value in self.versions.items()]
-        lines += [f"{key}: {value}" for key, value in self.device_report().items()]
-        lines.append("sizes: " + ", ".join(f"{key}={value}" for key, value in self.sizes.items()))
-        lines.append(f"output_dir: {self.output_dir}")
-        if self.profile == "gpu":
-            lines.append(gpu_profile_note(repo_root()))
-        return "\n".join(lines)
+        """One line a learner reads at the top of a lesson: the lesson, its profile, seed and output folder. The
+        environment (every library's version, the device, the sizes) is kept in ``metrics.json`` and the report,
+        not on the screen. On the gpu profile a second line says whether that profile was verified on a GPU."""
+        where = self.output_dir
+        root = repo_root()
+        if where.is_absolute() and where.is_relative_to(root):
+            where = where.relative_to(root)  # the folder as the learner sees it in the file browser
+        line = (
+            f"lesson {self.lesson}: {self.profile} profile ({self.precision}, {self.attention} attention), "
+            f"seed {self.seed}; outputs in {where}"
+        )
+        return line if self.profile != "gpu" else f"{line}\n{gpu_profile_note(repo_root())}"
 
     def to_spec(self) -> dict[str, object]:
         """The resolved run, for a child process: it must not resolve the profile again."""

@@ -91,15 +91,24 @@ def quiet_library_noise() -> None:
     """Dataset preprocessing and weight loading/saving bars repeat for every trainer and checkpoint a
     lesson builds and bury its output; training bars (Trainer's own tqdm) stay. TRL and peft still read
     ``is_gradient_checkpointing``, which transformers 5 deprecates with a FutureWarning a learner can do
-    nothing about."""
+    nothing about.
+
+    Without progress bars (a notebook run by ``trl-clinic run``), ``Trainer`` prints every log row as a dict of
+    200-300 characters instead (``PrinterCallback``, added when ``disable_tqdm``: transformers 5.23.0
+    ``trainer.py``); a lesson prints the rows that are its symptom itself, so those dicts are left out (in
+    JupyterLab, with bars, the Trainer shows its rows as one compact table). Only the lesson's own process
+    (``run.prepare``) is changed, never the library's users."""
     import warnings
 
     import datasets
+    import transformers.trainer
     from transformers.utils import logging as transformers_logging
 
     datasets.disable_progress_bars()
     transformers_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    if not show_progress():  # the base class does nothing at any event: rows stay in state.log_history
+        transformers.trainer.PrinterCallback = transformers.trainer.TrainerCallback
 
 
 def freeze_what_is_loaded() -> None:

@@ -12,7 +12,8 @@ import os
 import signal
 import sys
 
-from transformers import Trainer, TrainerCallback
+import torch.nn.functional as F
+from transformers import LlamaForCausalLM, Trainer, TrainerCallback
 from trl import SFTTrainer
 
 from trl_clinic.course.crash import native_sigfpe
@@ -69,6 +70,43 @@ def die_by_sigfpe() -> None:
     native_sigfpe()
     print("stand-in: this processor's division did not trap; sending SIGFPE by hand", file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGFPE)
+
+
+class MeanLossTrainer(Trainer):
+    """INJECTED: a user's ``compute_loss`` that takes the mean over its own micro-batch's tokens and ignores
+    ``num_items_in_batch``, set on purpose.
+
+    Stands for the custom losses users write (lesson 02's deep dive, section 4): because the override accepts
+    ``num_items_in_batch``, today's Trainer believes the loss already normalised for accumulation and does not
+    divide it by the steps (transformers 5.23.0 ``trainer.py``, ``training_step``), so each micro-batch's tokens
+    weigh by its own count. Lesson 06 and the check-up's tests trip the ``accumulation`` probe and the watch with it;
+    ``examples.SumLossTrainer`` is the same loss written right.
+    """
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        loss = F.cross_entropy(outputs.logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+        return (loss, outputs) if return_outputs else loss
+
+
+class ListedArgumentsLlama(LlamaForCausalLM):
+    """INJECTED: a Llama whose ``forward`` lists its arguments and takes no ``**kwargs``, set on purpose.
+
+    Stands for any model class that takes no loss keywords: a user's subclass like this one, or the transformers
+    classes that declare ``accepts_loss_kwargs = False`` (lesson 02's Qwen2.5-VL). The Trainer then sets
+    ``model_accepts_loss_kwargs = False`` and divides each micro-batch's mean loss by the accumulation steps
+    (transformers 5.23.0 ``trainer.py``, ``Trainer.__init__`` and ``training_step``): lesson 06's deep dive.
+    """
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, labels=None, use_cache=None):
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            labels=labels,
+            use_cache=use_cache,
+        )
 
 
 class InjectedH20Fault(TrainerCallback):

@@ -115,13 +115,13 @@ class StepRecorder(TrainerCallback):
 def replay_nan_filter(step_losses: list[float], accumulation: int, logging_steps: int) -> list[float]:
     """What Trainer logs every ``logging_steps`` optimizer steps, replayed from each step's raw loss.
 
-    With ``logging_nan_inf_filter=True`` (the default) transformers' training loop (4.55.4's
-    ``Trainer._inner_training_loop``, 5.23's ``Trainer._run_epoch``) adds, for a
-    non-finite micro-batch loss, ``running_sum / (1 + global_step - last_logged_step)`` instead of the
-    loss; a log divides the running sum by the steps since the last log and restarts it at 0. This
-    replays that arithmetic micro-batch by micro-batch, so a lesson can show that the logged numbers
-    follow from the raw ones. A finite step counts as ``accumulation`` equal parts of its raw loss,
-    a non-finite step as ``accumulation`` non-finite micro-batches.
+    With ``logging_nan_inf_filter=True`` (the default) ``Trainer._run_epoch`` (transformers 5.23.0;
+    ``_inner_training_loop`` in 4.46.2 and 4.55.4) adds, for a non-finite micro-batch loss,
+    ``running_sum / (1 + global_step - last_logged_step)`` instead of the loss; a log divides the running
+    sum by the steps since the last log and restarts it at 0. This replays that arithmetic micro-batch by
+    micro-batch, so a lesson can show that the logged numbers follow from the raw ones. A finite step counts
+    as ``accumulation`` equal parts of its raw loss, a non-finite step as ``accumulation`` non-finite
+    micro-batches.
     """
     logged, running, last_logged = [], 0.0, 0
     for step, loss in enumerate(step_losses, start=1):

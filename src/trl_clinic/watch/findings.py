@@ -9,9 +9,20 @@ and which cause apply and hand over the numbers; ``finding`` fills the templates
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import asdict, dataclass, field
 
 from trl_clinic.probes.finding import Finding
+
+# the printed lines' width: a notebook's output area holds about 120 characters, and a finding of 600 characters on
+# one line is read in neither a notebook nor a log viewer
+WIDTH = 120
+
+
+def wrapped(text: str, indent: str = "") -> str:
+    """``text`` folded to ``WIDTH`` columns, its continuation lines indented four more spaces than its first."""
+    return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "    ", break_long_words=False)
+
 
 # the course's lesson keys and the short name a finding gives each ("lesson 03 (LoRA reward model NaN)")
 LESSONS = {
@@ -390,10 +401,15 @@ def quiet(key: str, case: str, **values) -> str:
 
 
 def line(finding: Finding) -> str:
-    """The line the watch prints when it makes ``finding``."""
-    return (
-        f"[trl-clinic watch] step {finding.step}{where(finding)}: {finding.probe}: {finding.measured} | likely cause: "
-        f"{finding.cause} | fix: {finding.fix} | {lesson_name(finding.lesson)} [{finding.decided}]"
+    """What the watch prints when it makes ``finding``: what was seen, the likely cause, the fix, the lesson and how
+    it was decided, each folded to ``WIDTH`` columns."""
+    return "\n".join(
+        [
+            wrapped(f"[trl-clinic watch] step {finding.step}{where(finding)}: {finding.probe}: {finding.measured}"),
+            wrapped(f"likely cause: {finding.cause}", "  "),
+            wrapped(f"fix: {finding.fix}", "  "),
+            f"  {lesson_name(finding.lesson)} [{finding.decided}]",
+        ]
     )
 
 

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from trl_clinic.probes.jsonable import json_safe
-from trl_clinic.watch.findings import CATALOGUE, as_dict, lesson_name, where
+from trl_clinic.watch.findings import CATALOGUE, as_dict, lesson_name, where, wrapped
 
 
 def statuses(watch) -> dict[str, str]:
@@ -18,14 +18,18 @@ def statuses(watch) -> dict[str, str]:
 
 
 def summary(watch) -> str:
+    """The end of run on a screen: each finding's step and fix (its line said what was seen), then the checks that
+    found nothing, by name in one line (``watch.checks`` and the HTML report say what each saw)."""
     steps = len(watch.steps)
     head = f"[trl-clinic watch] {steps} optimizer steps watched: " + (
         f"{len(watch.findings)} finding(s)" if watch.findings else "no findings"
     )
     lines = [head]
     for f in watch.findings:
-        lines += [f"  step {f.step}{where(f)} {f.probe}, {lesson_name(f.lesson)}: {f.measured}", f"    fix: {f.fix}"]
-    lines += [f"  {key:<14} {state}" for key, state in statuses(watch).items() if not state.startswith("found")]
+        lines.append(wrapped(f"step {f.step}{where(f)} {f.probe}, {lesson_name(f.lesson)}; fix: {f.fix}", "  "))
+    silent = [key for key, state in statuses(watch).items() if not state.startswith("found")]
+    if silent:
+        lines.append(wrapped(f"nothing found by {', '.join(silent)} (watch.checks says what each saw)", "  "))
     return "\n".join(lines)
 
 

@@ -1,6 +1,6 @@
 """Companion of lesson 07 (sources/07_watch_your_run.py and its worked solutions): the preference pairs its
-reward-model runs read, the bit-for-bit comparison of two runs' weights, the log rows as numbers and the figure,
-which the notebooks call in one line each.
+reward-model runs read, the bit-for-bit comparison of two runs' weights, the log rows as numbers, each run's
+measurements for the checks and the figure, which the notebooks call in one line each.
 
 The lines that make the run go wrong and put it right stay in the notebook (``dtype=torch.float16`` against
 ``torch.float32``, ``optim="adamw_torch"``), and so does every ``ClinicWatch`` call. The reward model and its
@@ -20,6 +20,7 @@ from trl_clinic.course.companions.lesson_03_reward_nan import Pairs, with_passag
 from trl_clinic.course.models import dequantized_smollm2
 from trl_clinic.course.run import Run
 from trl_clinic.course.tokenizer import build_tokenizer
+from trl_clinic.probes.recording import replay_nan_filter
 
 
 def reward_pairs(run: Run) -> Pairs:
@@ -54,6 +55,33 @@ def log_rows(trainer) -> list[dict]:
         for row in trainer.state.log_history
         if "loss" in row
     ]
+
+
+def measurements(plain, watched, watch, stopped, pasted_check, probe_status: str) -> dict:
+    """The same numbers from each run (fp16 and float32), so that each check group can be fed the other run's: its
+    log rows without (``plain``) and with the watch (``watched``), the raw loss per step and the NaN filter's replay
+    of it (``replay_nan_filter``, the Trainer's arithmetic), the watch's findings, the trainable tensors' float32 sums
+    where ``stop_on`` ended the run (``stopped``), where the pasted callback stopped, and the check-up's verdict."""
+    found = {f.probe: f for f in watch.findings}
+    raw = [row["raw_loss"] for row in watch.steps]
+    return {
+        "plain_logged": log_rows(plain),
+        "watched_logged": log_rows(watched),
+        "raw_loss": raw,
+        "replayed_logs": replay_nan_filter(raw, 1, plain.args.logging_steps),
+        "findings": {key: f.step for key, f in found.items()},
+        "nonfinite_seen": found["nonfinite"].measured if "nonfinite" in found else "",
+        "zero_loss_lesson": found["zero_loss"].lesson if "zero_loss" in found else None,
+        "weight_sums": {
+            name: (str(p.dtype).removeprefix("torch."), p.detach().sum(dtype=torch.float32).item())
+            for name, p in stopped.model.named_parameters()
+            if p.requires_grad
+        },
+        "stopped_step": stopped.state.global_step,
+        "pasted_step": pasted_check.step,
+        "pasted_names": pasted_check.names,
+        "checkup_fp16_adamw": probe_status,
+    }
 
 
 def plot_watched(bad, fixed, bad_rows: list[dict], fixed_rows: list[dict], output_dir: Path) -> Path:
