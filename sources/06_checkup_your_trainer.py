@@ -56,9 +56,8 @@ model_dir, data_file = tour.local_files(run.output_dir / "mine", make_causal_lm(
 # %% [markdown]
 # ## 1. Your trainer, checked before it trains
 #
-# A script as many are written: a local OPT model loaded in half precision to save memory, padding-free batches
-# so no compute goes to pad tokens, gradient accumulation, the classic AdamW. It trains without an error. One
-# call before `trainer.train()`:
+# A common script: a local OPT model in half precision to save memory, padding-free batches (no compute on pad
+# tokens), gradient accumulation, the classic AdamW. It trains without an error. One call before `train()`:
 
 # %% tags=["symptom"]
 def my_trainer(padding_free: bool, dtype: str) -> SFTTrainer:
