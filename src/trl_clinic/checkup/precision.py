@@ -52,6 +52,19 @@ def optimizer_recipe(view: TrainerView) -> tuple[type, dict, str]:
     return cls, dict(kwargs), f"optim={optim}"
 
 
+def within_budget(view: TrainerView, params: list[tuple[str, torch.nn.Parameter]]) -> list[tuple]:
+    """``(name, tensor, gradient)`` for each of ``params`` whose clone, gradient and two moments (4x its bytes) fit
+    the check-up's budget together with the ones before it, the gradient the first optimizer step is given (the
+    window's, clipped at ``max_grad_norm``): a tensor larger than what is left is left out, not the rest."""
+    step, tensors, held = view.step, [], 0
+    for name, p in params:
+        nbytes = 4 * p.numel() * p.element_size()
+        if name in step.kept and held + nbytes <= view.budget:
+            tensors.append((name, p, step.kept[name] * step.clip))
+            held += nbytes
+    return tensors
+
+
 def one_step(
     cls: type, settings: dict, source: str, tensors: list[tuple[str, torch.Tensor, torch.Tensor]]
 ) -> list[str]:
@@ -102,12 +115,7 @@ def fp16_adamw(view: TrainerView) -> Finding:
     reached = [(name, p) for name, p in fp16 if name not in step.missing]
     if not reached:
         raise Skip("no fp16 trainable tensor got a gradient from the trainer's loss (see gradients_reach)")
-    tensors, held = [], 0
-    for name, p in reached:  # a clone, its gradient and two moments per tensor, within the budget
-        nbytes = 4 * p.numel() * p.element_size()
-        if name in step.kept and held + nbytes <= view.budget:
-            tensors.append((name, p, step.kept[name] * step.clip))
-            held += nbytes
+    tensors = within_budget(view, reached)
     if not tensors:
         needed = 4 * sum(p.numel() * p.element_size() for _, p in reached)
         raise Skip(

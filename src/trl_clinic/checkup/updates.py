@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from trl_clinic.checkup.engine import Skip, probe
-from trl_clinic.checkup.precision import optimizer_recipe
+from trl_clinic.checkup.precision import optimizer_recipe, within_budget
 from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.finding import Finding
 
@@ -74,12 +74,7 @@ def stalled_update(view: TrainerView) -> Finding:
     graded = [(name, p) for name, p in half if name not in step.missing]
     if not graded:
         raise Skip("no half-precision trainable tensor got a gradient from the trainer's loss (see gradients_reach)")
-    tensors, held = [], 0
-    for name, p in graded:  # every tensor that fits the budget (an embedding larger than it is left out, not the rest)
-        nbytes = 4 * p.numel() * p.element_size()  # a clone, its gradient and two moments
-        if name in step.kept and held + nbytes <= view.budget:
-            tensors.append((name, p, step.kept[name] * step.clip))
-            held += nbytes
+    tensors = within_budget(view, graded)  # an embedding larger than the budget is left out, not the rest
     if not tensors:
         needed = 4 * min(p.numel() * p.element_size() for _, p in graded)
         raise Skip(
