@@ -157,7 +157,8 @@ for name, (first, *later) in portable.items():
     print(f"{name}: first sequence {first:.1e} (rounding), later ones up to {max(later):.1e}")
 
 # %% [markdown]
-# The `packing` probe of the check-up does the same on any trainer, with the trainer's own collator:
+# The `packing` probe of the check-up runs the same comparison on the OPT trainer, with the trainer's own
+# collator:
 
 # %%
 from trl_clinic import checkup
@@ -215,48 +216,54 @@ eager_llama = AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementati
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
 def old_checks(n: dict, equal: float) -> tuple[dict, dict]:
-    """The real TRL 0.14.0 + transformers 4.48.3, where its side environment ran (absent when skipped)."""
-    old = n["then"]
-    if old["status"] != "finished":
+    """The run without the fix on the real TRL 0.14.0 + transformers 4.48.3, where its side environment ran
+    (absent when skipped)."""
+    if n["then"]["status"] != "finished":
         return {}, {}
-    losses = old["losses"]
+    bad, good = n["runs"]["without_fix"], n["runs"]["with_fix"]
+    ratio = bad["losses"]["ratio"]
     symptom = {"TRL 0.14 + transformers 4.48.3: padding-free logs over 2x the padded loss at the largest batch":
-               measured(losses["ratio"][-1] > 2),
-               "TRL 0.14 + transformers 4.48.3: the ratio grows with the batch size": measured(
-                   all(a < b for a, b in zip(losses["ratio"][1:], losses["ratio"][2:]))),
+               measured(above(ratio[-1], 2)),
+               "TRL 0.14 + transformers 4.48.3: the ratio grows over 1.05x from each batch size to the next":
+               measured(above(min(b / a for a, b in zip(ratio, ratio[1:])), 1.05)),
                "TRL 0.14's padding-free collator sends position_ids and no attention mask": measured(
-                   old["collator"]["has_position_ids"] and not old["collator"]["has_attention_mask"]),
-               "transformers 4.48.3 lets tokens attend across sequence boundaries": measured(
-                   n["foreign_cells"]["TRL 0.14 + transformers 4.48.3"] > 0)}
+                   n["then"]["collator"]["has_position_ids"] and not n["then"]["collator"]["has_attention_mask"]),
+               "transformers 4.48.3 lets tokens attend across sequence boundaries (a count of cells)": measured(
+                   bad["foreign_cells"] != 0)}
     fix = {"today's padded loss at batch 1 equals TRL 0.14's (same weights and examples)": measured(
-        abs(n["today"]["padded"][0] / losses["padded"][0] - 1) < equal)}
+        below(abs(good["losses"]["padded"][0] / bad["losses"]["padded"][0] - 1), equal))}
     return symptom, fix
 
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
 def checks(n: dict) -> tuple[dict, dict]:
-    """The symptom on the report's libraries and the fix today, as functions of the numbers alone."""
-    first, *later = n["portable"]["Llama"]
+    """The run without the fix (symptom) and the run with it (fix) measured the same way, as functions of the
+    numbers alone: each run's loss by batch size, its packed row's mask and its portable check."""
+    bad, good = n["runs"]["without_fix"], n["runs"]["with_fix"]
     # fp32 on CPU: the two paths differ by float rounding (1e-7); bf16 on a GPU: up to about 1e-2 (8 bits of mantissa)
     equal = 1e-4 if n["precision"] == "fp32" else 2e-2
+    first, *later = good["portable"]
     symptom = {"portable check flags OPT: a later sequence differs from alone by over 1e-2":
-               measured(max(n["portable"]["OPT"][1:]) > 1e-2),
-               "checkup's packing probe fails the OPT trainer": measured(n["checkup"] == "fail")}
-    fix = {"today's SFTTrainer: padding-free equals padded at every batch size (same weights)": measured(
-               all(abs(r - 1) < equal for r in n["today"]["ratio"])),
-           "today's packed row is block-diagonal: no cross-sequence cell": measured(
-               n["foreign_cells"]["today's transformers"] == 0),
+               measured(above(max(bad["portable"][1:]), 1e-2))}
+    fix = {"today's SFTTrainer: padding-free equals padded at every batch size above 1 (same weights)": measured(
+               below(max(abs(r - 1) for r in good["losses"]["ratio"][1:]), equal)),
+           "today's packed row is block-diagonal (a count of cross-sequence cells: 0)": measured(
+               good["foreign_cells"] == 0),
            "portable check: the Llama's later sequences differ no more than rounding": measured(
-               max(later) <= 10 * first + equal)}
+               below(max(later), 10 * first + equal))}
     old_symptom, old_fix = old_checks(n, equal)
     return {**symptom, **old_symptom}, {**fix, **old_fix}
 
 
 # %% jupyter={"source_hidden": true}
-from trl_clinic.course.results import conclude, measured, save_metrics
+from trl_clinic.course.results import above, below, conclude, measured, save_metrics
 
-numbers = {"precision": run.precision, "attention": run.attention, "today": today, "portable": portable,
-           "checkup": probe, "then": companion.era_numbers(old), "foreign_cells": companion.foreign_counts(masks, lengths)}
+then_numbers = companion.era_numbers(old)
+counts = companion.foreign_counts(masks, lengths)
+runs = {"without_fix": {"losses": then_numbers.pop("losses", None), "portable": portable["OPT"],
+                        "foreign_cells": counts.get("TRL 0.14 + transformers 4.48.3")},
+        "with_fix": {"losses": today, "portable": portable["Llama"], "foreign_cells": counts["today's transformers"]}}
+numbers = {"precision": run.precision, "attention": run.attention, "runs": runs, "checkup_opt": probe, "then": then_numbers}
 ratio = f"{old.result['loss_by_batch_size']['ratio'][-1]:.1f}x padded on TRL 0.14 + transformers 4.48.3, " if old.finished else ""
 summary = (f"At batch {today['batch_sizes'][-1]}, padding-free logged {ratio}{today['ratio'][-1]:.3f}x today "
            f"({today['attention']}), on the same weights; OPT's packed sequences still see each other on today's sdpa.")

@@ -14,9 +14,9 @@
 # loss kwargs; the old arithmetic still runs wherever the token count does not reach the loss.
 #
 # **You will learn**
-# * why adding per-micro-batch means reweights tokens, on three rows you check by hand;
+# * why adding per-micro-batch means reweights tokens, and what it does to training;
 # * the line that makes the trainer count tokens again;
-# * a 15-line check of your own trainer, and the `checkup` probe doing the same.
+# * a 13-line check of your own trainer, and the `checkup` probe doing the same.
 #
 # **You should know**: `SFTTrainer` with `gradient_accumulation_steps`; labels of `-100` carry no loss.
 #
@@ -30,13 +30,13 @@ seed = 0
 output_dir = None  # None: outputs/02_gradient_accumulation_loss at the repository root
 
 # %%
-from trl import SFTTrainer
+from trl import SFTConfig, SFTTrainer
 
 from trl_clinic import checkup
 from trl_clinic.course import data
 from trl_clinic.course.companions import lesson_02_accumulation as companion
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import conclude, measured, save_metrics
+from trl_clinic.course.results import above, below, conclude, measured, save_metrics
 from trl_clinic.probes.gradients import cosine, relative_error
 
 run = start_run("02", profile, seed, output_dir)
@@ -50,18 +50,22 @@ steps = companion.FirstStep(run, make_model, tokenizer, train_set)  # SFTTrainer
 # ## 1. The symptom
 #
 # Today's `SFTTrainer` on Qwen2.5-VL (the class transformers ships, built small from its config, trained on
-# text). The report's two settings from the same weights on the same first N rows: one batch of N, and batch 1 ×
-# accumulation N. One optimizer step each, nothing clipped (`max_grad_norm=0`); the Trainer prints its log line.
+# text). The report's two settings from the same weights on the same first N rows, one optimizer step each:
+#
+# ```python
+# SFTConfig(per_device_train_batch_size=N, gradient_accumulation_steps=1,  # batch N
+#           max_grad_norm=0, train_sampling_strategy="sequential", max_steps=1)  # nothing clipped, rows in order
+# SFTConfig(per_device_train_batch_size=1, gradient_accumulation_steps=N, ...)  # batch 1 x accumulation N
+# ```
 
 # %% tags=["symptom"]
 N = sizes.accumulation  # the report: batch 1 x accumulation 32 against batch 32
-big = steps.trainer(batch_size=N, accumulation=1, logging=True)          # per_device_train_batch_size=N
-accumulated = steps.trainer(batch_size=1, accumulation=N, logging=True)  # gradient_accumulation_steps=N
-(big_gradient, big_log), (acc_gradient, acc_log) = companion.logged_first_step(big), companion.logged_first_step(accumulated)
-symptom = {"relative_error": relative_error(acc_gradient, big_gradient), "cosine": cosine(acc_gradient, big_gradient),
-           "grad_norm": {"big": big_log["grad_norm"], "accumulated": acc_log["grad_norm"]}}
+big = steps.trainer(batch_size=N, accumulation=1, logging=True)  # logging: keep the step's log row
+accumulated = steps.trainer(batch_size=1, accumulation=N, logging=True)
+(big_gradient, big_log), (acc_gradient, acc_log) = map(companion.logged_first_step, (big, accumulated))
 print(f"same weights, same {N} rows: batch 1 x {N} logs grad_norm {acc_log['grad_norm']:.3f}, batch {N} "
-      f"{big_log['grad_norm']:.3f}; the gradients are {symptom['relative_error']:.0%} apart (cosine {symptom['cosine']:.2f})")
+      f"{big_log['grad_norm']:.3f}; the gradients are {relative_error(acc_gradient, big_gradient):.0%} apart "
+      f"(cosine {cosine(acc_gradient, big_gradient):.2f})")
 
 # %% [markdown]
 # Two batchings of the same rows should differ by float rounding only; these do not.
@@ -70,14 +74,14 @@ print(f"same weights, same {N} rows: batch 1 x {N} logs grad_norm {acc_log['grad
 #
 # The loss of one batch is the mean over all its label tokens: each token weighs `1 / Σ nᵢ`, where `nᵢ` is the
 # number of label tokens of row *i*. With accumulation the Trainer adds up N micro-batch losses. If each is the
-# mean over its own `nᵢ` tokens, divided by N, a token of row *i* weighs `1 / (N · nᵢ)`. The first three rows:
+# mean over its own `nᵢ` tokens, divided by N, a token of row *i* weighs `1 / (N · nᵢ)`. The window's first rows:
 
 # %% tags=["mechanism"]
-three = companion.window(steps.trainer(1, 3), 3)
-n = [companion.label_tokens(batch) for batch in three]  # labels that are not -100 after the shift by one
-for i, n_i in enumerate(n):
-    print(f"row {i}: n = {n_i:3}   mean of means: 1/(3 x {n_i}) = {1 / (3 * n_i):.4f}   "
-          f"one batch: 1/{sum(n)} = {1 / sum(n):.4f}")
+rows = companion.window(accumulated, N)
+counts = [companion.label_tokens(batch) for batch in rows]  # labels that are not -100 after the shift by one
+for i, n_i in enumerate(counts[:3]):
+    print(f"row {i}: n = {n_i:3}   mean of means: 1/({N} x {n_i}) = {1 / (N * n_i):.5f}   "
+          f"one batch: 1/{sum(counts)} = {1 / sum(counts):.5f}")
 
 # %% [markdown]
 # A short answer's tokens weigh more than in one batch, a long answer's less: accumulated this way, the model
@@ -85,14 +89,10 @@ for i, n_i in enumerate(n):
 # two runs above exactly these two objectives? Both, computed by hand in plain torch on the same N rows:
 
 # %%
-rows = companion.window(accumulated, N)
-counts = [companion.label_tokens(batch) for batch in rows]
-mean_of_means = companion.weighted_token_gradient(make_model(), rows, [1 / (N * n_i) for n_i in counts])
-token_mean = companion.weighted_token_gradient(make_model(), rows, [1 / sum(counts)] * N)
-mechanism = {"accumulated_vs_mean_of_means": relative_error(acc_gradient, mean_of_means),
-             "big_vs_token_mean": relative_error(big_gradient, token_mean)}
-print(f"batch 1 x {N} vs the mean of per-row means: {mechanism['accumulated_vs_mean_of_means']:.1e}; "
-      f"batch {N} vs the mean over all tokens: {mechanism['big_vs_token_mean']:.1e}")
+by_hand = {name: companion.weighted_token_gradient(make_model(), rows, weights) for name, weights in
+           (("mean_of_means", [1 / (N * n_i) for n_i in counts]), ("token_mean", [1 / sum(counts)] * N))}
+print(f"batch 1 x {N} vs the mean of per-row means: {relative_error(acc_gradient, by_hand['mean_of_means']):.1e}; "
+      f"batch {N} vs the mean over all tokens: {relative_error(big_gradient, by_hand['token_mean']):.1e}")
 print(f"{type(big.model).__name__}.accepts_loss_kwargs = {type(big.model).accepts_loss_kwargs}, so "
       f"trainer.model_accepts_loss_kwargs = {big.model_accepts_loss_kwargs}")
 
@@ -115,17 +115,49 @@ print(f"{type(big.model).__name__}.accepts_loss_kwargs = {type(big.model).accept
 # + trainer.model_accepts_loss_kwargs = True  # the Trainer counts the window's label tokens
 # ```
 #
-# With a custom `compute_loss`, pass `num_items_in_batch` on (exercise 3); on transformers before 4.46, upgrade.
+# With a custom `compute_loss`, pass `num_items_in_batch` on (exercise 3). On transformers before 4.46, upgrade
+# to 4.48.1 or later: the releases between pass the count to some models only (the deep dive's table).
 
 # %%
 fixed = steps.trainer(batch_size=1, accumulation=N, logging=True)
 fixed.model_accepts_loss_kwargs = True  # the fix
 fixed_gradient, fixed_log = companion.logged_first_step(fixed)
-fix = {"relative_error": relative_error(fixed_gradient, big_gradient), "grad_norm": fixed_log["grad_norm"]}
-print(f"with the fix, batch 1 x {N} against batch {N}: relative error {fix['relative_error']:.1e}")
+print(f"with the fix, batch 1 x {N} against batch {N}: relative error {relative_error(fixed_gradient, big_gradient):.1e}, "
+      f"grad_norm {fixed_log['grad_norm']:.3f}")
 
 # %% [markdown]
-# ## 4. Check your own trainer
+# ## 4. What it does to a training run
+#
+# The report's run: batch 1 × accumulation N for the profile's steps on rows never repeated, from the same
+# weights, without and with the fix (with it, batch 1 × N is batch N, as above). Every few steps the Trainer
+# evaluates held-out rows in one batch, so the held-out loss is the true mean over their tokens:
+
+# %%
+long_run = data.instruction_pairs(N * sizes.train_steps, seed=run.subseed("long run"))  # no row seen twice
+held_out = data.instruction_pairs(sizes.n_eval, seed=run.subseed("eval"))
+
+
+def report_trainer(fix: bool) -> SFTTrainer:
+    args = SFTConfig(**run.trainer_kwargs(f"train-fix-{fix}", progress=False), per_device_train_batch_size=1,
+                     gradient_accumulation_steps=N, learning_rate=sizes.learning_rate, warmup_steps=0.1,
+                     max_steps=sizes.train_steps, train_sampling_strategy="sequential", eval_strategy="steps",
+                     eval_steps=sizes.train_steps // 8, per_device_eval_batch_size=len(held_out))
+    trainer = SFTTrainer(model=make_model(), args=args, train_dataset=long_run, eval_dataset=held_out,
+                         processing_class=tokenizer)
+    if fix:
+        trainer.model_accepts_loss_kwargs = True  # the fix
+    return trainer
+
+
+curves = {name: companion.held_out_curve(report_trainer(fix)) for name, fix in (("without_fix", False), ("with_fix", True))}
+print(f"held-out loss after {sizes.train_steps} steps: without the fix {curves['without_fix']['held_out'][-1]:.3f}, "
+      f"with it {curves['with_fix']['held_out'][-1]:.3f}")
+
+# %% tags=["figure"]
+figure_path = companion.plot_core(counts, curves, run.output_dir)
+
+# %% [markdown]
+# ## 5. Check your own trainer
 #
 # The first step's gradient of batch b × accumulation k against one batch of b·k, in plain torch and
 # transformers. Build both trainers from the same weights with `max_grad_norm=0`, reading rows in order:
@@ -151,31 +183,29 @@ def accumulation_error(make_trainer, batch_size, accumulation):  # make_trainer(
 
 
 # %% [markdown]
-# On the lesson's trainers, and the check-up's `accumulation` probe, which runs the same test on a few
-# micro-batches without stepping your optimizer:
+# On the lesson's trainers at the other accumulation counts k, batch 1 × k against batch k:
 
 # %%
-portable = {"without_fix": accumulation_error(steps.trainer, 1, N),
-            "with_fix": accumulation_error(lambda b, k: steps.trainer(b, k, fixed=True), 1, N)}
-print(f"portable check at 1 x {N}: without the fix {portable['without_fix']:.2f}, with it {portable['with_fix']:.1e}")
-probe = {name: [finding.status for finding in checkup(steps.trainer(1, N, fixed=fixed), only=["accumulation"]).findings]
-         for name, fixed in (("without_fix", False), ("with_fix", True))}
+sweep = [{"accumulation": k, "without_fix": accumulation_error(steps.trainer, 1, k),
+          "with_fix": accumulation_error(lambda b, a: steps.trainer(b, a, fixed=True), 1, k)}
+         for k in sizes.accumulation_sweep if k != N]
+for row in sweep:
+    print(f"1 x {row['accumulation']:>2}: without the fix {row['without_fix']:.2f}, with it {row['with_fix']:.1e}")
 
 # %% [markdown]
-# ## 5. At every accumulation count
-#
-# The weight of one token in each of the window's N rows, and the first step's error at every k up to N:
+# The check-up's `accumulation` probe runs the same test on a few micro-batches without stepping your optimizer:
 
-# %% tags=["figure"]
-measured_at_n = {N: {"without_fix": symptom["relative_error"], "with_fix": fix["relative_error"]}}
-sweep = companion.error_by_accumulation(steps, sizes.accumulation_sweep, known=measured_at_n)
-figure_path = companion.plot_core(counts, sweep, run.output_dir)
+# %%
+reports = {name: checkup(steps.trainer(1, N, fixed=fix), only=["accumulation"], show=not fix)  # the failing table
+           for name, fix in (("without_fix", False), ("with_fix", True))}
+probe = {name: [finding.status for finding in report.findings] for name, report in reports.items()}
+print("with the fix:", "; ".join(f"{f.status}, {f.measured}" for f in reports["with_fix"].findings))
 
 # %% [markdown]
 # ## Recap
 #
 # * Accumulating per-micro-batch means weighs a token of row *i* by `1 / (N · nᵢ)`; one batch weighs every token
-#   `1 / Σ nᵢ`. Short answers count more: another objective, a worse model.
+#   `1 / Σ nᵢ`. Short answers count more: another objective, a worse model (section 4's held-out loss).
 # * The Trainer fixes it by counting the window's label tokens (`num_items_in_batch`), but only when the model
 #   accepts loss kwargs and the loss uses the count.
 # * A model that declares no loss kwargs gets the old arithmetic today: `trainer.model_accepts_loss_kwargs = True`
@@ -233,52 +263,60 @@ custom = None  # accumulation_error(lambda b, k: steps.trainer(b, k, fixed=True,
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
 def bad_checks(n: dict) -> dict:
-    """Without the fix: the symptom, its mechanism by hand, the portable check and the probe flag it."""
-    symptom, by_hand, sweep = n["symptom"], n["mechanism"], n["sweep"]
+    """Without the fix (``runs["without_fix"]``): the symptom, its mechanism by hand, training, the checks that flag it."""
+    bad, good = n["runs"]["without_fix"], n["runs"]["with_fix"]
     return {
-        "the model declares no loss kwargs and the Trainer counts no tokens for it":
-            measured(not n["model"]["accepts_loss_kwargs"] and not n["model"]["trainer_counts_tokens"]),
-        "batch 1 x N misses batch N's gradient (relative error > 1e-2)": measured(symptom["relative_error"] > 1e-2),
-        "batch 1 x N's gradient points elsewhere (cosine < 0.99)": measured(symptom["cosine"] < 0.99),
+        "Qwen2.5-VL declares no loss kwargs": measured(not n["model"]["accepts_loss_kwargs"]),
+        "without the fix the Trainer counts no tokens for it": measured(not bad["trainer_counts_tokens"]),
+        "batch 1 x N misses batch N's gradient (relative error > 1e-2)": measured(above(bad["relative_error"], 1e-2)),
+        "batch 1 x N's gradient points elsewhere (1 - cosine > 1e-2)": measured(above(1 - bad["cosine"], 1e-2)),
         "batch 1 x N's gradient is the mean of per-row means by hand (< 1e-4)":
-            measured(by_hand["accumulated_vs_mean_of_means"] < 1e-4),
-        "the portable check flags the trainer without the fix (> 1e-2)": measured(n["portable"]["without_fix"] > 1e-2),
-        "the checkup probe fails the trainer without the fix": measured("fail" in n["probe"]["without_fix"]),
-        "without the fix the gradient misses at every accumulation count (> 1e-2)":
-            measured(min(row["without_fix"] for row in sweep) > 1e-2),
+            measured(below(bad["vs_mean_of_means"], 1e-4)),
+        "trained without the fix, the held-out loss ends over 1.1x the fixed run's":
+            measured(above(bad["held_out"][-1] / good["held_out"][-1], 1.1)),
+        "the portable check flags the trainer without the fix at every other count (> 1e-2)":
+            measured(above(min(bad["sweep"]), 1e-2)),
+        "the checkup probe fails the trainer without the fix": measured("fail" in bad["probe"]),
     }
 
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
 def good_checks(n: dict) -> dict:
-    """With the fix: batch 1 x N is batch N, and the portable check and the probe say so."""
-    by_hand, sweep, grad_norms = n["mechanism"], n["sweep"], n["symptom"]["grad_norm"]
+    """With the fix (``runs["with_fix"]``): batch 1 x N is batch N, and the portable check and the probe say so."""
+    good = n["runs"]["with_fix"]
     return {
-        "batch N's gradient is the mean over all label tokens by hand (< 1e-4)": measured(by_hand["big_vs_token_mean"] < 1e-4),
-        "with the fix batch 1 x N matches batch N (< 1e-4)": measured(n["fix"]["relative_error"] < 1e-4),
-        "with the fix the logged grad_norm is batch N's (within 1e-4)":
-            measured(abs(n["fix"]["grad_norm"] / grad_norms["big"] - 1) < 1e-4),
-        "the portable check passes the trainer with the fix (< 1e-4)": measured(n["portable"]["with_fix"] < 1e-4),
-        "the checkup probe passes the trainer with the fix": measured(n["probe"]["with_fix"] == ["ok"]),
-        "with the fix the gradient matches at every accumulation count (< 1e-4)":
-            measured(max(row["with_fix"] for row in sweep) < 1e-4),
+        "batch N's gradient is the mean over all label tokens by hand (< 1e-4)":
+            measured(below(n["big_vs_token_mean"], 1e-4)),
+        "with the fix batch 1 x N matches batch N (< 1e-4)": measured(below(good["relative_error"], 1e-4)),
+        "the portable check passes the trainer with the fix at every other count (< 1e-4)":
+            measured(below(max(good["sweep"]), 1e-4)),
+        "the checkup probe passes the trainer with the fix": measured(good["probe"] == ["ok"]),
     }
 
 
 def checks(n: dict) -> tuple[dict, dict]:
-    """The claims above as functions of the numbers alone (a test feeds them runs without the bug or the fix)."""
+    """The claims above as functions of the numbers alone (a test swaps the two runs and expects each group to fail)."""
     return bad_checks(n), good_checks(n)
 
 
 # %% jupyter={"source_hidden": true}
-numbers = {"model": {"class": type(big.model).__name__, "accepts_loss_kwargs": bool(type(big.model).accepts_loss_kwargs),
-                     "trainer_counts_tokens": bool(big.model_accepts_loss_kwargs)},
-           "accumulation": N, "three_rows_label_tokens": n, "window_label_tokens": counts, "symptom": symptom,
-           "mechanism": mechanism, "fix": fix, "portable": portable, "probe": probe, "sweep": sweep}
-weights = max(counts) / min(counts)
+gradients = {"without_fix": (acc_gradient, accumulated, acc_log), "with_fix": (fixed_gradient, fixed, fixed_log)}
+runs = {name: {"trainer_counts_tokens": bool(trainer.model_accepts_loss_kwargs), "grad_norm": log["grad_norm"],
+               "relative_error": relative_error(gradient, big_gradient), "cosine": cosine(gradient, big_gradient),
+               "vs_mean_of_means": relative_error(gradient, by_hand["mean_of_means"]),
+               "held_out": curves[name]["held_out"], "held_out_steps": curves[name]["steps"],
+               "sweep": [row[name] for row in sweep], "probe": probe[name]}
+        for name, (gradient, trainer, log) in gradients.items()}
+numbers = {"model": {"class": type(big.model).__name__, "accepts_loss_kwargs": bool(type(big.model).accepts_loss_kwargs)},
+           "accumulation": N, "window_label_tokens": counts, "big_grad_norm": big_log["grad_norm"],
+           "big_vs_token_mean": relative_error(big_gradient, by_hand["token_mean"]),
+           "sweep_accumulation": [row["accumulation"] for row in sweep], "runs": runs}
+bad, good = runs["without_fix"], runs["with_fix"]
 summary = (f"Today's SFTTrainer on {numbers['model']['class']} (it declares no loss kwargs): batch 1 x {N} missed "
-           f"batch {N}'s gradient by {symptom['relative_error']:.0%} (cosine {symptom['cosine']:.2f}), exactly the mean of "
-           f"per-row means, which weighs a short answer's tokens {weights:.0f}x a long one's; with "
-           f"trainer.model_accepts_loss_kwargs = True it matched to {fix['relative_error']:.0e}.")
+           f"batch {N}'s gradient by {bad['relative_error']:.0%} (cosine {bad['cosine']:.2f}), exactly the mean of "
+           f"per-row means, which weighs a short answer's tokens {max(counts) / min(counts):.0f}x a long one's; trained "
+           f"{sizes.train_steps} steps it ended at held-out loss {bad['held_out'][-1]:.2f} against "
+           f"{good['held_out'][-1]:.2f} with trainer.model_accepts_loss_kwargs = True, which matched batch {N} to "
+           f"{good['relative_error']:.0e}.")
 metrics = save_metrics(run, "02", numbers, checks, summary=summary)
 conclude(metrics, run.output_dir)

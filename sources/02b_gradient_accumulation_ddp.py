@@ -35,7 +35,7 @@ from trl import SFTConfig
 from trl_clinic.course import child
 from trl_clinic.course.companions import lesson_02b_accumulation_ddp as companion
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import conclude, measured, save_metrics
+from trl_clinic.course.results import above, below, conclude, measured, save_metrics
 from trl_clinic.probes.gradients import relative_error
 
 run = start_run("02b", profile, seed, output_dir)
@@ -49,8 +49,14 @@ SETTINGS = {"per-process": {"average_tokens_across_devices": False},  # SFTConfi
 # ## 1. The symptom
 #
 # `child.call` starts the processes (torchrun; CPU processes over gloo on the cpu profile) and runs today's
-# `SFTTrainer` in each: batch 1 per process, k accumulation steps, the rows read in order, one step, nothing
-# clipped. It keeps the first step's gradient after DDP averaged it. Then one process takes the same rows as one batch.
+# `SFTTrainer` in each, once per setting and accumulation count k, with this config:
+#
+# ```python
+# SFTConfig(per_device_train_batch_size=1, gradient_accumulation_steps=k, average_tokens_across_devices=False,
+#           train_sampling_strategy="sequential", max_grad_norm=0, max_steps=1)  # rows in order, nothing clipped
+# ```
+#
+# It keeps the first step's gradient after DDP averaged it. Then one process takes the same rows as one batch.
 
 # %% tags=["symptom"]
 spec = {"settings": SETTINGS, "rows": "mixed", "batch_size": 1}
@@ -85,8 +91,10 @@ for p, n_p in enumerate(tokens):
 # the same rows and weights, against the gradient the processes produced:
 
 # %%
-by_hand = relative_error(launched.result["gradients"][("per-process", k)], companion.per_process_gradient(run, spec, k))
-print(f"accumulation {k}: distributed per-process gradient vs (S0/N0 + S1/N1) / 2 by hand: {by_hand:.1e}")
+formula = companion.per_process_gradient(run, spec, k)  # (S0/N0 + S1/N1) / 2, by hand
+by_hand = {setting: relative_error(launched.result["gradients"][(setting, k)], formula) for setting in SETTINGS}
+print(f"accumulation {k}, distributed gradient vs (S0/N0 + S1/N1) / 2 by hand: "
+      + ", ".join(f"{setting} {error:.1e}" for setting, error in by_hand.items()))
 
 # %% [markdown] tags=["fix"]
 # ## 3. The fix
@@ -131,15 +139,18 @@ def first_gradient(trainer):
 
 
 # %% [markdown]
-# Here on the one-process trainer, against the gradients the processes produced; the check-up's `accumulation`
-# probe (`checkup(trainer, only=["accumulation"])`, run in each process before training) flags the setting from
-# the config:
+# Here on the one-process trainer, against the gradients the processes produced: it is section 1's comparison
+# again, through these lines. The check-up's `accumulation` probe (`checkup(trainer, only=["accumulation"])`, run
+# in each process before training, at accumulation k) flags the setting from the config:
 
 # %%
 single = first_gradient(companion.one_step_trainer(run, "portable", sizes.processes * k, 1, companion.rows(run)))
 portable = {setting: ((launched.result["gradients"][(setting, k)] - single).norm() / single.norm()).item() for setting in SETTINGS}
+same_reference = relative_error(single, references[k].gradient)
 print(f"portable check at accumulation {k}: " + ", ".join(f"{s} {e:.1e}" for s, e in portable.items()))
-print("checkup(trainer, only=['accumulation']) on the per-process trainer, in each process:", launched.result["probe"])
+print(f"  its one-process gradient against section 1's reference: {same_reference:.1e} (the same numbers)")
+for setting, findings in launched.result["probe"].items():
+    print(f"checkup on the {setting} trainer:", ", ".join(f"{status} ({how})" for status, how in findings))
 
 # %% tags=["figure"]
 companion.plot_errors(run, comparison, tokens, world["backend"])
@@ -186,35 +197,40 @@ two_per_process = {**spec, "batch_size": 2}
 
 # %% jupyter={"source_hidden": true} tags=["checks"]
 def checks(n: dict) -> tuple[dict, dict]:
-    """The claims above as functions of the numbers alone (a test feeds them runs without the bug or the fix)."""
-    errors = {s: [r["relative_error"] for r in rows] for s, rows in n["comparison"].items()}
-    unequal = [len({sum(c) for c in n["label_counts"][str(r["accumulation"])]}) > 1 for r in n["comparison"]["per-process"]]
+    """The claims above as functions of the numbers alone: the symptom's read the per-process run, the fix's the
+    run that counts across processes (a test swaps the two runs and expects each group to fail)."""
+    bad, good = n["runs"]["per-process"], n["runs"]["across processes"]
+    unequal = [len({sum(c) for c in per_rank}) > 1 for per_rank in n["label_counts"].values()]
     symptom = {
         "the processes saw different numbers of label tokens at every accumulation count": measured(all(unequal)),
         "per-process num_items_in_batch misses the big batch at every count (> 1e-2)":
-            measured(min(errors["per-process"]) > 1e-2),
-        "the per-process gradient is (S0/N0 + S1/N1) / W by hand (< 1e-4)": measured(n["by_hand"] < 1e-4),
-        "the portable check flags the per-process run (> 1e-2)": measured(n["portable"]["per-process"] > 1e-2),
-        "the checkup probe warns on the per-process trainer": measured("warn" in [s for s, _ in n["probe"]]),
+            measured(above(min(r["relative_error"] for r in bad["comparison"]), 1e-2)),
+        "the per-process gradient is (S0/N0 + S1/N1) / W by hand (< 1e-4)": measured(below(bad["by_hand"], 1e-4)),
+        "the checkup probe warns on the per-process trainer": measured("warn" in bad["probe"]),
     }
     fix = {
         "the reference saw as many label tokens as the processes together": measured(n["same_samples"]),
-        "counts across processes match the big batch at every count (< 1e-4)": measured(max(errors["across processes"]) < 1e-4),
-        "the portable check passes the run that counts across processes (< 1e-4)":
-            measured(n["portable"]["across processes"] < 1e-4),
+        "the portable check's one-process gradient is the reference (< 1e-6)":
+            measured(below(n["portable_vs_reference"], 1e-6)),
+        "counts across processes match the big batch at every count (< 1e-4)":
+            measured(below(max(r["relative_error"] for r in good["comparison"]), 1e-4)),
+        "the checkup probe passes the trainer that counts across processes": measured(good["probe"] == ["ok"]),
     }
     return symptom, fix
 
 
 # %% jupyter={"source_hidden": true}
 same_samples = companion.same_label_tokens(counts, references)
+runs = {setting: {"comparison": comparison[setting], "by_hand": by_hand[setting],
+                  "probe": [status for status, _ in launched.result["probe"][setting]]} for setting in SETTINGS}
 numbers = {"backend": world["backend"], "processes": world["processes"], "ran_as": launched.result["ran_as"],
-           "label_counts": counts, "window_tokens": tokens, "comparison": comparison, "same_samples": same_samples,
-           "by_hand": by_hand, "portable": portable, "probe": launched.result["probe"], "default_across": default}
+           "label_counts": counts, "window_tokens": tokens, "runs": runs, "same_samples": same_samples,
+           "portable": portable, "portable_vs_reference": same_reference, "default_across": default}
 worst, fixed_error = max(errors := [r["relative_error"] for r in comparison["per-process"]]), max(
     r["relative_error"] for r in comparison["across processes"])
 summary = (f"On {world['processes']} processes over {world['backend']}, per-process num_items_in_batch "
            f"(average_tokens_across_devices=False) was up to {worst:.0%} off one process with the whole batch, exactly "
-           f"the per-process weighting (by hand {by_hand:.0e}); average_tokens_across_devices=True matched to {fixed_error:.0e}.")
+           f"the per-process weighting (by hand {by_hand['per-process']:.0e}); average_tokens_across_devices=True "
+           f"matched to {fixed_error:.0e}.")
 metrics = save_metrics(run, "02b", numbers, checks, summary=summary)
 conclude(metrics, run.output_dir)

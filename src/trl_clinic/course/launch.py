@@ -26,9 +26,12 @@ def distributed_args(python_args: list[str], processes: int = 2, cpu: bool = Fal
     ``processes`` processes.
 
     With one GPU per process: ``accelerate launch --multi_gpu`` (NCCL). Otherwise CPU processes
-    talking over gloo, started with torchrun (``torch.distributed.run``), the launcher accelerate
-    itself uses: accelerate 1.15's ``launch`` starts multi-CPU jobs only through MPI. Inside, the
-    Trainer's accelerate sees the distributed environment either way.
+    talking over gloo, started with torchrun (``torch.distributed.run``), which ``accelerate launch
+    --multi_gpu`` itself calls (accelerate 1.15.0 ``commands/launch.py``, ``multi_gpu_launcher``);
+    ``accelerate launch --cpu`` starts one process, or several only through ``mpirun`` with
+    ``--mpirun_hostfile`` (``utils/launch.py``, ``prepare_simple_launcher_cmd_env``). Inside, the
+    Trainer's accelerate sees the distributed environment either way (on CPU, ``MULTI_CPU`` over
+    gloo: ``state.py``, ``PartialState._prepare_backend``).
     """
     if backend(processes, cpu) == "nccl":
         return [

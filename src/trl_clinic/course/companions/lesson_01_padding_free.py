@@ -348,8 +348,10 @@ def describe_late(then: eras.EraRun) -> None:
 
 # ---- deep dive: what keeps packed sequences apart today, family by family --------------------------------
 
-# Weights drawn 10x wider than the usual 0.02 make attention far from uniform, so a foreign token moves the
-# loss measurably without training (at 0.02, Bloom's packed/alone difference was 2e-5, under the probe's 1e-4).
+# Weights drawn 10x wider than the usual 0.02 (``initializer_range``; OPT's ``init_std``) make attention far from
+# uniform, so a foreign token moves the loss measurably without training (at 0.02, Bloom's packed/alone difference
+# was 2e-5, under the probe's 1e-4). MPT is left at its 0.02 (transformers 5.23.0, ``configuration_mpt.py``): its
+# packed rows are contaminated without the wider draw (3.7e-3 at seed 0).
 WIDE_INIT = 0.2
 FAMILY_CONFIGS = {
     "llama": {
@@ -405,7 +407,7 @@ def family_model(tokenizer: PreTrainedTokenizerBase, family: str, seed: int) -> 
         try:
             torch.manual_seed(seed)
             return AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
-        except ValueError:  # "... does not support an attention implementation through sdpa yet"
+        except ValueError:  # "... through torch.nn.functional.scaled_dot_product_attention yet"
             continue
     raise ValueError(f"{family} has neither sdpa nor eager attention")
 
@@ -521,14 +523,18 @@ class Bench:
         return self._measured[key]
 
     def sweep(
-        self, make_trainer: Callable[..., SFTTrainer], settings: dict[str, tuple[Dataset, bool]], batch_sizes: list[int]
+        self,
+        make_trainer: Callable[..., SFTTrainer],
+        settings: dict[str, tuple[Dataset, bool]],
+        batch_sizes: list[int],
+        **kwargs,
     ) -> dict:
-        """Every setting x mode x batch size at lr 0, and one line per setting."""
+        """Every setting x mode x batch size at lr 0 (``kwargs`` to every trainer), and one line per setting."""
         sweep = {}
         for name, (dataset, completion_only) in settings.items():
             sweep[name] = {
                 mode: [
-                    self.measure(make_trainer, padding_free, b, dataset, completion_only_loss=completion_only)
+                    self.measure(make_trainer, padding_free, b, dataset, completion_only_loss=completion_only, **kwargs)
                     for b in batch_sizes
                 ]
                 for mode, padding_free in MODES.items()

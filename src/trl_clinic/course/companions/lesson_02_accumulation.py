@@ -22,10 +22,9 @@ from trl import SFTConfig, SFTTrainer
 from trl_clinic.course import plotting
 from trl_clinic.course.models import MODEL_SIZES
 from trl_clinic.course.run import Run
-from trl_clinic.course.runtime import progress
 from trl_clinic.course.stand_ins import recreate_pre_446_loss
 from trl_clinic.course.tokenizer import build_tokenizer
-from trl_clinic.probes.gradients import GradientCapture, first_step_gradient, relative_error
+from trl_clinic.probes.gradients import GradientCapture, first_step_gradient
 from trl_clinic.probes.labels import IGNORE_INDEX, targets
 from trl_clinic.probes.recording import StepRecorder, quiet
 
@@ -101,8 +100,9 @@ class FirstStep:
         """Today's trainer for batch ``batch_size`` x accumulation ``accumulation``, not yet trained.
 
         ``fixed=True`` applies the core's fix (``trainer.model_accepts_loss_kwargs = True``); ``logging=True``
-        lets the Trainer print its log line; ``train_set`` replaces the lesson's rows; ``order="random"`` reads
-        them in the seed's random order (the same for every batching, so the first window holds the same rows).
+        logs the step (``logged_first_step`` reads the row; the Trainer prints nothing); ``train_set`` replaces
+        the lesson's rows; ``order="random"`` reads them in the seed's random order (the same for every batching,
+        so the first window holds the same rows).
         """
         name = f"step-{trainer_class.__name__}-{batch_size}x{accumulation}{'-packed' * packing}{'-fixed' * fixed}"
         args = SFTConfig(
@@ -122,7 +122,7 @@ class FirstStep:
         )
         if fixed:
             trainer.model_accepts_loss_kwargs = True  # the core's fix: the Trainer counts the window's label tokens
-        return trainer if logging else quiet(trainer)
+        return quiet(trainer)
 
     def run_step(
         self,
@@ -144,7 +144,7 @@ class FirstStep:
 
 
 def logged_first_step(trainer: SFTTrainer) -> tuple[torch.Tensor, dict]:
-    """Train one step with the Trainer printing its own log line; the step's gradient and that log row."""
+    """Train one step (the Trainer's printed rows left out); the step's gradient and the row it logged."""
     capture = GradientCapture()
     trainer.add_callback(capture)
     trainer.train()
@@ -175,37 +175,29 @@ def weighted_token_gradient(model: PreTrainedModel, batches: Sequence[dict], wei
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad and p.grad is not None]).double()
 
 
-def error_by_accumulation(steps: FirstStep, counts: Sequence[int], known: dict[int, dict] | None = None) -> list[dict]:
-    """The figure's sweep: at each count k, batch 1 x k without and with the fix against one batch of k
-    (``known``: the rows already measured, by count)."""
-    rows = []
-    for k in progress(counts, "accumulation counts"):
-        if known and k in known:
-            rows.append({"accumulation": k, **known[k]})
-            continue
-        big = first_step_gradient(steps.trainer(k, 1))
-        rows.append(
-            {
-                "accumulation": k,
-                **{
-                    name: relative_error(first_step_gradient(steps.trainer(1, k, fixed=fixed)), big)
-                    for name, fixed in (("without_fix", False), ("with_fix", True))
-                },
-            }
-        )
-    return rows
+def held_out_curve(trainer: SFTTrainer) -> dict[str, list[float]]:
+    """Train (without the Trainer printing its rows), then what it logged: the held-out loss at each evaluation
+    and the training loss at each step."""
+    quiet(trainer).train()
+    history = trainer.state.log_history
+    evaluations = [row for row in history if "eval_loss" in row]
+    return {
+        "steps": [row["step"] for row in evaluations],
+        "held_out": [row["eval_loss"] for row in evaluations],
+        "training_loss": [row["loss"] for row in history if "loss" in row],
+    }
 
 
-def plot_core(counts: Sequence[int], sweep: Sequence[dict], output_dir: Path) -> Path:
-    """The core's figure: each micro-batch's token weight against its label count, old and right, and the
-    gradient error against the accumulation count, without and with the fix."""
+def plot_core(counts: Sequence[int], curves: dict[str, dict], output_dir: Path) -> Path:
+    """The core's figure: each micro-batch's token weight against its label count, old and right, and the held-out
+    loss of the report's run without and with the fix."""
     n = len(counts)
-    ratio = max(counts) / min(counts)
-    bad, good = [row["without_fix"] for row in sweep], [row["with_fix"] for row in sweep]
-    fig, (ax_weight, ax_error) = plotting.figure(
+    bad, good = curves["without_fix"], curves["with_fix"]
+    fig, (ax_weight, ax_loss) = plotting.figure(
         2,
-        title=f"Batch 1 x k without the fix: a short answer's tokens weigh {ratio:.0f}x a long one's and the gradient\n"
-        f"is {min(bad):.0%} to {max(bad):.0%} off; counting the window's tokens, it matches to {max(good):.0e}",
+        title=f"Batch 1 x {n} without the fix: a short answer's tokens weigh {max(counts) / min(counts):.0f}x a long "
+        f"one's,\nand {bad['steps'][-1]} steps end at held-out loss {bad['held_out'][-1]:.2f} against "
+        f"{good['held_out'][-1]:.2f} with it",
     )
     shown = sorted(set(counts))
     plotting.line(ax_weight, shown, [1 / (n * c) for c in shown], "bad", f"without the fix: 1/({n} n)")
@@ -218,16 +210,7 @@ def plot_core(counts: Sequence[int], sweep: Sequence[dict], output_dir: Path) ->
         "who gets which weight",
         log_y=True,
     )
-    ks = [row["accumulation"] for row in sweep]
-    plotting.line(ax_error, ks, [row["without_fix"] for row in sweep], "bad", "without the fix")
-    plotting.line(ax_error, ks, [max(row["with_fix"], 1e-9) for row in sweep], "fixed", "with the fix")
-    ax_error.set_xscale("log", base=2)
-    ax_error.set_xticks(ks, [str(k) for k in ks])
-    plotting.label(
-        ax_error,
-        "accumulation steps k (batch 1)",
-        "gradient error vs one batch of k",
-        "first-step gradient",
-        log_y=True,
-    )
+    plotting.line(ax_loss, bad["steps"], bad["held_out"], "bad", f"batch 1 x {n}, without the fix")
+    plotting.line(ax_loss, good["steps"], good["held_out"], "fixed", f"batch 1 x {n}, with it (= batch {n})")
+    plotting.label(ax_loss, "optimizer step", "held-out loss (nats/token)", "the report's run")
     return plotting.save(fig, output_dir, "gradient_accumulation")

@@ -52,8 +52,9 @@ def accumulation_sweep(
     steps: FirstStep, counts: Sequence[int], custom_class: type[SFTTrainer] = MeanPerMicroBatchSFTTrainer
 ) -> dict[str, list[dict]]:
     """Section 3: at each accumulation count, batch 1 x count on today's path, the old path and a custom
-    ``compute_loss`` against one batch of count rows: gradient error, cosine and the reported loss; for the
-    custom path also its distance from count times the old path's gradient."""
+    ``compute_loss`` against one batch of count rows: gradient error, cosine, the reported loss, and the distance
+    from count times the old path's gradient (the custom path's arithmetic; every path has it, so one path's
+    record can stand in another's place)."""
     sweep = {path: [] for path in PATHS}
     for count in progress(counts, "accumulation sweep"):
         big, big_loss = steps.run_step(count, 1)
@@ -70,11 +71,9 @@ def accumulation_sweep(
                     "cosine": cosine(gradient, big),
                     "reported_loss": reported,
                     "big_batch_reported_loss": big_loss,
+                    "vs_count_times_old": relative_error(gradient, count * candidates["old"][0]),
                 }
             )
-        sweep["custom"][-1]["vs_count_times_old"] = relative_error(
-            candidates["custom"][0], count * candidates["old"][0]
-        )
         print(
             f"1 x {count:>2}: "
             + "  ".join(
@@ -143,6 +142,7 @@ def train_curve(
         learning_rate=sizes.learning_rate,
         warmup_steps=0.1,  # a float below 1 is a ratio
         max_steps=sizes.curve_steps,
+        train_sampling_strategy="sequential",  # every window half one-word answers, half biographies
         eval_strategy="steps",
         eval_steps=max(1, sizes.curve_steps // 4),
         per_device_eval_batch_size=max(len(subset) for subset in eval_sets.values()),

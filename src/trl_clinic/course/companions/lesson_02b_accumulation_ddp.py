@@ -69,20 +69,22 @@ def distributed_gradients(run: Run, spec: dict) -> dict:
     """Runs in every process: the first step's gradient after DDP synchronised it, for each accumulation count
     and each setting of ``spec["settings"]``; the label tokens of each process's micro-batches (gathered, in rank
     order); what ran (backend, processes, accelerate's distributed type, the model's wrapper); and what the
-    check-up's ``accumulation`` probe said about the first setting's trainer, in every process before it trained."""
+    check-up's ``accumulation`` probe said about each setting's trainer at the largest accumulation count, in every
+    process before it trained (the probe gathers the window's count across processes as the trainer does, so every
+    process runs it at the same point)."""
     from accelerate.utils import gather_object
 
     from trl_clinic import checkup
 
     train_set, batch_size = rows(run, spec.get("rows", "mixed")), spec.get("batch_size", 1)
-    gradients, counts, ran_as, probe = {}, {}, {}, []
+    gradients, counts, ran_as, probe = {}, {}, {}, {}
     for accumulation in run.sizes.accumulation:
         for setting, config in spec["settings"].items():
             trainer = one_step_trainer(
                 run, f"ddp-{setting}-{accumulation}".replace(" ", "-"), batch_size, accumulation, train_set, **config
             )
-            if not probe:
-                probe = [(f.status, f.decided) for f in checkup(trainer, only=["accumulation"]).findings]
+            if accumulation == max(run.sizes.accumulation):
+                probe[setting] = [(f.status, f.decided) for f in checkup(trainer, only=["accumulation"]).findings]
             gradients[(setting, accumulation)] = first_step_gradient(trainer)
             ran_as[setting] = f"{trainer.accelerator.distributed_type.value}, {type(trainer.model_wrapped).__name__}"
         counts[accumulation] = gather_object([label_counts(trainer, accumulation)])  # one list per process

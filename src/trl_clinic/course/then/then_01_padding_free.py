@@ -7,9 +7,9 @@ transformers 4.48's eager and sdpa attention apply one causal mask over the whol
 boundaries from ``position_ids``), so every packed sequence attends to the ones before it.
 
 Era 01-transformers-4.55 (trl 0.21.0 + transformers 4.55.4): ``masking_utils._preprocess_mask_arguments``
-(4.53.1 and later, with torch 2.6 or later) builds a block mask from ``position_ids``, but only when there is
-no attention mask *and no cache*: a model in train mode whose config says ``use_cache=True`` makes a cache
-and is still contaminated; ``use_cache=False`` keeps the sequences apart. TRL 0.21.0's ``SFTTrainer`` builds
+(4.53.1 and later; with torch 2.6 or later through 4.57.1) builds a block mask from ``position_ids``, but only
+when there is no attention mask *and no cache*: a model in train mode whose config says ``use_cache=True`` makes a
+cache and is still contaminated; ``use_cache=False`` keeps the sequences apart. TRL 0.21.0's ``SFTTrainer`` builds
 its padding-free collator with ``return_position_ids`` only under FlashAttention (``sft_trainer.py``, the
 ``DataCollatorForLanguageModeling(...)`` call in ``__init__``): on sdpa/eager the packed row goes out with an
 attention mask of ones and no ``position_ids``, so positions run on across the row and the mask is causal
