@@ -131,6 +131,11 @@ def checkup_in(era: str, wheel: Path, tmp_path: Path, installer: str = "uv") -> 
     SECONDS[era] = round(time.perf_counter() - start, 1)
     assert outcome["course_modules"] == []  # the library alone: the course was never imported
     assert outcome["versions"]["trl-clinic"] == env["after"]["trl-clinic"]
+    for name, report in outcome["reports"].items():  # the table printed in the era names every finding's status
+        printed = report["printed"]
+        assert "trl-clinic checkup:" in printed, name
+        for status in {f["status"] for f in report["findings"]}:
+            assert status in printed, (name, status, printed)
     return outcome
 
 
@@ -237,3 +242,14 @@ def test_06_trl_0_24_on_transformers_5_trains_the_prompt_and_prompt_in_loss_fail
     bug = findings(outcome, "SFT, conversational prompt-completion")["prompt_in_loss"]
     assert (bug["status"], bug["decided"], bug["known_bug"]) == ("fail", "measured", "02-trl-chat-template-dict-mask")
     assert bug["value"] >= 0.5
+    # the same scenario through the command line: trl 0.24.0's own sft script builds the trainer from local files
+    command_line = outcome["command_line"]
+    assert command_line["exit_code"] == 1 and command_line["report"] is not None, command_line["stderr"]
+    assert command_line["report"]["subject"].startswith("SFTTrainer")
+    by_command = {f["probe"]: f for f in command_line["report"]["findings"]}["prompt_in_loss"]
+    assert (by_command["status"], by_command["decided"], by_command["known_bug"]) == (
+        "fail",
+        "measured",
+        "02-trl-chat-template-dict-mask",
+    )
+    assert not command_line["report"]["errors"], command_line["report"]["findings"]

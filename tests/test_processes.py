@@ -4,7 +4,6 @@ Each launch has a timeout: a process left waiting in a collective fails the test
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +17,13 @@ MASKED = 5  # the row with every label masked; with seed 0 it reaches process 1
 LAUNCH_TIMEOUT = 180  # seconds: a launch takes about 10 s here (most of it imports)
 
 
-def launch(tmp_path, *args: str, processes: int = 2) -> tuple[list[dict], str]:
+def launch(tmp_path, *args: str, processes: int = 2) -> tuple[list[dict], list[str]]:
+    """Each process's ``RESULT`` and what it printed, in process order. torchrun writes each process's stdout
+    to its own file (``--redirects 1``): on one shared pipe two processes' lines interleave, since an unbuffered
+    ``print`` (``PYTHONUNBUFFERED``) writes its text and its newline in two writes, and another process's line
+    can land between them."""
     command = [sys.executable, str(SCRIPT), *args]
+    logs = tmp_path / f"logs-{free_port()}"
     if processes > 1:
         command[1:1] = [
             "-m",
@@ -30,18 +34,27 @@ def launch(tmp_path, *args: str, processes: int = 2) -> tuple[list[dict], str]:
             "127.0.0.1",
             "--master_port",
             str(free_port()),
+            "--log-dir",
+            str(logs),
+            "--redirects",
+            "1",
         ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RUN_OUT": str(tmp_path)}
     done = subprocess.run(command, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    # two processes may write to the same stdout between each other's newline: find the records, not lines
-    results = [json.loads(found) for found in re.findall(r"RESULT (\{[^{}]*\})", done.stdout)]
-    assert len(results) == processes, done.stdout
-    return sorted(results, key=lambda r: r["process"]), done.stdout
+    if processes == 1:
+        outs = [done.stdout]
+    else:  # <log-dir>/<run id>/attempt_0/<local rank>/stdout.log
+        outs = [next(logs.glob(f"*/attempt_*/{rank}/stdout.log")).read_text() for rank in range(processes)]
+    results = [
+        json.loads(line[len("RESULT ") :]) for out in outs for line in out.splitlines() if line.startswith("RESULT ")
+    ]
+    assert [r["process"] for r in results] == list(range(processes)), outs
+    return results, outs
 
 
 def test_stop_on_ends_every_process_at_the_same_step(tmp_path):
-    results, out = launch(tmp_path, "stop", str(MASKED))
+    results, _ = launch(tmp_path, "stop", str(MASKED))
     (seen,) = {tuple(map(tuple, r["findings"])) for r in results}  # both processes hold the same findings
     probe, step, process = seen[0]
     assert (probe, process) == ("no_labels", 1)
@@ -49,12 +62,13 @@ def test_stop_on_ends_every_process_at_the_same_step(tmp_path):
 
 
 def test_a_finding_of_one_process_is_printed_once_and_summarised(tmp_path):
-    results, out = launch(tmp_path, "watch", str(MASKED))
+    results, (main, other) = launch(tmp_path, "watch", str(MASKED))
     assert [r["step"] for r in results] == [16, 16]
-    lines = [line for line in out.splitlines() if line.startswith("[trl-clinic watch] step")]
-    assert len(lines) == 1 and "(process 1): no_labels" in lines[0]
-    assert "16 optimizer steps watched: 1 finding(s)" in out and "(process 1) no_labels" in out
-    assert "every step had label tokens" not in out
+    lines = [line for line in main.splitlines() if line.startswith("[trl-clinic watch] step")]
+    assert len(lines) == 1 and "(process 1): no_labels" in lines[0]  # printed by the main process, once
+    assert "16 optimizer steps watched: 1 finding(s)" in main and "(process 1) no_labels" in main
+    assert "every step had label tokens" not in main
+    assert "[trl-clinic watch]" not in other  # the process that saw it prints nothing itself
 
 
 @pytest.mark.parametrize("masked", [MASKED, -1])

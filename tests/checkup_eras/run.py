@@ -10,7 +10,9 @@ reads what was measured there.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
+import io
 import json
 import random
 import sys
@@ -154,20 +156,22 @@ CHAT_TEMPLATE = (
 )
 
 
-def chat_sft_trainer(rows: int = 16):
-    """SFTTrainer on conversational prompt-completion rows (TRL #6105's setting): its own tokenization splits
-    prompt and completion with apply_chat_template."""
-    from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
-
+def chat_tokenizer():
     words = tokenizer()
     words.chat_template = CHAT_TEMPLATE
+    return words
+
+
+def chat_rows(rows: int = 16):
+    """Conversational prompt-completion rows of random words."""
+    from datasets import Dataset
+
     rng = random.Random(0)
 
     def text(n: int) -> str:
         return " ".join(f"t{rng.randrange(7, VOCAB)}" for _ in range(n))
 
-    data = Dataset.from_list(
+    return Dataset.from_list(
         [
             {
                 "prompt": [{"role": "user", "content": text(rng.randint(3, 8))}],
@@ -176,7 +180,44 @@ def chat_sft_trainer(rows: int = 16):
             for _ in range(rows)
         ]
     )
-    return SFTTrainer(model=model(), args=SFTConfig(**common()), train_dataset=data, processing_class=words)
+
+
+def chat_sft_trainer(rows: int = 16):
+    """SFTTrainer on conversational prompt-completion rows (TRL #6105's setting): its own tokenization splits
+    prompt and completion with apply_chat_template."""
+    from trl import SFTConfig, SFTTrainer
+
+    return SFTTrainer(
+        model=model(), args=SFTConfig(**common()), train_dataset=chat_rows(rows), processing_class=chat_tokenizer()
+    )
+
+
+def chat_sft_command_line() -> dict:
+    """``trl-clinic checkup sft --config recipe.yaml --json`` (the console script the wheel installed) on the
+    conversational scenario saved as local files: the era's own ``trl sft`` script builds the trainer. Its exit
+    code, its JSON, and what it wrote to stderr."""
+    import subprocess
+    from pathlib import Path
+
+    local = Path(OUT) / "command-line"
+    model().save_pretrained(local / "model")
+    chat_tokenizer().save_pretrained(local / "model")
+    chat_rows().to_json(str(local / "data" / "train.jsonl"))
+    settings = {k: v for k, v in common(output_dir=str(local / "out")).items() if k != "disable_tqdm"}
+    recipe = {"model_name_or_path": str(local / "model"), "dataset_name": str(local / "data"), **settings}
+    (local / "recipe.yaml").write_text(json.dumps(recipe))  # JSON is YAML
+    script = Path(sys.executable).with_name("trl-clinic")
+    command = [str(script), "checkup", "sft", "--config", str(local / "recipe.yaml"), "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    out = done.stdout
+    return {
+        "exit_code": done.returncode,
+        "report": json.loads(out[out.index("{") :]) if "{" in out else None,
+        "stderr": done.stderr[-3000:],
+    }
+
+
+COMMAND_LINE = {"06-trl-0.24": chat_sft_command_line}  # the eras where the command line runs too
 
 
 def _parameters(cls) -> set[str]:
@@ -305,8 +346,15 @@ def main(era: str, result_path: str) -> None:
     for name, build in SCENARIOS[era].items():
         began = time.perf_counter()
         trainer = build()
-        report = checkup(trainer, show=False)
-        reports[name] = {**report.to_dict(), "seconds_with_build": round(time.perf_counter() - began, 2)}
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):  # the table a user reads, printed by the era's stack
+            report = checkup(trainer)
+        reports[name] = {
+            **report.to_dict(),
+            "printed": printed.getvalue(),
+            "seconds_with_build": round(time.perf_counter() - began, 2),
+        }
+    command_line = COMMAND_LINE[era]() if era in COMMAND_LINE else None
     versions = {name: importlib.metadata.version(name) for name in ("torch", "transformers", "trl", "trl-clinic")}
     course = sorted(m for m in sys.modules if m.startswith("trl_clinic.course"))
     with open(result_path, "w") as out:
@@ -315,6 +363,7 @@ def main(era: str, result_path: str) -> None:
                 "era": era,
                 "versions": versions,
                 "reports": reports,
+                "command_line": command_line,
                 "course_modules": course,
                 "seconds": round(time.perf_counter() - start, 2),
             },

@@ -71,7 +71,13 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    import gc
+
     import torch.distributed
 
-    if torch.distributed.is_initialized():  # without it gloo's threads may abort the exit ("terminate called ...")
+    # the trainer's DDP wrapper holds the process group; the trainer and its callbacks refer to each other, so it
+    # outlives main() until a collection at the interpreter's exit, where destroying gloo's threads aborts it
+    # ("terminate called without an active exception"): collect it now, then end the group on every process
+    gc.collect()
+    if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

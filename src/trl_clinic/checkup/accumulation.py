@@ -8,7 +8,10 @@ gradient with a reference on the same samples:
 
 * padded rows: each micro-batch alone through the same ``training_step`` (a window of one: its loss over its own
   label tokens), weighted by its share of the window's label tokens: the gradient one batch of b*k would give
-  with a token-mean loss (what "batch b*k" means to a user), never holding more than b rows;
+  with a token-mean loss (what "batch b*k" means to a user), never holding more than b rows; pair batches
+  (DPO, reward) weighted by their rows, each loss a mean over pairs, except DPO's 'sft' term, a mean over the
+  chosen tokens, which a second pass weighs by them (the trainer's ``loss_weights`` masked to one kind of term
+  in each pass and put back);
 * packed rows: the same k micro-batches, each forwarded exactly as the trainer forwards it, their summed
   token losses divided by the window's own ``num_items_in_batch``. A packed batch of b*k would pack
   differently from k rows of b, so a contaminated packing would show here as an accumulation error; the
@@ -19,6 +22,9 @@ length the way its version reads it (``window``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +44,41 @@ TOLERANCE = {"full": 1e-3, "half": 5e-2}  # relative gradient error; lesson 02 m
 def _rows(batch: dict) -> int:
     """The rows of a batch (pairs stacked as 2b rows count the same share): its first tensor's length."""
     return len(next(value for value in batch.values() if isinstance(value, torch.Tensor)))
+
+
+def _shares(counts: list[float]) -> list[float]:
+    total = sum(counts)
+    return [count / total if total else 0.0 for count in counts]
+
+
+def _sft_term(trainer: Trainer) -> tuple[list[float], list[float]] | None:
+    """TRL's DPOTrainer adds its loss terms weighted by ``self.loss_weights`` (trl 1.16.0 dpo_trainer.py:804, :1386,
+    :1528): every term but 'sft' is a mean over the micro-batch's pairs, 'sft' a mean over its chosen tokens
+    (:1495-1498). The weights that keep only the pair terms, and only the 'sft' term; None without an 'sft' term."""
+    types, weights = getattr(trainer, "loss_types", None), getattr(trainer, "loss_weights", None)
+    if not isinstance(types, list) or "sft" not in types or not isinstance(weights, list):
+        return None
+    pairs = [0.0 if kind == "sft" else weight for kind, weight in zip(types, weights)]
+    sft = [weight if kind == "sft" else 0.0 for kind, weight in zip(types, weights)]
+    return pairs, sft
+
+
+@contextmanager
+def _loss_weights(trainer: Trainer, weights: list[float]) -> Iterator[None]:
+    """The trainer's ``loss_weights`` set to ``weights`` while a pass runs, the user's list put back after."""
+    original = trainer.loss_weights
+    trainer.loss_weights = weights
+    try:
+        yield
+    finally:
+        trainer.loss_weights = original
+
+
+def _chosen_tokens(batch: dict) -> float:
+    """The tokens DPO's 'sft' term averages over: the chosen half's shifted completion mask (trl 1.16.0
+    dpo_trainer.py:1297, :1496-1498)."""
+    chosen, _ = batch["completion_mask"][..., 1:].chunk(2, dim=0)
+    return float(chosen.sum())
 
 
 def token_sum_gradient(view: TrainerView, batches: list[dict]) -> None:
@@ -156,11 +197,20 @@ def accumulation(view: TrainerView) -> list[Finding]:
     else:
         tokens = all("labels" in batch for batch in micro)  # a token-mean loss; else a mean over rows (pairs)
         counts = micro_counts(trainer, micro) if tokens else [float(_rows(batch)) for batch in micro]
+        terms = None if tokens else _sft_term(trainer)
         with view.checkpointing():
-            run_window(trainer, micro, [count / sum(counts) for count in counts])
+            if terms is None:
+                run_window(trainer, micro, _shares(counts))
+            else:  # the pair terms weighted by rows, then the 'sft' term by chosen tokens, added on
+                pairs, sft = terms
+                if any(pairs):
+                    with _loss_weights(trainer, pairs):
+                        run_window(trainer, micro, _shares(counts))
+                with _loss_weights(trainer, sft):
+                    run_window(trainer, micro, _shares([_chosen_tokens(batch) for batch in micro]), add=any(pairs))
         measured = (
             f"relative gradient error {b}x{len(micro)} vs each micro-batch alone weighted by its "
-            f"{'label tokens' if tokens else 'rows'}: "
+            f"{'label tokens' if tokens else 'rows'}{'' if terms is None else ' (the sft term by chosen tokens)'}: "
         )
     with torch.no_grad():
         error = relative_difference(step.kept, view.model)

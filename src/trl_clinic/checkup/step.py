@@ -104,15 +104,17 @@ def _deepspeed_backward(trainer: Trainer):
     return None
 
 
-def run_window(trainer: Trainer, batches: list[dict], weights: list[float] | None = None) -> None:
+def run_window(trainer: Trainer, batches: list[dict], weights: list[float] | None = None, add: bool = False) -> None:
     """Accumulate into each trainable ``p.grad`` what the trainer's own ``training_step`` gives for ``batches``:
     one window of ``len(batches)`` micro-batches (``weights`` None), or each micro-batch alone as a window of one,
     its gradient weighted by ``weights[i]`` (the running sum is divided by the weight before the micro-batch's
-    backward and multiplied by it after: no second gradient is held). Dropout off; gradients start at None."""
+    backward and multiplied by it after: no second gradient is held). Dropout off; gradients start at None, or,
+    with ``add``, at what they hold (a second weighted pass adds onto the first)."""
     model = trainer.model
     params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        p.grad = None
+    if not add:
+        for p in params:
+            p.grad = None
     device = next(model.parameters()).device
     takes_items = _takes_num_items(trainer.training_step)
     backward = _deepspeed_backward(trainer)

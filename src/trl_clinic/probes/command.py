@@ -42,9 +42,14 @@ def own_options(options, args: argparse.Namespace) -> tuple[argparse.Namespace, 
 
 def run_script(script: ModuleType, kind: str, argv: list[str], command: str, train: Callable) -> None:
     """Run TRL's ``script`` (``trl.scripts.<kind>``) on ``argv`` as ``trl <kind>`` would, its trainer class's
-    ``train`` replaced by ``train(trainer, *args, **kwargs)`` while it runs."""
+    ``train`` replaced by ``train(trainer, *args, **kwargs)`` while it runs. The usage line names our command
+    where ``make_parser`` takes a ``prog`` (trl 1.16.0's does, trl 0.24.0's does not)."""
+    import inspect
+
     import trl
 
-    parsed = script.make_parser(prog=f"trl-clinic {command} {kind}").parse_args_and_config(args=argv)
+    named = {"prog": f"trl-clinic {command} {kind}"}
+    takes = inspect.signature(script.make_parser).parameters
+    parsed = script.make_parser(**{k: v for k, v in named.items() if k in takes}).parse_args_and_config(args=argv)
     with mock.patch.object(getattr(trl, TRAINERS[kind]), "train", train):
         script.main(*parsed)
