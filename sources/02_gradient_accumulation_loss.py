@@ -63,7 +63,7 @@ N = sizes.accumulation  # the report: batch 1 x accumulation 32 against batch 32
 big = steps.trainer(batch_size=N, accumulation=1, logging=True)  # logging: keep the step's log row
 accumulated = steps.trainer(batch_size=1, accumulation=N, logging=True)
 (big_gradient, big_log), (acc_gradient, acc_log) = map(companion.logged_first_step, (big, accumulated))
-print(f"same weights, same {N} rows: batch 1 x {N} logs grad_norm {acc_log['grad_norm']:.3f}, batch {N} "
+print(f"same weights and {N} rows: batch 1 x {N} logs grad_norm {acc_log['grad_norm']:.3f}, batch {N} "
       f"{big_log['grad_norm']:.3f}; the gradients are {relative_error(acc_gradient, big_gradient):.0%} apart "
       f"(cosine {cosine(acc_gradient, big_gradient):.2f})")
 
@@ -199,7 +199,7 @@ for row in sweep:
 reports = {name: checkup(steps.trainer(1, N, fixed=fix), only=["accumulation"], show=not fix)  # the failing table
            for name, fix in (("without_fix", False), ("with_fix", True))}
 probe = {name: [finding.status for finding in report.findings] for name, report in reports.items()}
-print("with the fix:", "; ".join(f"{f.status}, {f.measured}" for f in reports["with_fix"].findings))
+print("with the fix:", "; ".join(f"{f.status}, relative gradient error {f.value:.2g}" for f in reports["with_fix"].findings))
 
 # %% [markdown]
 # ## Recap

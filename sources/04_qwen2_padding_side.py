@@ -70,10 +70,12 @@ companion.show_error(report)
 # %% [markdown]
 # The check raises when FlashAttention-2, an attention mask, a KV cache and a row ending in padding meet. DPO
 # stacks each pair's chosen answer on its rejected one, so answers of different lengths make a padded row; that
-# `DPOTrainer` passed no `use_cache`, so the config's `use_cache=True` built a cache nobody would read. Why did
-# the report's training steps pass?
+# `DPOTrainer` passed no `use_cache`, so the config's `use_cache=True` built a cache nobody would read: the same
+# `evaluate()` on a plain Qwen2 (nothing re-created), its forwards counted by the hook of section 5, builds one for
+# every right-padded row. And why did the report's training steps pass?
 
 # %%
+companion.show_cache_audit(report)
 companion.show_scenarios(report, ["train_defaults", "train_checkpointing", "tokenizer_left"])
 
 # %% [markdown]
@@ -98,8 +100,7 @@ companion.show_scenarios(report, ["train_defaults", "train_checkpointing", "toke
 # +     ref_model_init_kwargs={"use_cache": False}) # only with ref_model="<id>"
 # ```
 #
-# Each failing run again, the fix its only change; then, nothing re-created, the same `evaluate()` on a plain
-# Qwen2 with its forwards counted by the hook of section 5: every right-padded row built the refused cache.
+# Each failing run again, the fix its only change:
 
 # %%
 companion.show_fixes(report)

@@ -143,5 +143,6 @@ def packing(view: TrainerView) -> Finding:
         decided="measured",
         known_bug=entry["id"] if entry else "",
         fix=f"packed sequences see each other ({config.model_type}, {config._attn_implementation}, "
-        f"keys sent: {', '.join(sorted(k for k in batch if k != 'labels'))}): {cause}",
+        f"{'position_ids' if 'position_ids' in batch else 'no position_ids'}, "
+        f"{'an attention_mask' if 'attention_mask' in batch else 'no attention_mask'}): {cause}",
     )

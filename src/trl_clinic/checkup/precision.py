@@ -127,7 +127,7 @@ def fp16_adamw(view: TrainerView) -> Finding:
     measured = (
         f"one {cls.__name__} step ({source}) on clones of {len(tensors)} of {len(fp16)} fp16 trainable tensors "
         f"and the first step's gradient ({k} micro-batches through training_step"
-        + (f", clipped x{step.clip:.3g} at max_grad_norm" if step.clip < 1 else "")
+        + (f", clipped x{step.clip:.3g}" if step.clip < 1 else "")
         + f"): {len(broken)} non-finite"
     )
     if not broken:

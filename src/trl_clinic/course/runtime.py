@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import gc
 import importlib.metadata
+import logging
 import os
 import platform
 import random
+import textwrap
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported where it is used: the runner reads PROGRESS_ENV without it
@@ -87,6 +89,28 @@ def no_activation_checkpointing() -> dict[str, bool]:
     return {checkpointing_flag(): False}
 
 
+class FoldedOnce(logging.Filter):
+    """A library warning on a learner's screen once and at most ``WIDTH`` characters wide: transformers' generation
+    warns "right-padding was detected" (187 characters) on every right-padded ``generate()`` call (transformers
+    5.23.0 ``generation/utils.py``), and a lesson that measures that call three times would show it three times.
+    The first one is folded and says that repeats are hidden; the same message again is dropped."""
+
+    WIDTH = 120
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        said = textwrap.fill(f"{message} (shown once; repeats hidden)", self.WIDTH - 20, subsequent_indent="    ")
+        record.msg, record.args = said, None
+        return True
+
+
 def quiet_library_noise() -> None:
     """Dataset preprocessing and weight loading/saving bars repeat for every trainer and checkpoint a
     lesson builds and bury its output; training bars (Trainer's own tqdm) stay. TRL and peft still read
@@ -106,6 +130,16 @@ def quiet_library_noise() -> None:
 
     datasets.disable_progress_bars()
     transformers_logging.disable_progress_bar()
+    transformers_logging.get_logger()  # configures transformers' own stderr handler on its root logger
+    for handler in transformers_logging._get_library_root_logger().handlers:
+        if not any(isinstance(f, FoldedOnce) for f in handler.filters):  # once per process, however many runs
+            handler.addFilter(FoldedOnce())
+    trl = logging.getLogger("trl")  # TRL's warnings reach stderr through Python's last-resort handler, unfolded
+    if not any(isinstance(f, FoldedOnce) for handler in trl.handlers for f in handler.filters):
+        handler = logging.StreamHandler()
+        handler.addFilter(FoldedOnce())
+        trl.addHandler(handler)
+        trl.propagate = False
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     if not show_progress():  # the base class does nothing at any event: rows stay in state.log_history
         transformers.trainer.PrinterCallback = transformers.trainer.TrainerCallback

@@ -58,6 +58,7 @@ VERDICTS = {
 }
 # said once under a table that has it, not after every run
 KERNEL_NOTE = "* {error} (flash-attn, which needs a CUDA GPU, is not installed)"
+SHOWN: set[str] = set()  # the kernel errors this process has printed
 
 
 # ---- the eras --------------------------------------------------------------------------------------------
@@ -76,7 +77,24 @@ def show_error(era: EraRun, name: str = "as_reported", group: str = "scenarios")
         outcome = era.result[group][name]
         shown = (outcome.get("user_traceback") or "nothing raised").splitlines()
         last = textwrap.fill(shown[-1], width=116, subsequent_indent="    ")  # the message, folded to the screen
-        print(f"\n{descriptions(era, group).get(name, name)}:\n\n" + "\n".join([*shown[:-1], last]))
+        print(f"\n{descriptions(era, group).get(name, name)}:\n\n" + "\n".join([*frames(shown[:-1]), last]))
+
+
+def frames(traceback: list[str], first: int = 2, last: int = 3) -> list[str]:
+    """A traceback's header, its ``first`` frames (the user's call into the trainer) and its ``last`` ones (where it
+    raised), the frames between counted in one line: the whole stack is 40 lines, more than a screen."""
+    header, body = traceback[:1], traceback[1:]
+    starts = [i for i, line in enumerate(body) if line.lstrip().startswith("File ")] + [len(body)]
+    stack = [body[a:b] for a, b in zip(starts, starts[1:])]
+    if len(stack) <= first + last:
+        return traceback
+    hidden = len(stack) - first - last
+    return [
+        *header,
+        *sum(stack[:first], []),
+        f"  ... {hidden} frames in torch and transformers ...",
+        *sum(stack[-last:], []),
+    ]
 
 
 def said(outcome: dict) -> str:
@@ -93,7 +111,8 @@ def show_scenarios(era: EraRun, names: list[str] | None = None, group: str = "sc
     kernel = None
     for name in names or list(era.result[group]):
         outcome = era.result[group][name]
-        print(f"{descriptions(era, group).get(name, name)}:\n    {said(outcome)}")
+        line = f"{descriptions(era, group).get(name, name)}: {said(outcome)}"  # one line where it fits the screen
+        print(line if len(line) <= 120 else f"{descriptions(era, group).get(name, name)}:\n    {said(outcome)}")
         for step, what in (
             ("then_evaluate", "then evaluate()"),
             ("reference_forward", "the reference model's forward"),
@@ -102,8 +121,9 @@ def show_scenarios(era: EraRun, names: list[str] | None = None, group: str = "sc
                 print(f"    {what}: {said(outcome[step])}")
         found = [o for o in (outcome, outcome.get("then_evaluate"), outcome.get("reference_forward")) if o]
         kernel = kernel or next((o["error"] for o in found if o["verdict"] == "missing_flash_kernel"), None)
-    if kernel:
-        print(KERNEL_NOTE.format(error=kernel))
+    if kernel:  # the same error once on a learner's screen, referred to after
+        print(KERNEL_NOTE.format(error=kernel) if kernel not in SHOWN else "* the missing kernel's error, shown above")
+        SHOWN.add(kernel)
 
 
 def show_pairs(era: EraRun, pairs: list[str]) -> None:
@@ -112,14 +132,13 @@ def show_pairs(era: EraRun, pairs: list[str]) -> None:
 
 
 def show_fixes(era: EraRun) -> None:
-    """Each failing run beside the same run with the fix, then the era's DPO evaluation of a plain Qwen2 counted."""
+    """Each failing run beside the same run with the fix."""
     show_pairs(era, ["evaluate", "train_step", "train_checkpointing", "model_path", "explicit_ref"])
-    print("\nevaluate() of a plain Qwen2 (nothing re-created), its forwards counted:")
-    show_cache_audit(era)
 
 
 def show_cache_audit(era: EraRun) -> None:
     """The era's real DPO evaluation of a plain Qwen2, counted by forward hooks: the cache nobody reads."""
+    print("evaluate() of a plain Qwen2 (nothing re-created), its forwards counted:")
     if not era.finished:
         print(f"not run ({era.status})")
         return
@@ -426,7 +445,7 @@ def explain_grid(grid: dict[str, list[dict]]) -> None:
         real = [p for p, pad in zip(row["positions"], row["pad"]) if not pad]
         print(
             f"{side} padding, row 2: first new token {row['new_tokens'][0]!r} predicted from slot {slot} "
-            f"({'a pad' if row['pad'][slot] else repr(row['tokens'][slot])}); new tokens at positions "
+            f"({'a pad' if row['pad'][slot] else repr(row['tokens'][slot])});\n    new tokens at positions "
             f"{row['new_positions']}, its prompt's real tokens at {real}"
         )
 

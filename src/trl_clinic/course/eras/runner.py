@@ -12,6 +12,7 @@ era is skipped with what the build said, and the lesson reports that part as not
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +49,8 @@ class EraRun:
     def describe(self) -> str:
         versions = ", ".join(f"{k} {v}" for k, v in self.versions.items() if k != "torch")
         if self.finished:
-            return f"era {self.era} ({versions}): {self.script} finished in {self.seconds:.1f} s"
+            said = f"era {self.era}: {self.script} finished in {self.seconds:.1f} s ({versions})"
+            return textwrap.fill(said, 120, subsequent_indent="    ", break_long_words=False)  # a notebook's width
         return self.message  # it starts with the status: "skipped: ..." or "failed: ..."
 
     def to_metrics(self) -> dict:
