@@ -142,7 +142,8 @@ def fake_pythons(folder: Path, good: set[str]) -> None:
 
 def make(folder: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{folder}{os.pathsep}/usr/bin{os.pathsep}/bin"}
-    env.pop("PYTHON", None)
+    for name in ("PYTHON", "MAKELEVEL", "MAKEFLAGS", "MFLAGS"):  # a make of its own, as a user runs it
+        env.pop(name, None)
     return subprocess.run(["make", "-s", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
 
 

@@ -45,7 +45,7 @@ CORE, DEEP, SEED = todays(INDEX)
 
 @pytest.fixture(scope="session")
 def second_seed(tmp_path_factory):
-    return run_workbook(tmp_path_factory.mktemp(f"seed-{SEED}"), KEYS[CORE], KEYS[DEEP], "--seed", str(SEED))
+    return run_workbook(tmp_path_factory.mktemp(f"seed-{SEED}"), CORE, DEEP, "--seed", str(SEED))  # exact names
 
 
 @pytest.mark.notebook

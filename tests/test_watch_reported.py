@@ -128,6 +128,9 @@ def test_findings_reach_trackio_and_wandb_as_alerts_offline(tokenizer, offline_t
         tokenizer, out / "out", max_length=64, report_to=["trackio", "wandb"], project="clinic-alerts", run_name="r"
     )
     watch = watched(trainer)
+    import wandb
+
+    wandb.finish()  # W&B's service writes the run file as records arrive: read it once the run is closed, not before
     assert one(watch, "dpo_flat") is not None
     stored = SQLiteStorage.get_alerts("clinic-alerts")
     assert [a["title"] for a in stored] == ["trl-clinic: dpo_flat"] and stored[0]["level"] == "warn"

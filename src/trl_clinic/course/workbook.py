@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trl_clinic.course.gpu_usage import GpuUsage
+from trl_clinic.course.lessons import DEEPER
+from trl_clinic.course.lessons import lessons as lesson_table
 from trl_clinic.course.results import METRICS_FILE, eras_not_run, failed_checks, load_metrics
 from trl_clinic.course.runtime import PROGRESS_ENV
 
@@ -58,15 +60,17 @@ def is_deep_dive(path: Path) -> bool:
 
 
 def select(lessons: dict[str, Path], wanted: list[str], cores_only: bool = False) -> dict[str, Path]:
-    """Pick lessons by number ("02": its core and its deep dive) or full name; an unknown one is an error
-    that lists the known. ``cores_only``: leave the deep dives out (a workshop's run)."""
+    """Pick lessons by number ("02": its core and its deep dive), by key in ``lessons.yaml`` ("02-deeper": the deep
+    dive alone, as ``trl-clinic list`` names it) or full name; an unknown one is an error that lists the known.
+    ``cores_only``: leave the deep dives out (a workshop's run)."""
     if cores_only:
         lessons = {name: path for name, path in lessons.items() if not is_deep_dive(path)}
     if not wanted:
         return lessons
+    stems = {key: lesson.stem for key, lesson in lesson_table().items() if key.endswith(DEEPER)}
     chosen = {}
     for item in wanted:
-        matches = [name for name in lessons if name == item or name.split("_", 1)[0] == item]
+        matches = [name for name in lessons if item in (name, name.split("_", 1)[0]) or name == stems.get(item)]
         if not matches:
             raise ValueError(f"unknown lesson {item!r}; known: {', '.join(lessons)}")
         chosen.update({name: lessons[name] for name in matches})
