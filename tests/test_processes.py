@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_clinic.course.launch import free_port
+from trl_clinic.course.launch import distributed_args, free_port
 
 SCRIPT = Path(__file__).parent / "processes" / "run.py"
 MASKED = 5  # the row with every label masked; with seed 0 it reaches process 1
@@ -22,23 +22,11 @@ def launch(tmp_path, *args: str, processes: int = 2) -> tuple[list[dict], list[s
     to its own file (``--redirects 1``): on one shared pipe two processes' lines interleave, since an unbuffered
     ``print`` (``PYTHONUNBUFFERED``) writes its text and its newline in two writes, and another process's line
     can land between them."""
-    command = [sys.executable, str(SCRIPT), *args]
     logs = tmp_path / f"logs-{free_port()}"
-    if processes > 1:
-        command[1:1] = [
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            str(processes),
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(free_port()),
-            "--log-dir",
-            str(logs),
-            "--redirects",
-            "1",
-        ]
+    command = [sys.executable, str(SCRIPT), *args]
+    if processes > 1:  # the course's own torchrun launch over gloo, each process's stdout in its own file
+        torchrun = ["--log-dir", str(logs), "--redirects", "1", str(SCRIPT), *args]
+        command = [sys.executable, *distributed_args(torchrun, processes, cpu=True)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RUN_OUT": str(tmp_path)}
     done = subprocess.run(command, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
