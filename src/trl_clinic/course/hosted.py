@@ -52,10 +52,10 @@ def install_command(root: Path) -> str:
 
 def install_line(root: Path) -> str:
     """The line in each lesson's first cell (a markdown line, without the source's ``# ``)."""
-    where = f"{INSTALL_MARK} (Colab, Kaggle, a server without the repository): "
+    where = f"{INSTALL_MARK} (Colab, Kaggle, no clone): "
     if repository_url(root):
-        return f"> {where}run `{install_command(root)}` in a cell first."
-    return f"> {where}upload the wheel (`uv build` makes it) and run `{install_command(root)}` in a cell first."
+        return f"> {where}run `{install_command(root)}` first."
+    return f"> {where}upload the wheel `uv build` makes, then run `{install_command(root)}` first."
 
 
 def colab_url(repository: str, notebook: str) -> str | None:
