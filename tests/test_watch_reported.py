@@ -5,6 +5,7 @@ database and W&B's offline run file; nothing is sent over the network)."""
 import glob
 import math
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -133,14 +134,16 @@ def test_findings_reach_trackio_and_wandb_as_alerts_offline(tokenizer, offline_t
 
     assert wandb.run is not None  # the Trainer's WandbCallback leaves its run open after train()
     # W&B's settings are read once a process: a run earlier in this worker can have fixed another WANDB_DIR, so the
-    # run says where its files went; they are read once it is closed (W&B's service writes them as records arrive)
+    # run says where its files went
     folder = Path(wandb.run.settings.sync_dir).parent
     wandb.finish()
     assert one(watch, "dpo_flat") is not None
     stored = SQLiteStorage.get_alerts("clinic-alerts")
     assert [a["title"] for a in stored] == ["trl-clinic: dpo_flat"] and stored[0]["level"] == "warn"
     assert stored[0]["step"] == 11 and "identical" in stored[0]["text"]
-    alerts = wandb_alerts(folder)
+    deadline = time.monotonic() + 30  # finish() can return before W&B's service has written the run file
+    while not (alerts := wandb_alerts(folder)) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert [(a.title, a.level) for a in alerts] == [("trl-clinic: dpo_flat", "WARN")] and "identical" in alerts[0].text
 
 
