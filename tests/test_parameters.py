@@ -251,3 +251,29 @@ def test_a_gpu_run_prints_the_note_and_a_cpu_run_does_not(tmp_path):
         output_dir=tmp_path,
     )
     assert "profile gpu" not in cpu.describe()
+
+
+def test_a_library_warning_is_folded_once_on_screen_and_left_as_logged_for_every_other_handler():
+    import io
+    import logging
+
+    screen, other = io.StringIO(), []
+    logger = logging.getLogger("trl_clinic.test.folded")
+    logger.propagate = False
+    shown = logging.StreamHandler(screen)
+    runtime.FoldedOnce().install(shown)
+    captured = logging.Handler()
+    captured.emit = other.append
+    logger.addHandler(shown)
+    logger.addHandler(captured)
+    message = "right-padding was detected " + "x" * 200
+    try:
+        for _ in range(3):
+            logger.warning("%s", message)
+    finally:
+        logger.removeHandler(shown)
+        logger.removeHandler(captured)
+    lines = screen.getvalue().splitlines()
+    assert "(shown once; repeats hidden)" in screen.getvalue() and screen.getvalue().count("right-padding") == 1
+    assert max(map(len, lines)) <= runtime.FoldedOnce.WIDTH
+    assert [record.getMessage() for record in other] == [message] * 3  # the records themselves untouched

@@ -89,11 +89,14 @@ def no_activation_checkpointing() -> dict[str, bool]:
     return {checkpointing_flag(): False}
 
 
-class FoldedOnce(logging.Filter):
+class FoldedOnce(logging.Formatter):
     """A library warning on a learner's screen once and at most ``WIDTH`` characters wide: transformers' generation
     warns "right-padding was detected" (187 characters) on every right-padded ``generate()`` call (transformers
     5.23.0 ``generation/utils.py``), and a lesson that measures that call three times would show it three times.
-    The first one is folded and says that repeats are hidden; the same message again is dropped."""
+
+    One object is both the handler's filter (the same message again is dropped) and its formatter (the first one is
+    folded and says that repeats are hidden): the folding happens in the text this handler writes, never in the
+    record, which every other handler of the logger (a test's log capture, an experiment tracker) reads as logged."""
 
     WIDTH = 120
 
@@ -106,9 +109,16 @@ class FoldedOnce(logging.Filter):
         if message in self.seen:
             return False
         self.seen.add(message)
-        said = textwrap.fill(f"{message} (shown once; repeats hidden)", self.WIDTH - 20, subsequent_indent="    ")
-        record.msg, record.args = said, None
         return True
+
+    def format(self, record: logging.LogRecord) -> str:
+        return textwrap.fill(
+            f"{super().format(record)} (shown once; repeats hidden)", self.WIDTH - 20, subsequent_indent="    "
+        )
+
+    def install(self, handler: logging.Handler) -> None:
+        handler.addFilter(self)
+        handler.setFormatter(self)
 
 
 def quiet_library_noise() -> None:
@@ -132,12 +142,12 @@ def quiet_library_noise() -> None:
     transformers_logging.disable_progress_bar()
     transformers_logging.get_logger()  # configures transformers' own stderr handler on its root logger
     for handler in transformers_logging._get_library_root_logger().handlers:
-        if not any(isinstance(f, FoldedOnce) for f in handler.filters):  # once per process, however many runs
-            handler.addFilter(FoldedOnce())
+        if not isinstance(handler.formatter, FoldedOnce):  # once per process, however many runs
+            FoldedOnce().install(handler)
     trl = logging.getLogger("trl")  # TRL's warnings reach stderr through Python's last-resort handler, unfolded
-    if not any(isinstance(f, FoldedOnce) for handler in trl.handlers for f in handler.filters):
+    if not any(isinstance(handler.formatter, FoldedOnce) for handler in trl.handlers):
         handler = logging.StreamHandler()
-        handler.addFilter(FoldedOnce())
+        FoldedOnce().install(handler)
         trl.addHandler(handler)
         trl.propagate = False
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
