@@ -38,21 +38,22 @@ from trl_clinic.course.models import make_causal_lm
 from trl_clinic.course.parameters import start_run
 
 run = start_run("01", profile, seed, output_dir)
-examples = companion.copy_examples(run.sizes.samples, run.subseed("examples"))
-then = companion.start_era(run, companion.ERA_OLD, examples)  # the report's libraries load in the background...
-checkpoint = companion.train_copier(run)  # ...while a tiny Llama learns a task whose answer copies its own prompt
+# the copy-task examples; the report's libraries loading in the background on them (an era: a side environment
+# with the old versions); meanwhile a tiny Llama learns the task, whose answer copies its own prompt
+examples, then, checkpoint = companion.prepare(run)
 
 # %% [markdown]
 # ## 1. The symptom, on the report's own libraries
 #
-# The model above learned a copy task: a prompt, a two-token template, then the prompt again. Its answer can
-# only come from its own prompt. `make eras` installed the report's versions (TRL 0.14.0, transformers 4.48.3)
-# in a side environment; there, the real `SFTTrainer` loads that model *by path*, as the report's script did,
-# and trains one epoch at learning rate 0 (every step sees the same weights), padded and then padding-free:
+# The model above learned a copy task: a prompt, a two-token template, then the prompt again, so its answer can
+# only come from its own prompt. In an *era* (a side environment with the report's TRL 0.14.0 and transformers
+# 4.48.3, built by `make eras`) the real `SFTTrainer` loads it *by path*, as the report's script did, and trains
+# one epoch at learning rate 0 (every step sees the same weights), padded, then padding-free:
 #
 # ```python
 # collator = DataCollatorForCompletionOnlyLM(template, tokenizer=tokenizer, padding_free=True)
-# trainer = SFTTrainer(model="path/to/model", args=SFTConfig(...), data_collator=collator)
+# args = SFTConfig(learning_rate=0, per_device_train_batch_size=batch_size, num_train_epochs=1, logging_steps=1)
+# trainer = SFTTrainer(model="path/to/model", args=args, train_dataset=examples, data_collator=collator)
 # ```
 
 # %% tags=["symptom"]
@@ -60,8 +61,8 @@ old = then.result()  # waits for the side environment
 companion.show_logs(old)
 
 # %% [markdown]
-# Same weights, same examples: only the batching differs. Compare the `loss` of the two logs, and the ratio at
-# each batch size; at batch 1 the two runs send the same row.
+# Same weights, same examples: only the batching differs (at batch 1 both runs send the same row). Compare the
+# `loss` of the two logs and the ratio at each batch size.
 #
 # ## 2. Why: what each token may attend to
 #
@@ -71,25 +72,23 @@ companion.show_logs(old)
 
 # %% tags=["mechanism"]
 lengths = run.sizes.mask_lengths  # position_ids 0 1 2 | 0 1 | 0 1 2
-masks = {"TRL 0.14 + transformers 4.48.3": companion.old_pattern(old),  # None when the era did not run
-         "today's transformers": companion.attention_pattern(checkpoint, lengths)}
-companion.plot_masks(run, masks, lengths)
+counts = companion.show_masks(run, old, checkpoint, lengths)  # the era's pattern beside today's, drawn and counted
 
 # %% [markdown]
 # The old kernel used one causal mask over the whole row: the first token of the second sequence attends to
 # all of the first (the red cells). A packed row needs the block-diagonal mask on the right, where a token
-# sees only its own sequence. Every sequence added to the row adds a block of foreign keys for all the tokens
-# after it, so the bigger the batch, the more each token reads from other samples.
+# sees only its own sequence. Each sequence added to the row adds foreign keys for every token after it: the
+# bigger the batch, the more each token reads from other samples.
 #
-# Two kernels know the boundaries: FlashAttention takes them from the `cu_seq_lens` that TRL's padding-free
-# collator sends, and today's sdpa and eager find them in `position_ids` when the row comes with no attention
-# mask and no KV cache (transformers 5.23.0, `masking_utils._preprocess_mask_arguments`). In the report,
+# FlashAttention takes the boundaries from the `cu_seq_lens` that TRL's padding-free collator sends; today's sdpa
+# and eager find them in `position_ids` when the row comes with no mask and no cache (transformers 5.23.0,
+# `masking_utils._preprocess_mask_arguments`). In the report,
 # FlashAttention was asked for but never reached the model.
 #
 # ## 3. The fix: make the flag reach the model
 #
 # `SFTTrainer` builds a model given by name or path with `SFTConfig.model_init_kwargs` (and ignores them, with a
-# warning, for a model you built yourself). The user's fix, from the thread (shortened):
+# warning, for a model you built yourself). The user's fix in the thread, shortened:
 
 # %% [markdown] tags=["fix"]
 # ```diff
@@ -99,7 +98,8 @@ companion.plot_masks(run, masks, lengths)
 # + assert trainer.model.config._attn_implementation == "flash_attention_2"   # read it on the built model
 # ```
 #
-# The same lines on today's TRL, with the kernel this profile picked (`run.attention`: sdpa on a CPU, FlashAttention on a GPU that has it installed):
+# The same lines on today's TRL, with the kernel this profile picked (`run.attention`: sdpa on a CPU,
+# FlashAttention on a GPU that has it):
 
 # %%
 tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -109,7 +109,8 @@ def sft_trainer(batch_size: int, padding_free: bool, model=str(checkpoint)) -> S
     """Today's SFTTrainer on the same model and examples, at learning rate 0 (the weights never change)."""
     args = SFTConfig(**run.trainer_kwargs(f"batch-{batch_size}-{padding_free}", progress=False),
                      model_init_kwargs={"attn_implementation": run.attention,  # the fix: the flag reaches the model
-                                        "dtype": companion.kernel_dtype(run.attention)},
+                                        # FlashAttention takes half-precision weights; sdpa and eager keep fp32
+                                        "dtype": "bfloat16" if run.attention.startswith("flash") else "float32"},
                      padding_free=padding_free, max_length=None, completion_only_loss=True,
                      per_device_train_batch_size=batch_size, learning_rate=0.0, num_train_epochs=1)
     return SFTTrainer(model=model, args=args, train_dataset=examples, processing_class=tokenizer)
@@ -124,9 +125,9 @@ companion.plot_bad_vs_fixed(run, old, today)
 # %% [markdown]
 # ## 4. Check your own trainer
 #
-# A dozen lines of plain torch and TRL, for any trainer whose batches carry `position_ids`: send the trainer's
-# first packed row through the model as `SFTTrainer` does, then each sequence alone. The first sequence has nothing before it, so its
-# difference is the kernel's rounding; a later sequence that differs by much more has read its neighbours.
+# A dozen lines of plain torch and TRL, for any trainer whose batches carry `position_ids`: send its first packed
+# row through the model as `SFTTrainer` does, then each sequence alone. The first sequence has nothing before it,
+# so its difference is rounding; a later one that differs by much more has read its neighbours.
 
 # %% tags=["portable-check"]
 import torch
@@ -145,9 +146,8 @@ def packed_vs_alone(trainer) -> list[float]:
 
 
 # %% [markdown]
-# On the lesson's trainer, and on the same trainer with an OPT model built without the flag (sdpa): OPT's
-# mask builder is never given `position_ids` (transformers 5.23.0, `OPTDecoder.forward`), so today's sdpa
-# cannot find the boundaries there.
+# On the lesson's trainer, and on the same trainer with an OPT model (sdpa), whose mask builder is never given
+# `position_ids` (read in the [deep dive](deeper/01_padding_free_high_loss_deeper.ipynb), section 3):
 
 # %%
 opt = make_causal_lm(tokenizer, "opt", seed=run.seed)  # built by hand: model_init_kwargs does not apply
@@ -157,8 +157,7 @@ for name, (first, *later) in portable.items():
     print(f"{name}: first sequence {first:.1e} (rounding), later ones up to {max(later):.1e}")
 
 # %% [markdown]
-# The `packing` probe of the check-up runs the same comparison on the OPT trainer, with the trainer's own
-# collator:
+# The check-up's `packing` probe runs the same comparison on the OPT trainer, with the trainer's own collator:
 
 # %%
 from trl_clinic import checkup
@@ -171,8 +170,8 @@ probe = companion.checkup_status(checkup(trainers["OPT"], only=["packing"]))
 # * Padding-free packs a batch into one row; it is correct only when attention stops at each sequence's start.
 # * A plain causal mask over the row lets every token read the sequences before it: the loss rises, and rises
 #   with the batch size.
-# * FlashAttention reads the boundaries from `cu_seq_lens`; today's sdpa and eager from `position_ids`, with no
-#   mask and no cache, in model families whose mask builder is given them (Llama yes, OPT no).
+# * FlashAttention reads the boundaries from `cu_seq_lens`; today's sdpa and eager from `position_ids` (no mask,
+#   no cache) where the family's mask builder gets them (Llama, not OPT).
 # * Pass the kernel in `model_init_kwargs` (or to `from_pretrained`) and read `model.config._attn_implementation`
 #   on the model you train.
 # * `packed_vs_alone(trainer)` or `checkup(trainer, only=["packing"])` before a padding-free run.
@@ -259,7 +258,6 @@ def checks(n: dict) -> tuple[dict, dict]:
 from trl_clinic.course.results import above, below, conclude, measured, save_metrics
 
 then_numbers = companion.era_numbers(old)
-counts = companion.foreign_counts(masks, lengths)
 runs = {"without_fix": {"losses": then_numbers.pop("losses", None), "portable": portable["OPT"],
                         "foreign_cells": counts.get("TRL 0.14 + transformers 4.48.3")},
         "with_fix": {"losses": today, "portable": portable["Llama"], "foreign_cells": counts["today's transformers"]}}

@@ -68,7 +68,7 @@ print(f"same weights and {N} rows: batch 1 x {N} logs grad_norm {acc_log['grad_n
       f"(cosine {cosine(acc_gradient, big_gradient):.2f})")
 
 # %% [markdown]
-# Two batchings of the same rows should differ by float rounding only; these do not.
+# Two batchings of the same rows should differ by rounding only; these do not.
 #
 # ## 2. Who gets which weight
 #
@@ -85,7 +85,7 @@ for i, n_i in enumerate(counts[:3]):
 
 # %% [markdown]
 # A short answer's tokens weigh more than in one batch, a long answer's less: accumulated this way, the model
-# trains on another objective, which is why the report saw a worse model and not only a noisier one. Are the
+# trains on another objective, which is why the report saw a worse model, not only a noisier one. Are the
 # two runs above exactly these two objectives? Both, computed by hand in plain torch on the same N rows:
 
 # %%
@@ -193,7 +193,7 @@ for row in sweep:
     print(f"1 x {row['accumulation']:>2}: without the fix {row['without_fix']:.2f}, with it {row['with_fix']:.1e}")
 
 # %% [markdown]
-# The check-up's `accumulation` probe runs the same test on a few micro-batches without stepping your optimizer:
+# The check-up's `accumulation` probe runs the same test on a few micro-batches, without stepping the optimizer:
 
 # %%
 reports = {name: checkup(steps.trainer(1, N, fixed=fix), only=["accumulation"], show=not fix)  # the failing table

@@ -64,8 +64,8 @@ report_log = keep_log(report)  # prints the log rows; also keeps each step's los
 output = report.train()
 
 # %% [markdown]
-# The report's two lines: a loss of about 1e+34 with a NaN grad norm, then a loss of exactly 0. What the
-# model returned at each step:
+# The report's two lines: a loss near 1e+34 with a NaN grad norm, then exactly 0. What the model returned at
+# each step:
 
 # %%
 raw = report_log.series("raw_loss")[1]
@@ -77,9 +77,9 @@ print(f"logged loss {report_log.series('loss')[1]}, logged grad norm {report_log
 # %% [markdown]
 # NaN from the second step on, and the log hides it. With `logging_nan_inf_filter=True` (the default) the
 # Trainer adds, for each NaN micro-batch loss, the running sum divided by the steps since the last log
-# (transformers 5.23.0, `trainer.py`, `Trainer._run_epoch`). At step *s* that multiplies the sum by
-# 1 + 1/*s*, 32 times a step: step 1's loss times 13³²/25 at the log of step 25. After a log the sum
-# restarts at 0, and 0 stays 0.
+# (transformers 5.23.0, `trainer.py`, `Trainer._run_epoch`): 32 times a step, the sum grows
+# ([the deep dive](deeper/03_lora_reward_nan_deeper.ipynb), section 4, works out the 1e+34). After a log the
+# sum restarts at 0, and 0 stays 0.
 #
 # ## 2. One AdamW step on one number
 #
@@ -132,9 +132,8 @@ def check_trainable(model: torch.nn.Module) -> list[str]:
 
 
 # %% [markdown]
-# One optimizer step of the report's trainer, and of the same trainer with float32 weights. Before each trains,
-# the check-up's probes `fp16_adamw` and `reward_head` ask the same questions of the trainer (its table shows
-# the fp16 one):
+# One optimizer step of the report's trainer and of the same trainer with float32 weights; before each trains,
+# the check-up's probes `fp16_adamw` and `reward_head` ask the same questions (its table shows the fp16 one):
 
 # %%
 after_one_step = {}
@@ -184,8 +183,8 @@ plot_bad_vs_fixed(report_log, fixed_log, accuracy, run.output_dir);
 # %% [markdown]
 # ## Recap
 #
-# * A logged loss that jumps to a huge number and then sits at exactly 0, with a NaN grad norm, is a NaN
-#   that the Trainer's `logging_nan_inf_filter` rewrote: look at the loss the model returned.
+# * A logged loss that jumps to a huge number, then sits at exactly 0, with a NaN grad norm, is a NaN that
+#   the Trainer's `logging_nan_inf_filter` rewrote: look at the loss the model returned.
 # * The non-fused AdamW keeps `m` and `v` in the weight's dtype; in fp16 `eps` and small `g²` round to 0,
 #   and one step makes a weight ±inf or NaN.
 # * With LoRA only the trainable `score` head is fp16 (peft upcasts the adapters), and one step poisons it.

@@ -35,8 +35,9 @@ import torch
 from IPython.display import Markdown, display
 
 from trl_clinic import checkup
+from trl_clinic.course import eras
 from trl_clinic.course.companions import lesson_04_padding_side as companion
-from trl_clinic.course.models import load_smollm2
+from trl_clinic.course.models import load_smollm2, make_causal_lm
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.results import above, below, conclude, measured, recreated, save_metrics
 from trl_clinic.course.tokenizer import build_tokenizer
@@ -64,7 +65,8 @@ sizes = run.sizes  # this lesson's numbers for the profile (lessons.yaml)
 # labelled `recreated`, and a run "past the check" is seen up to the kernel call this CPU cannot make.
 
 # %% tags=["symptom"]
-report = companion.report_era(run)  # eras.run_in_era("04-transformers-4.51", "then_04_padding_side", ...)
+spec = {"seed": run.subseed("then"), "scenarios": companion.CORE_SCENARIOS, "direct_forward": False}
+report = eras.run_in_era("04-transformers-4.51", "then_04_padding_side", spec, run.output_dir / "then")
 companion.show_error(report)
 
 # %% [markdown]
@@ -75,8 +77,7 @@ companion.show_error(report)
 # every right-padded row. And why did the report's training steps pass?
 
 # %%
-companion.show_cache_audit(report)
-companion.show_scenarios(report, ["train_defaults", "train_checkpointing", "tokenizer_left"])
+companion.show_scenarios(report, ["cache_audit", "train_defaults", "train_checkpointing", "tokenizer_left"])
 
 # %% [markdown]
 # Training and evaluation run the same forward. `Qwen2Model.forward` drops the cache only when gradient
@@ -121,7 +122,10 @@ grid = companion.padding_grids(run, smol, smol_tokenizer)  # "A, B, C," and "A, 
 # take positions its prompt already used. Left padding puts the pads first. Real questions, batched and alone:
 
 # %%
-prompts, lengths = companion.chat_prompts(smol_tokenizer, sizes.chat_prompts)
+prompts = [smol_tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                             add_generation_prompt=True)  # SmolLM2's template adds a system prompt
+           for question in companion.QUESTIONS[: sizes.chat_prompts]]
+lengths = [len(smol_tokenizer(prompt)["input_ids"]) for prompt in prompts]
 generation = generation_check(smol, smol_tokenizer, prompts, max_new_tokens=sizes.max_new_tokens)
 companion.print_generation(generation, lengths)
 
@@ -138,11 +142,15 @@ companion.print_generation(generation, lengths)
 # %%
 tokenizer = build_tokenizer()
 tokenizer.padding_side = "left"
-checkpoint = companion.qwen2_checkpoint(run, tokenizer)
-trainer = companion.dpo_trainer(run, checkpoint, tokenizer, eval_batch_size=1)
-dpo_padding, first_padded = companion.eval_padding(trainer)
+checkpoint = run.output_dir / "qwen2"  # a random Qwen2, saved: DPO loads the policy and the reference from a path
+make_causal_lm(tokenizer, "qwen2", size=sizes.model_size, seed=run.seed).save_pretrained(checkpoint)
+tokenizer.save_pretrained(checkpoint)
+trainer = companion.dpo_trainer(run, checkpoint, tokenizer, eval_batch_size=1)  # today's real DPOTrainer on that path
+masks = [batch["attention_mask"] for batch in trainer.get_eval_dataloader()]
+padded = [mask for mask in masks if not mask.all()]
+dpo_padding = {"batches": len(masks), "padded": len(padded), "on_the_left": sum(bool((m[:, 0] == 0).any()) for m in padded)}
 print(f"tokenizer.padding_side = {tokenizer.padding_side!r}; DPO's evaluation batches: {dpo_padding}")
-print(f"the first padded one's attention mask (chosen, rejected):\n{first_padded}")
+print(f"the first padded one's attention mask (chosen, rejected):\n{padded[0] if padded else None}")
 
 # %% [markdown]
 # ## 5. Check your own trainer
@@ -322,8 +330,7 @@ def today_checks(n: dict) -> tuple[dict, dict]:
 
 
 # %% jupyter={"source_hidden": true}
-numbers = companion.core_numbers(report, grid, generation, lengths, portable, finding, dpo_padding)
-summary = companion.summary(numbers)
+numbers, summary = companion.core_numbers(report, grid, generation, lengths, portable, finding, dpo_padding)
 metrics = save_metrics(run, "04", numbers, checks, summary=summary, eras=[report.to_metrics()])
 display(Markdown(summary))
 conclude(metrics, run.output_dir)

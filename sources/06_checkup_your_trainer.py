@@ -81,11 +81,10 @@ print(f"exit code {report.exit_code} (0: clean, 1: a probe failed, 3: a probe cr
 # %% [markdown]
 # ## 2. What the `packing` probe measured
 #
-# The probe takes a batch from your trainer's own collator and finds the rows that hold several samples end to
-# end. It runs the model on such a row as the trainer sends it, then on each sequence alone. A sequence that
-# sees only itself gets the same logits both ways. The first sequence of a row has nothing before it, so its
-# difference is rounding; a later one fails when it differs by more than 4 times that, or 4 units in the last
-# place of the dtype at the logits' size. Two samples, one row, token by token:
+# The probe takes a batch from your trainer's own collator, finds a row that holds several samples end to end,
+# and runs the model on it as the trainer sends it, then on each sequence alone. The first sequence has nothing
+# before it, so its difference is rounding; a later one fails when it differs by more than 4 times that, or 4
+# units in the last place of the dtype at the logits' size. Two samples, one row, token by token:
 
 # %% tags=["mechanism"]
 samples = [trainer.train_dataset[i] for i in range(2)]
@@ -229,12 +228,10 @@ title = f"{fails[0]} of {len(traps)} traps fail the check-up; with the fix line,
 tour.plot_verdicts(traps, title, run.output_dir);
 
 # %% [markdown]
-# 04 is counted, not failed: transformers raises its right-padding error for Qwen2 with FlashAttention-2 in
-# 4.37.0-4.41.2 and 4.49.0-4.52.4, not in the version installed here (`modeling_qwen2.py`, read in each:
-# [the known-bugs table](../docs/checkup.md#the-known-bugs-table-srctrl_cliniccheckupknown_bugsyaml)). Installed
-# beside lesson 04's versions, the probe meets that error itself and fails
-# ([measured there](../docs/checkup.md#proven-where-the-bugs-lived)). GRPO's batch rule (lesson 05) is TRL's own:
-# `GRPOConfig` refuses a bad generation batch before a trainer exists (TRL 1.16.0, `grpo_config.py`), and
+# 04 is counted, not failed: the transformers installed here has no right-padding error for Qwen2 with
+# FlashAttention-2 (read in its `modeling_qwen2.py`); the versions that had one, and the probe failing there, are in
+# [the deep dive](deeper/06_checkup_your_trainer_deeper.ipynb), section 6. GRPO's batch rule (lesson 05) is TRL's
+# own: `GRPOConfig` refuses a bad generation batch before a trainer exists (TRL 1.16.0, `grpo_config.py`), and
 # `trl-clinic checkup grpo` reports that refusal as a fail.
 #
 # During training, `trl_clinic.watch` reads the run's own log for the same failures: lesson

@@ -11,13 +11,16 @@ A core (``notebooks/NN_*.ipynb``):
 * recaps in five bullets or fewer, then 2-3 exercises, each with a hint and a starter code cell (tag
   ``exercise``), and a worked-solutions notebook at ``notebooks/solutions/<core>.ipynb``;
 * about 900 words of prose or fewer, 18 code cells or fewer (median about 6 lines, none over 25), about six
-  version numbers or fewer in the prose;
+  version numbers or fewer in the prose, the hosted install line counted as the project's before-stop hook counts it;
+* calls into its companion (``trl_clinic.course.companions.*``) of eight helpers or fewer, so that the trainer
+  configuration behind each symptom is written in the notebook, not hidden behind a helper;
 * ends with its checks, introduced in one sentence, collapsed in JupyterLab, and
   ``conclude`` (which says "all checks passed", or that the lesson is incomplete).
 A deep dive (``notebooks/deeper/NN_*.ipynb``) opens with one line on what its core showed (a link to the core),
 keeps its code cells on a screen, and ends with its checks the same way.
 """
 
+import ast
 import re
 import statistics
 from pathlib import Path
@@ -55,12 +58,13 @@ def cells(lesson):
 
 
 def story(text: str) -> str:
-    """Without the hosted notebook's install line: not the story (trl_clinic.course.hosted writes it)."""
+    """Without the hosted notebook's install line: not the opening's story (trl_clinic.course.hosted writes it)."""
     return "\n".join(line for line in text.splitlines() if INSTALL_MARK not in line)
 
 
 def prose(cell) -> str:
-    return story(cell.source) if cell.cell_type == "markdown" else ""
+    """A markdown cell whole, the install line included: what a learner reads, and what the before-stop hook counts."""
+    return cell.source if cell.cell_type == "markdown" else ""
 
 
 def lines(cell) -> int:
@@ -147,6 +151,60 @@ def test_the_core_is_short(key):
     assert len(sizes) <= CODE_CELLS, f"{lesson.stem}: {len(sizes)} code cells"
     assert max(sizes) <= MAX_CODE_LINES, f"{lesson.stem}: a code cell of {max(sizes)} lines"
     assert statistics.median(sizes) <= MEDIAN_CODE_LINES, f"{lesson.stem}: median code cell {statistics.median(sizes)}"
+
+
+COMPANION_HELPERS = 8
+COMPANIONS = "trl_clinic.course.companions"
+
+
+def companion_helpers(cells: list[str]) -> list[str]:
+    """The companion helpers the code cells use, in order, each once: ``companion.NAME`` on a module imported from
+    ``trl_clinic.course.companions`` (constants in capitals are data, not helpers) and every name imported from one
+    of its modules. A helper used again counts once: the learner reads what it does once, and the arguments that
+    change (07's ``reward_trainer(run, pairs, dtype, name, **user_settings)``) are written at each call."""
+    trees = [
+        ast.parse("\n".join(line for line in cell.splitlines() if not line.lstrip().startswith(("%", "!"))))
+        for cell in cells
+    ]
+    nodes = [node for tree in trees for node in ast.walk(tree)]
+    modules, names = set(), set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module == COMPANIONS:
+            modules |= {alias.asname or alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(f"{COMPANIONS}."):
+            names |= {alias.asname or alias.name for alias in node.names}
+        elif isinstance(node, ast.Import):
+            modules |= {alias.asname for alias in node.names if alias.name.startswith(COMPANIONS) and alias.asname}
+    used = []
+    for node in nodes:
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            if not node.attr.isupper():
+                used.append(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in names:
+            used.append(node.id)
+    return list(dict.fromkeys(used))
+
+
+@pytest.mark.parametrize("key", CORES)
+def test_a_core_leans_on_few_companion_helpers(key):
+    """A core's body makes about eight calls into its companion or fewer: the rest (the trainer's config, the era
+    it runs in, how a number is measured) is written in the notebook, where the learner reads it."""
+    helpers = companion_helpers([cell.source for cell in code(CORES[key])])
+    assert len(helpers) <= COMPANION_HELPERS, (
+        f"{CORES[key].stem} uses {len(helpers)} companion helpers (at most {COMPANION_HELPERS}): {helpers}; write "
+        "what the learner should see in the notebook, merge plumbing into one helper, or move evidence to the deep dive"
+    )
+
+
+def test_the_helper_count_sees_modules_names_and_repeats():
+    cells = [
+        "from trl_clinic.course.companions import lesson_01_padding_free as companion\n"
+        "from trl_clinic.course.companions.lesson_03_reward_nan import keep_log\n"
+        "a = companion.prepare(run, companion.ERA_OLD)\nb = list(map(companion.show_logs, [a]))",
+        "%matplotlib inline\nkeep_log(a)\nkeep_log(b)\ncompanion.prepare(run)\nfrom trl_clinic.course import data",
+        "data.preference_pairs(4)",
+    ]
+    assert companion_helpers(cells) == ["prepare", "show_logs", "keep_log"]
 
 
 @pytest.mark.parametrize("key", CORES)

@@ -37,7 +37,8 @@ sdpa_or_eager = run.attention in ("sdpa", "eager")
 def sft_trainer(batch_size: int, padding_free: bool, model=str(checkpoint)) -> SFTTrainer:
     """The lesson's trainer: today's SFTTrainer on the copy-task model, at learning rate 0."""
     args = SFTConfig(**run.trainer_kwargs(f"batch-{batch_size}-{padding_free}", progress=False),
-                     model_init_kwargs={"attn_implementation": run.attention, "dtype": companion.kernel_dtype(run.attention)},
+                     model_init_kwargs={"attn_implementation": run.attention,
+                                        "dtype": "bfloat16" if run.attention.startswith("flash") else "float32"},
                      padding_free=padding_free, max_length=None, completion_only_loss=True,
                      per_device_train_batch_size=batch_size, learning_rate=0.0, num_train_epochs=1)
     return SFTTrainer(model=model, args=args, train_dataset=examples, processing_class=tokenizer)

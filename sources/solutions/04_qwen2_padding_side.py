@@ -11,7 +11,7 @@
 #
 # The exercises of [lesson 04](../04_qwen2_padding_side.ipynb), at the lesson's own sizes, on the lesson's own
 # models: SmolLM2-135M-Instruct for generation and scoring, and the lesson's Qwen2 checkpoint (built by the same
-# `companion.qwen2_checkpoint`) for today's `DPOTrainer`. Each answer ends in an assertion, so this notebook fails
+# lines) for today's `DPOTrainer`. Each answer ends in an assertion, so this notebook fails
 # when an answer stops being true.
 
 # %% tags=["parameters"]
@@ -23,7 +23,7 @@ output_dir = None  # None: outputs/04_qwen2_padding_side at the repository root
 import torch
 
 from trl_clinic.course.companions import lesson_04_padding_side as companion
-from trl_clinic.course.models import load_smollm2
+from trl_clinic.course.models import load_smollm2, make_causal_lm
 from trl_clinic.course.parameters import start_run
 from trl_clinic.course.tokenizer import build_tokenizer
 from trl_clinic.probes.padding import generation_check
@@ -73,7 +73,9 @@ assert len(set(counts)) == 1 and changed == {"left": 0, "right": 0} and shift < 
 # %%
 tokenizer = build_tokenizer()
 tokenizer.padding_side = "left"  # as in the lesson: DPO pads right whatever this says
-checkpoint = companion.qwen2_checkpoint(run, tokenizer)
+checkpoint = run.output_dir / "qwen2"  # the lesson's random Qwen2, saved as the lesson saves it
+make_causal_lm(tokenizer, "qwen2", size=sizes.model_size, seed=run.seed).save_pretrained(checkpoint)
+tokenizer.save_pretrained(checkpoint)
 trainer4 = companion.dpo_trainer(run, checkpoint, tokenizer, eval_batch_size=4)
 watched = {name: watch_right_padding_with_cache(model)
            for name, model in (("policy", trainer4.model), ("reference", trainer4.ref_model))}

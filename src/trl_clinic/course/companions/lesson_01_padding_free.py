@@ -143,6 +143,15 @@ def start_era(run: Run, era: str, examples: Dataset) -> Future:
     return future
 
 
+def prepare(run: Run, era: str = ERA_OLD) -> tuple[Dataset, Future, Path]:
+    """The lesson's setup in one call: the copy-task examples, ``era`` started on them in the background
+    (``start_era``) and the copy-task model trained meanwhile (``train_copier``), in the order that lets the era
+    load its libraries while today's side trains."""
+    examples = copy_examples(run.sizes.samples, run.subseed("examples"))
+    then = start_era(run, era, examples)
+    return examples, then, train_copier(run)
+
+
 def show_logs(then: eras.EraRun) -> None:
     """The old trainer's own log lines at the largest batch size, padded and padding-free, and the mean by batch."""
     print(then.describe())
@@ -208,6 +217,17 @@ def foreign_counts(masks: dict[str, list[list[int]] | None], lengths: list[int])
     return {name: foreign_cells(mask, lengths) for name, mask in masks.items() if mask is not None}
 
 
+def show_masks(run: Run, then: eras.EraRun, checkpoint: Path, lengths: list[int]) -> dict[str, int]:
+    """The core's mechanism: the era's pattern (``old_pattern``) beside today's (``attention_pattern``) for one
+    packed row of ``lengths``, drawn (``plot_masks``); the cross-sequence cells of each pattern measured."""
+    masks = {
+        "TRL 0.14 + transformers 4.48.3": old_pattern(then),  # None when the era did not run
+        "today's transformers": attention_pattern(checkpoint, lengths),
+    }
+    plot_masks(run, masks, lengths)
+    return foreign_counts(masks, lengths)
+
+
 def plot_masks(
     run: Run, masks: dict[str, list[list[int]] | None], lengths: list[int], file: str = "attention_masks"
 ) -> None:
@@ -243,11 +263,6 @@ def plot_masks(
 
 
 # ---- the fix, measured: the notebook's trainer over batch sizes at learning rate 0 ------------------------
-
-
-def kernel_dtype(attention: str) -> str:
-    """FlashAttention takes half-precision weights; sdpa and eager keep fp32 (bf16 autocast on a GPU)."""
-    return "bfloat16" if attention.startswith("flash_attention") else "float32"
 
 
 def mean_logged(trainer: SFTTrainer, key: str = "loss") -> float:

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, PreTrainedModel, PreTrainedTokenizerBase
 from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
-from trl_clinic.course import data, eras, plotting
+from trl_clinic.course import data, plotting
 from trl_clinic.course.eras import EraRun
 from trl_clinic.course.models import MODEL_SIZES, make_causal_lm, trained_model
 from trl_clinic.course.run import Run
@@ -104,12 +104,16 @@ def said(outcome: dict) -> str:
 
 def show_scenarios(era: EraRun, names: list[str] | None = None, group: str = "scenarios") -> None:
     """Each run of the era script, one line each, with the reference model's forward or the evaluation that
-    followed where the scenario ran one; the missing kernel's error once, under the runs it ended."""
+    followed where the scenario ran one (``cache_audit``: its counted forwards); the missing kernel's error once,
+    under the runs it ended."""
     if not era.finished:
         print(f"not run ({era.status})")
         return
     kernel = None
     for name in names or list(era.result[group]):
+        if name == "cache_audit":  # counts, not a verdict: its own lines
+            show_cache_audit(era)
+            continue
         outcome = era.result[group][name]
         line = f"{descriptions(era, group).get(name, name)}: {said(outcome)}"  # one line where it fits the screen
         print(line if len(line) <= 120 else f"{descriptions(era, group).get(name, name)}:\n    {said(outcome)}")
@@ -188,15 +192,6 @@ def cache_audit_counts(record: dict) -> dict | None:
 
 
 # ---- the models and trainers -----------------------------------------------------------------------------
-
-
-def qwen2_checkpoint(run: Run, tokenizer: PreTrainedTokenizerBase) -> Path:
-    """The core's Qwen2 (random init: padding and the cache need no trained model), saved so that DPO loads
-    the policy and the reference model from a path, as a user with a model id does."""
-    checkpoint = run.output_dir / "qwen2"
-    make_causal_lm(tokenizer, "qwen2", size=run.sizes.model_size, seed=run.seed).save_pretrained(checkpoint)
-    tokenizer.save_pretrained(checkpoint)
-    return checkpoint
 
 
 def sft_checkpoint(run: Run, tokenizer: PreTrainedTokenizerBase) -> tuple[PreTrainedModel, Path]:
@@ -294,41 +289,12 @@ def tiny_gpt2(run: Run, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     return AutoModelForCausalLM.from_config(config).to(run.device).eval()
 
 
-def chat_prompts(tokenizer: PreTrainedTokenizerBase, n: int) -> tuple[list[str], list[int]]:
-    """The first ``n`` questions as SmolLM2's chat template writes them (it adds a default system prompt), and
-    their lengths in tokens."""
-    prompts = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
-        )
-        for question in QUESTIONS[:n]
-    ]
-    return prompts, [len(tokenizer(prompt)["input_ids"]) for prompt in prompts]
-
-
-def report_era(run: Run) -> EraRun:
-    """The core's run of the report's era (04-transformers-4.51): every scenario of ``CORE_SCENARIOS``."""
-    spec = {"seed": run.subseed("then"), "scenarios": CORE_SCENARIOS, "direct_forward": False}
-    return eras.run_in_era("04-transformers-4.51", "then_04_padding_side", spec, run.output_dir / "then")
-
-
-def eval_padding(trainer: DPOTrainer) -> tuple[dict, torch.Tensor | None]:
-    """DPO's evaluation batches: how many, how many padded, how many of those padded on the left; the first
-    padded batch's attention mask."""
-    padded = [b["attention_mask"] for b in trainer.get_eval_dataloader() if not b["attention_mask"].all()]
-    counts = {
-        "batches": len(trainer.get_eval_dataloader()),
-        "padded": len(padded),
-        "on_the_left": sum(bool((mask[:, 0] == 0).any()) for mask in padded),
-    }
-    return counts, (padded[0] if padded else None)
-
-
 def core_numbers(
     report: EraRun, grid: dict, generation: dict, lengths: list[int], portable: dict, checkup_found, dpo_padding: dict
-) -> dict:
+) -> tuple[dict, str]:
     """The core's numbers: each side (right padding and the era's failing runs without the fix; left padding, the
-    era's runs with it and today's DPO evaluation with it) with the same fields, and DPO's batches."""
+    era's runs with it and today's DPO evaluation with it) with the same fields, and DPO's batches; and the
+    report's sentences written from them (``summary``)."""
     record = era_record(report)
     bad_era, fixed_era = era_sides(record)
     today = {
@@ -348,7 +314,7 @@ def core_numbers(
             "generation": {"changed": changed, "shorter": shorter},
         }
 
-    return {
+    numbers = {
         "then": record,
         "prompts": len(lengths),
         "lengths": lengths,
@@ -359,6 +325,7 @@ def core_numbers(
         },
         "shift": {s: generation[s]["first_token_logit_shift"] for s in ("left", "right")},
     }
+    return numbers, summary(numbers)
 
 
 @contextlib.contextmanager
