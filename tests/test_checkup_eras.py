@@ -282,3 +282,34 @@ def test_03_trl_0_14_fp16_lora_reward_model_fails_fp16_adamw_before_its_run_goes
     assert healthy["status"] == "ok" and healthy["measured"] == "0 fp16 trainable tensors"
     assert findings(outcome, "RewardTrainer, float32 weights")["reward_head"]["status"] == "ok"
     no_fail(outcome, "RewardTrainer, float32 weights")
+
+
+@pytest.mark.era
+def test_05_trl_0_14_grpo_checkup_reaches_its_verdict_and_equal_rewards_fail_by_measurement(wheel, tmp_path):
+    """Lesson 05 (TRL #2906) on the report's own trl 0.14.0 (transformers 4.48.3, peft 0.14.0, accelerate 1.2.1),
+    the first GRPOTrainer: it generates inside compute_loss, counts prompts in the per-device batch and has no
+    top_p or reward_weights, so the check-up's equal_rewards takes its own generation path here. A reward that
+    ignores the completion fails it by measurement (4 of 4 groups); a reward with spread passes, in fp32 and with
+    the report's bf16=True. The report's crash (SIGFPE in a bf16 GEMM) needs an H20 GPU and an old cuBLAS and is
+    not made here: on this CPU the known-bugs table matches nothing (decided by the table, no GPU name read), and
+    the same trainer's facts with the report's device and cuBLAS put in match 05-h20-cublas-bf16 from the era's
+    GRPOConfig(bf16=True), and nothing with bf16=False."""
+    outcome = checkup_in("01-trl-0.14", wheel, tmp_path, scenarios="01-trl-0.14, lesson 05")
+    assert (outcome["versions"]["transformers"], outcome["versions"]["trl"]) == ("4.48.3", "0.14.0")
+    flat = findings(outcome, "GRPO, the same reward for every completion")["equal_rewards"]
+    assert (flat["status"], flat["decided"], flat["value"]) == ("fail", "measured", 1.0), flat
+    assert flat["measured"].startswith("4 of 4 groups")  # 4 prompts: trl 0.14.0's per-device batch counts prompts
+    for healthy in ("GRPO, a reward with spread", "GRPO, a reward with spread, bf16=True"):
+        found = findings(outcome, healthy)["equal_rewards"]
+        assert (found["status"], found["decided"]) == ("ok", "measured") and found["measured"].startswith("0 of 4")
+        no_fail(outcome, healthy)
+    table = findings(outcome, "GRPO, a reward with spread, bf16=True")["known_bugs"]
+    assert (table["status"], table["decided"], table["value"]) == ("ok", "table", 0)
+    assert "trl 0.14.0" in table["reason"]
+    what_if = outcome["also"]["known_bugs"]
+    assert what_if["bf16=True"] == {
+        "here": [],
+        "gpu_name here": "",
+        "on an H20 with cuBLAS 12.1.3.1": ["05-h20-cublas-bf16"],
+    }
+    assert what_if["bf16=False"]["on an H20 with cuBLAS 12.1.3.1"] == []

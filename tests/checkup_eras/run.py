@@ -27,7 +27,10 @@ TEMPLATE = [3, 4]  # the response template's token ids (trl 0.14's completion-on
 OUT = tempfile.mkdtemp(prefix="checkup-era-")
 
 
-def tokenizer():
+def tokenizer(type_ids: bool = True):
+    """A word-level tokenizer over the vocabulary; ``type_ids=False``: it returns no token_type_ids, as Qwen2's own
+    tokenizer (``model_input_names``, tokenization_qwen2_fast.py:80 of transformers 4.48.3); trl 0.14.0's GRPO
+    passes the tokenizer's whole output to ``generate``, where Qwen2 refuses token_type_ids."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
@@ -35,8 +38,9 @@ def tokenizer():
 
     words = Tokenizer(WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t2"))
     words.pre_tokenizer = WhitespaceSplit()
+    inputs = {} if type_ids else {"model_input_names": ["input_ids", "attention_mask"]}
     return PreTrainedTokenizerFast(
-        tokenizer_object=words, pad_token="t0", eos_token="t1", unk_token="t2", padding_side="right"
+        tokenizer_object=words, pad_token="t0", eos_token="t1", unk_token="t2", padding_side="right", **inputs
     )
 
 
@@ -303,7 +307,11 @@ def grpo_trainer(reward=spread, **settings):
         )
     )
     return GRPOTrainer(
-        model=model("qwen2"), reward_funcs=reward, args=config, train_dataset=prompts, processing_class=tokenizer()
+        model=model("qwen2"),
+        reward_funcs=reward,
+        args=config,
+        train_dataset=prompts,
+        processing_class=tokenizer(type_ids=False),
     )
 
 
