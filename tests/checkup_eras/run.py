@@ -317,12 +317,12 @@ def grpo_trainer(reward=spread, **settings):
 
 def reward_trainer(dtype: torch.dtype, **settings):
     """RewardTrainer on a tiny Llama reward model with its weights in ``dtype`` and LoRA r=8 with
-    ``task_type="SEQ_CLS"`` (the trainable ``score`` head keeps the weights' dtype), passed as TRL #2367's
-    report passes it: ``peft_config=``. Hidden size 64, lesson 03's cpu model's: at 32 the first step's head
-    gradient (32 elements, seed 0) has no element small enough for fp16 AdamW to turn non-finite, and the real
-    run stays finite too (measured once in the era: grad norms 0.80, 0.48, 1.07), so the probe's ok there was
-    right. trl 0.14's RewardTrainer tokenizes ``chosen`` and ``rejected`` only, so each holds its prompt (the
-    implicit-prompt form)."""
+    ``task_type="SEQ_CLS"`` (the trainable ``score`` head keeps the weights' dtype), passed as ``peft_config=`` (trl
+    0.14.0's reward_trainer.py:166 wraps the model with get_peft_model). Hidden size 64, lesson 03's cpu model's: at
+    32 the first step's head gradient (32 elements, seed 0) has no element small enough for fp16 AdamW to turn
+    non-finite, and the real run stays finite too (measured once in the era: grad norms 0.80, 0.48, 1.07), so the
+    probe's ok there was right. trl 0.14's RewardTrainer tokenizes ``chosen`` and ``rejected`` only, so each holds
+    its prompt (the implicit-prompt form)."""
     from datasets import Dataset
     from peft import LoraConfig
     from trl import RewardConfig, RewardTrainer
