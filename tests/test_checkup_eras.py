@@ -261,7 +261,7 @@ def test_06_trl_0_24_on_transformers_5_trains_the_prompt_and_prompt_in_loss_fail
 @pytest.mark.era
 def test_03_trl_0_14_fp16_lora_reward_model_fails_fp16_adamw_before_its_run_goes_nan(wheel, tmp_path):
     """Lesson 03 (TRL #2367) in the era closest to its report: trl 0.14.0, transformers 4.48.3, peft 0.14.0,
-    accelerate 1.2.1. The report was filed in late 2024 against a trl 0.12-era stack, so these are not its exact
+    accelerate 1.2.1. The report's thread dates from November 2024 (trl 0.12-era), so these are not its exact
     versions. A real RewardTrainer with peft_config=LoraConfig(task_type="SEQ_CLS") on a float16 Llama reward
     model, optim="adamw_torch", batch 1 x accumulation 8: the check-up's fp16_adamw fails by measurement, and the
     era's own training then logs a finite grad norm at step 1 and NaN at step 2; float32 weights, the rest the same,
