@@ -17,6 +17,7 @@ no fail. Under ``make test`` (``TRL_CLINIC_REQUIRE_ERAS``) a missing era fails; 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -112,14 +113,16 @@ def install(era: str, wheel: Path, folder: Path, installer: str) -> dict:
     return {"python": python, "before": before, "after": after}
 
 
-def checkup_in(era: str, wheel: Path, tmp_path: Path, installer: str = "uv") -> dict:
+def checkup_in(era: str, wheel: Path, tmp_path: Path, installer: str = "uv", scenarios: str | None = None) -> dict:
+    """The check-up's reports on ``scenarios`` (a set of run.py's SCENARIOS; the era's own by default), run in a
+    copy of ``era`` with the wheel installed."""
     start = time.perf_counter()
     env = install(era, wheel, tmp_path, installer)
     assert {k: env["after"][k] for k in STACK} == env["before"], f"installing the wheel changed {era}'s stack"
     assert env["after"]["trl-clinic"] is not None
     result = tmp_path / "result.json"
     done = subprocess.run(
-        [str(env["python"]), str(RUN), era, str(result)],
+        [str(env["python"]), str(RUN), scenarios or era, str(result)],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -128,7 +131,7 @@ def checkup_in(era: str, wheel: Path, tmp_path: Path, installer: str = "uv") -> 
     )
     assert done.returncode == 0, done.stderr[-4000:]
     outcome = json.loads(result.read_text())
-    SECONDS[era] = round(time.perf_counter() - start, 1)
+    SECONDS[scenarios or era] = round(time.perf_counter() - start, 1)
     assert outcome["course_modules"] == []  # the library alone: the course was never imported
     assert outcome["versions"]["trl-clinic"] == env["after"]["trl-clinic"]
     for name, report in outcome["reports"].items():  # the table printed in the era names every finding's status
@@ -153,7 +156,7 @@ def no_fail(outcome: dict, scenario: str) -> None:
 def report_seconds():
     yield
     if SECONDS:
-        print(f"\ncheck-up era tests, seconds per era (copy, install, check-up): {SECONDS}")
+        print(f"\ncheck-up era tests, seconds per era or scenario set (copy, install, check-up): {SECONDS}")
 
 
 @pytest.mark.era
@@ -253,3 +256,60 @@ def test_06_trl_0_24_on_transformers_5_trains_the_prompt_and_prompt_in_loss_fail
         "02-trl-chat-template-dict-mask",
     )
     assert not command_line["report"]["errors"], command_line["report"]["findings"]
+
+
+@pytest.mark.era
+def test_03_trl_0_14_fp16_lora_reward_model_fails_fp16_adamw_before_its_run_goes_nan(wheel, tmp_path):
+    """Lesson 03 (TRL #2367) in the era closest to its report: trl 0.14.0, transformers 4.48.3, peft 0.14.0,
+    accelerate 1.2.1. The report's thread dates from November 2024 (trl 0.12-era), so these are not its exact
+    versions. A real RewardTrainer with peft_config=LoraConfig(task_type="SEQ_CLS") on a float16 Llama reward
+    model, optim="adamw_torch", batch 1 x accumulation 8: the check-up's fp16_adamw fails by measurement, and the
+    era's own training then logs a finite grad norm at step 1 and NaN at step 2; float32 weights, the rest the same,
+    have no fail and train finite. The era selects "adamw_torch" when no optimizer is named (transformers 4.48.3
+    training_args.py:1273), where today's 5.23.0 selects the fused AdamW on torch >= 2.8 (training_args.py:806-811)
+    and hides the bug: the result reads that default from the era's own RewardConfig."""
+    outcome = checkup_in("01-trl-0.14", wheel, tmp_path, scenarios="01-trl-0.14, lesson 03")
+    assert (outcome["versions"]["transformers"], outcome["versions"]["trl"]) == ("4.48.3", "0.14.0")
+    assert outcome["also"]["defaults"] == {"optim": "adamw_torch"}
+    bug = findings(outcome, "RewardTrainer, float16 weights")["fp16_adamw"]
+    assert (bug["status"], bug["decided"]) == ("fail", "measured"), bug
+    assert "(optim=adamw_torch)" in bug["measured"] and "8 micro-batches through training_step" in bug["measured"]
+    assert bug["fix"].startswith("base_model.model.score.")  # the SEQ_CLS head, trainable and kept in fp16
+    norms = outcome["also"]["grad_norms"]
+    assert math.isfinite(norms["float16"][0]) and math.isnan(norms["float16"][1])  # the run the probe foresaw
+    assert all(math.isfinite(n) for n in norms["float32"]) and len(norms["float32"]) == 2
+    healthy = findings(outcome, "RewardTrainer, float32 weights")["fp16_adamw"]
+    assert healthy["status"] == "ok" and healthy["measured"] == "0 fp16 trainable tensors"
+    assert findings(outcome, "RewardTrainer, float32 weights")["reward_head"]["status"] == "ok"
+    no_fail(outcome, "RewardTrainer, float32 weights")
+
+
+@pytest.mark.era
+def test_05_trl_0_14_grpo_checkup_reaches_its_verdict_and_equal_rewards_fail_by_measurement(wheel, tmp_path):
+    """Lesson 05 (TRL #2906) on the report's own trl 0.14.0 (transformers 4.48.3, peft 0.14.0, accelerate 1.2.1),
+    the first GRPOTrainer: it generates inside compute_loss, counts prompts in the per-device batch and has no
+    top_p or reward_weights, so the check-up's equal_rewards takes its own generation path here. A reward that
+    ignores the completion fails it by measurement (4 of 4 groups); a reward with spread passes, in fp32 and with
+    the report's bf16=True. The report's crash (SIGFPE in a bf16 GEMM) needs an H20 GPU and an old cuBLAS and is
+    not made here: on this CPU the known-bugs table matches nothing (decided by the table, no GPU name read), and
+    the same trainer's facts with the report's device and cuBLAS put in match 05-h20-cublas-bf16 from the era's
+    GRPOConfig(bf16=True), and nothing with bf16=False."""
+    outcome = checkup_in("01-trl-0.14", wheel, tmp_path, scenarios="01-trl-0.14, lesson 05")
+    assert (outcome["versions"]["transformers"], outcome["versions"]["trl"]) == ("4.48.3", "0.14.0")
+    flat = findings(outcome, "GRPO, the same reward for every completion")["equal_rewards"]
+    assert (flat["status"], flat["decided"], flat["value"]) == ("fail", "measured", 1.0), flat
+    assert flat["measured"].startswith("4 of 4 groups")  # 4 prompts: trl 0.14.0's per-device batch counts prompts
+    for healthy in ("GRPO, a reward with spread", "GRPO, a reward with spread, bf16=True"):
+        found = findings(outcome, healthy)["equal_rewards"]
+        assert (found["status"], found["decided"]) == ("ok", "measured") and found["measured"].startswith("0 of 4")
+        no_fail(outcome, healthy)
+    table = findings(outcome, "GRPO, a reward with spread, bf16=True")["known_bugs"]
+    assert (table["status"], table["decided"], table["value"]) == ("ok", "table", 0)
+    assert "trl 0.14.0" in table["reason"]
+    what_if = outcome["also"]["known_bugs"]
+    assert what_if["bf16=True"] == {
+        "here": [],
+        "gpu_name here": "",
+        "on an H20 with cuBLAS 12.1.3.1": ["05-h20-cublas-bf16"],
+    }
+    assert what_if["bf16=False"]["on an H20 with cuBLAS 12.1.3.1"] == []

@@ -1,11 +1,11 @@
 """``checkup(trainer)`` on an era's own trainers, in an environment holding that era's stack and the built wheel.
 
-Usage: ``python run.py ERA RESULT.json`` with the interpreter of a copy of ``.eras/ERA`` into which the wheel
-was installed (tests/test_checkup_eras.py). Standalone: it imports the era's torch, transformers and TRL, and
-only the library from trl_clinic (``trl_clinic.checkup``), never the course. Each scenario builds one real
-trainer of the era (tiny models from configs, a word-level tokenizer built in place, token ids drawn from a
-fixed seed) and runs the whole check-up on it; the result holds each report and the versions, so the test
-reads what was measured there.
+Usage: ``python run.py SET RESULT.json`` with the interpreter of a copy of ``.eras/ERA`` into which the wheel was
+installed (tests/test_checkup_eras.py); SET names one of ``SCENARIOS``: the era, or the era and a lesson.
+Standalone: it imports the era's torch, transformers and TRL, and only the library from trl_clinic
+(``trl_clinic.checkup``), never the course. Each scenario builds one real trainer of the era (tiny models from
+configs, a word-level tokenizer built in place, token ids drawn from a fixed seed) and runs the whole check-up on
+it; the result holds each report and the versions, so the test reads what was measured there.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ TEMPLATE = [3, 4]  # the response template's token ids (trl 0.14's completion-on
 OUT = tempfile.mkdtemp(prefix="checkup-era-")
 
 
-def tokenizer():
+def tokenizer(type_ids: bool = True):
+    """A word-level tokenizer over the vocabulary; ``type_ids=False``: it returns no token_type_ids, as Qwen2's own
+    tokenizer (``model_input_names``, tokenization_qwen2_fast.py:80 of transformers 4.48.3); trl 0.14.0's GRPO
+    passes the tokenizer's whole output to ``generate``, where Qwen2 refuses token_type_ids."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
@@ -35,22 +38,32 @@ def tokenizer():
 
     words = Tokenizer(WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t2"))
     words.pre_tokenizer = WhitespaceSplit()
+    inputs = {} if type_ids else {"model_input_names": ["input_ids", "attention_mask"]}
     return PreTrainedTokenizerFast(
-        tokenizer_object=words, pad_token="t0", eos_token="t1", unk_token="t2", padding_side="right"
+        tokenizer_object=words, pad_token="t0", eos_token="t1", unk_token="t2", padding_side="right", **inputs
     )
 
 
-def model(family: str = "llama", attention: str = "sdpa", fa2_set: bool = False, use_cache: bool = True):
-    """A tiny random model of ``family``; ``fa2_set``: loaded eager, then told it is FlashAttention-2, as
-    lesson 04's era script does on transformers 4.51.3 (``then_04_padding_side.py``: the right-padding guard
-    runs before any kernel)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+def model(
+    family: str = "llama",
+    attention: str = "sdpa",
+    fa2_set: bool = False,
+    use_cache: bool = True,
+    dtype: torch.dtype = torch.float32,
+    reward_head: bool = False,
+    hidden_size: int = 32,
+):
+    """A tiny random model of ``family`` with its weights in ``dtype``; ``fa2_set``: loaded eager, then told it is
+    FlashAttention-2, as lesson 04's era script does on transformers 4.51.3 (``then_04_padding_side.py``: the
+    right-padding guard runs before any kernel); ``reward_head``: a sequence-classification model with one output
+    (the ``score`` head a reward model trains) instead of a language model."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig, Qwen2Config
 
     config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config}[family]
     config = config_class(
         vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -60,11 +73,11 @@ def model(family: str = "llama", attention: str = "sdpa", fa2_set: bool = False,
         bos_token_id=None,
         tie_word_embeddings=True,
         use_cache=use_cache,
+        **({"num_labels": 1} if reward_head else {}),
     )
     torch.manual_seed(0)
-    built = AutoModelForCausalLM.from_config(
-        config, attn_implementation="eager" if fa2_set else attention, torch_dtype=torch.float32
-    )
+    auto = AutoModelForSequenceClassification if reward_head else AutoModelForCausalLM
+    built = auto.from_config(config, attn_implementation="eager" if fa2_set else attention, torch_dtype=dtype)
     if fa2_set:
         built.config._attn_implementation = "flash_attention_2"
         if hasattr(built.model, "_attn_implementation"):  # transformers <= 4.41 read it once, at build time
@@ -217,7 +230,7 @@ def chat_sft_command_line() -> dict:
     }
 
 
-COMMAND_LINE = {"06-trl-0.24": chat_sft_command_line}  # the eras where the command line runs too
+COMMAND_LINE = {"06-trl-0.24": chat_sft_command_line}  # the scenario sets where the command line runs too
 
 
 def _parameters(cls) -> set[str]:
@@ -266,23 +279,128 @@ def dpo_trainer(**model_settings):
     )
 
 
-def grpo_trainer():
+def spread(completions, **kwargs):
+    """A reward that differs within a group: the completion's length in characters."""
+    return [float(len(c)) for c in completions]
+
+
+def the_same(completions, **kwargs):
+    """A reward that ignores the completion: every completion of every group gets 1."""
+    return [1.0 for _ in completions]
+
+
+def grpo_trainer(reward=spread, **settings):
+    """GRPOTrainer on a tiny Qwen2 policy, 4 generations of up to 12 tokens a prompt. ``per_device_train_batch_size``
+    counts prompts on trl 0.14.0 (4 prompts, 16 completions a micro-batch) and completions from 0.15.0 on (its
+    grpo_trainer.py:341-350 divides the global batch by ``num_generations``: 1 prompt)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    def spread(completions, **kwargs):
-        return [float(len(c)) for c in completions]
-
     prompts = Dataset.from_dict({"prompt": preference_rows()["prompt"]})
     config = GRPOConfig(
-        **common(per_device_train_batch_size=4, num_generations=4, max_completion_length=12, max_prompt_length=16)
+        **common(
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=12,
+            max_prompt_length=16,
+            **settings,
+        )
     )
     return GRPOTrainer(
-        model=model("qwen2"), reward_funcs=spread, args=config, train_dataset=prompts, processing_class=tokenizer()
+        model=model("qwen2"),
+        reward_funcs=reward,
+        args=config,
+        train_dataset=prompts,
+        processing_class=tokenizer(type_ids=False),
     )
 
 
-# Each era's trainers: the bug as the era shipped it, and the healthy setting of the same era.
+def reward_trainer(dtype: torch.dtype, **settings):
+    """RewardTrainer on a tiny Llama reward model with its weights in ``dtype`` and LoRA r=8 with
+    ``task_type="SEQ_CLS"`` (the trainable ``score`` head keeps the weights' dtype), passed as ``peft_config=`` (trl
+    0.14.0's reward_trainer.py:166 wraps the model with get_peft_model). Hidden size 64, lesson 03's cpu model's: at
+    32 the first step's head gradient (32 elements, seed 0) has no element small enough for fp16 AdamW to turn
+    non-finite, and the real run stays finite too (measured once in the era: grad norms 0.80, 0.48, 1.07), so the
+    probe's ok there was right. trl 0.14's RewardTrainer tokenizes ``chosen`` and ``rejected`` only, so each holds
+    its prompt (the implicit-prompt form)."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import RewardConfig, RewardTrainer
+
+    rows = preference_rows(16)
+    pairs = Dataset.from_dict(
+        {
+            side: [f"{prompt} {answer}" for prompt, answer in zip(rows["prompt"], rows[side])]
+            for side in ("chosen", "rejected")
+        }
+    )
+    return RewardTrainer(
+        model=model(dtype=dtype, reward_head=True, hidden_size=64),
+        args=RewardConfig(**common(max_length=32, **settings)),
+        train_dataset=pairs,
+        processing_class=tokenizer(),
+        peft_config=LoraConfig(r=8, task_type="SEQ_CLS"),
+    )
+
+
+# TRL #2367's settings (lesson 03): batch 1 x accumulation 8, non-fused AdamW, no mixed precision
+REPORT_03 = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "optim": "adamw_torch"}
+
+
+def reward_defaults() -> dict:
+    """What the era's RewardConfig selects when the user names no optimizer: transformers 4.48.3's
+    ``default_optim`` (training_args.py:1273) is still "adamw_torch", the non-fused AdamW of TRL #2367's
+    report; transformers 5.23.0 selects "adamw_torch_fused" on torch >= 2.8 (training_args.py:806-811)."""
+    from trl import RewardConfig
+
+    optim = RewardConfig(output_dir=OUT).optim
+    return {"optim": str(getattr(optim, "value", optim))}
+
+
+def reward_runs() -> dict:
+    """The grad norms the era's own training logs in the first two optimizer steps of the lesson 03 trainer in
+    float16 and in float32: the runs the check-up's fp16_adamw measured before."""
+    norms = {}
+    for dtype in (torch.float16, torch.float32):
+        trainer = reward_trainer(dtype, **REPORT_03, max_steps=2, logging_steps=1)
+        with contextlib.redirect_stdout(io.StringIO()):
+            trainer.train()
+        norms[str(dtype).removeprefix("torch.")] = [
+            row["grad_norm"] for row in trainer.state.log_history if "grad_norm" in row
+        ]
+    return norms
+
+
+def known_bugs_for_2906() -> dict:
+    """The known-bugs table's entries that nothing here measures, matched on the era's GRPO trainer with and
+    without ``bf16=True``: as read on this machine (no GPU), and with the facts no CPU has put in, TRL #2906's
+    device (an NVIDIA H20) and the cuBLAS the table names as bad (nvidia-cublas-cu12 12.1.3.1). The args (bf16)
+    are read from the era's GRPOConfig either way."""
+    from dataclasses import replace
+
+    from trl_clinic.checkup.known_bugs import Facts, matching
+    from trl_clinic.checkup.view import TrainerView
+
+    found = {}
+    for bf16 in (True, False):
+        facts = Facts.from_view(TrainerView(grpo_trainer(bf16=bf16)))
+        on_h20 = replace(facts, gpu_name="NVIDIA H20", versions={"nvidia-cublas-cu12": "12.1.3.1"})
+        found[f"bf16={bf16}"] = {
+            "here": [entry["id"] for entry in matching(facts)],
+            "gpu_name here": facts.gpu_name,
+            "on an H20 with cuBLAS 12.1.3.1": [entry["id"] for entry in matching(on_h20)],
+        }
+    return found
+
+
+ALSO = {  # what a scenario set reads besides the check-up's reports
+    "01-trl-0.14, lesson 03": {"defaults": reward_defaults, "grad_norms": reward_runs},
+    "01-trl-0.14, lesson 05": {"known_bugs": known_bugs_for_2906},
+}
+
+
+# Each era's trainers: the bug as the era shipped it, and the healthy setting of the same era. A set is named for
+# its era, or for the era and a lesson where one era holds several lessons' stacks (one process per set).
 SCENARIOS = {
     "02-transformers-4.45": {
         # examples with 2, 4, 8 and 16 label tokens at batch 1 x accumulation 4
@@ -324,6 +442,17 @@ SCENARIOS = {
     "06-trl-0.24": {
         "SFT, conversational prompt-completion": chat_sft_trainer,
     },
+    # lesson 03 (TRL #2367, filed on trl 0.12): fp16 weights, LoRA SEQ_CLS, a non-fused AdamW
+    "01-trl-0.14, lesson 03": {
+        "RewardTrainer, float16 weights": lambda: reward_trainer(torch.float16, **REPORT_03),
+        "RewardTrainer, float32 weights": lambda: reward_trainer(torch.float32, **REPORT_03),
+    },
+    # lesson 05 (TRL #2906, filed on trl 0.14.0 with bf16=True)
+    "01-trl-0.14, lesson 05": {
+        "GRPO, a reward with spread": grpo_trainer,
+        "GRPO, the same reward for every completion": lambda: grpo_trainer(the_same),
+        "GRPO, a reward with spread, bf16=True": lambda: grpo_trainer(bf16=True),
+    },
     "04-transformers-4.40": {
         # completions of 2 and 6 tokens: the first batch's shorter row ends in padding
         "Trainer, Qwen2 with flash_attention_2 set": lambda: plain_trainer(
@@ -337,13 +466,13 @@ SCENARIOS = {
 }
 
 
-def main(era: str, result_path: str) -> None:
+def main(scenarios: str, result_path: str) -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     from trl_clinic import checkup
 
     reports, start = {}, time.perf_counter()
-    for name, build in SCENARIOS[era].items():
+    for name, build in SCENARIOS[scenarios].items():
         began = time.perf_counter()
         trainer = build()
         printed = io.StringIO()
@@ -354,16 +483,18 @@ def main(era: str, result_path: str) -> None:
             "printed": printed.getvalue(),
             "seconds_with_build": round(time.perf_counter() - began, 2),
         }
-    command_line = COMMAND_LINE[era]() if era in COMMAND_LINE else None
+    command_line = COMMAND_LINE[scenarios]() if scenarios in COMMAND_LINE else None
+    also = {name: read() for name, read in ALSO.get(scenarios, {}).items()}
     versions = {name: importlib.metadata.version(name) for name in ("torch", "transformers", "trl", "trl-clinic")}
     course = sorted(m for m in sys.modules if m.startswith("trl_clinic.course"))
     with open(result_path, "w") as out:
         json.dump(
             {
-                "era": era,
+                "scenarios": scenarios,
                 "versions": versions,
                 "reports": reports,
                 "command_line": command_line,
+                "also": also,
                 "course_modules": course,
                 "seconds": round(time.perf_counter() - start, 2),
             },

@@ -50,7 +50,7 @@ def group_rewards(view: TrainerView) -> list[list[float]]:
         **inputs,
         do_sample=True,
         temperature=args.temperature,
-        top_p=args.top_p,
+        top_p=getattr(args, "top_p", 1.0),  # trl 0.14.0 has no top_p: its GenerationConfig keeps the default, 1.0
         max_new_tokens=args.max_completion_length or MAX_NEW_TOKENS,
         num_return_sequences=args.num_generations,
         pad_token_id=tokenizer.pad_token_id,
@@ -61,7 +61,8 @@ def group_rewards(view: TrainerView) -> list[list[float]]:
         completions = [[{"role": "assistant", "content": text}] for text in completions]
     repeat = [row for row in rows for _ in range(args.num_generations)]
     columns = {key: [row[key] for row in repeat] for key in rows[0] if key != "prompt"}
-    weights = args.reward_weights or [1.0] * len(trainer.reward_funcs)
+    # trl 0.14.0 has no reward_weights: it sums the rewards (grpo_trainer.py:498)
+    weights = getattr(args, "reward_weights", None) or [1.0] * len(trainer.reward_funcs)
     total = torch.zeros(len(completions))
     for weight, function in zip(weights, trainer.reward_funcs):
         scores = function(

@@ -28,8 +28,10 @@ MAX_PROMPTS = 2
 
 
 def _grpo_rows(view: TrainerView) -> list[dict]:
-    """Prompts as GRPO's sampler hands them to the trainer: each repeated num_generations times."""
-    return [row for row in view.grpo_prompts(MAX_PROMPTS) for _ in range(view.args.num_generations)]
+    """Prompts as GRPO's sampler hands them to the trainer: each repeated num_generations times (trl 0.14.0: once,
+    its loss generates the num_generations completions)."""
+    repeat = 1 if view.grpo_batch_counts_prompts else view.args.num_generations
+    return [row for row in view.grpo_prompts(MAX_PROMPTS) for _ in range(repeat)]
 
 
 def _steps(view: TrainerView) -> list[tuple[str, callable]]:

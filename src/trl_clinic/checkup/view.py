@@ -279,11 +279,24 @@ class TrainerView:
             raise Skip(f"the training set has {len(rows)} rows; this probe needs {start + n}")
         return [rows[i] for i in range(start, start + n)]
 
+    @property
+    def grpo_batch_counts_prompts(self) -> bool:
+        """Whether GRPO's per-device batch counts prompts, each given ``num_generations`` completions inside the
+        loss: trl 0.14.0 (grpo_trainer.py, compute_loss; no sampler of its own). From 0.15.0 it counts
+        completions, the global batch divided by ``num_generations`` (grpo_trainer.py:341-350)."""
+        from importlib.metadata import version
+
+        from packaging.version import Version
+
+        return Version(version("trl")) < Version("0.15.0")
+
     def grpo_prompts(self, most: int) -> list[dict]:
         """The first prompts of one GRPO generation batch (at least one, at most ``most``): its completions,
-        ``generation_batch_size`` (per-device batch by default), come ``num_generations`` to a prompt."""
+        ``generation_batch_size`` (per-device batch by default), come ``num_generations`` to a prompt; on trl 0.14.0
+        the per-device batch is prompts."""
         size = getattr(self.args, "generation_batch_size", None) or self.args.per_device_train_batch_size
-        return self.samples(max(1, min(most, size // self.args.num_generations)))
+        prompts = size if self.grpo_batch_counts_prompts else size // self.args.num_generations
+        return self.samples(max(1, min(most, prompts)))
 
     def batches(self, most: int) -> list[dict]:
         """The first ``most`` batches of the trainer's own dataloader (``get_train_dataloader``): its dataset of any
