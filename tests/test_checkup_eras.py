@@ -290,16 +290,19 @@ def test_05_trl_0_14_grpo_checkup_reaches_its_verdict_and_equal_rewards_fail_by_
     the first GRPOTrainer: it generates inside compute_loss, counts prompts in the per-device batch and has no
     top_p or reward_weights, so the check-up's equal_rewards takes its own generation path here. A reward that
     ignores the completion fails it by measurement (4 of 4 groups); a reward with spread passes, in fp32 and with
-    the report's bf16=True. The report's crash (SIGFPE in a bf16 GEMM) needs an H20 GPU and an old cuBLAS and is
-    not made here: on this CPU the known-bugs table matches nothing (decided by the table, no GPU name read), and
-    the same trainer's facts with the report's device and cuBLAS put in match 05-h20-cublas-bf16 from the era's
+    the report's bf16=True, and with a reward that takes only the prompts and completions trl 0.14.0 passes (the
+    probe passed completion_ids, which later versions add, and raised a TypeError). The report's crash (SIGFPE in
+    a bf16 GEMM) needs an H20 GPU and an old cuBLAS and is not made here: on this CPU the known-bugs table matches
+    nothing (decided by the table, no GPU name read), and the same trainer's facts with the report's device and
+    cuBLAS put in match 05-h20-cublas-bf16 from the era's
     GRPOConfig(bf16=True), and nothing with bf16=False."""
     outcome = checkup_in("01-trl-0.14", wheel, tmp_path, scenarios="01-trl-0.14, lesson 05")
     assert (outcome["versions"]["transformers"], outcome["versions"]["trl"]) == ("4.48.3", "0.14.0")
     flat = findings(outcome, "GRPO, the same reward for every completion")["equal_rewards"]
     assert (flat["status"], flat["decided"], flat["value"]) == ("fail", "measured", 1.0), flat
     assert flat["measured"].startswith("4 of 4 groups")  # 4 prompts: trl 0.14.0's per-device batch counts prompts
-    for healthy in ("GRPO, a reward with spread", "GRPO, a reward with spread, bf16=True"):
+    healthy_runs = ("GRPO, a reward with spread", "GRPO, a reward with spread, bf16=True")
+    for healthy in (*healthy_runs, "GRPO, a reward taking prompts and completions only"):
         found = findings(outcome, healthy)["equal_rewards"]
         assert (found["status"], found["decided"]) == ("ok", "measured") and found["measured"].startswith("0 of 4")
         no_fail(outcome, healthy)

@@ -284,6 +284,12 @@ def spread(completions, **kwargs):
     return [float(len(c)) for c in completions]
 
 
+def spread_of_its_time(prompts, completions):
+    """``spread`` with only the arguments trl 0.14.0 passes (its grpo_trainer.py:494, a dataset of prompts alone):
+    a reward function of that version's time, which nothing may call with more."""
+    return spread(completions)
+
+
 def the_same(completions, **kwargs):
     """A reward that ignores the completion: every completion of every group gets 1."""
     return [1.0 for _ in completions]
@@ -452,6 +458,7 @@ SCENARIOS = {
         "GRPO, a reward with spread": grpo_trainer,
         "GRPO, the same reward for every completion": lambda: grpo_trainer(the_same),
         "GRPO, a reward with spread, bf16=True": lambda: grpo_trainer(bf16=True),
+        "GRPO, a reward taking prompts and completions only": lambda: grpo_trainer(spread_of_its_time),
     },
     "04-transformers-4.40": {
         # completions of 2 and 6 tokens: the first batch's shorter row ends in padding

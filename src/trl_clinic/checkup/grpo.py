@@ -8,6 +8,8 @@ trainer always passes them, and ``trl-clinic checkup grpo`` reports a config TRL
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -28,6 +30,17 @@ def _prompt_text(view: TrainerView, prompt) -> str:
     if isinstance(prompt, str):
         return prompt
     return view.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+
+
+def _takes(function, name: str) -> bool:
+    """Whether a reward function accepts ``name``: TRL passes ``completion_ids`` from some version between 0.17.0 and
+    0.21.0 on (read in both wheels' ``grpo_trainer.py``), and a function written for trl 0.14.0 (``prompts,
+    completions``) would fail on it here although its own trainer never passes it."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: pass only what every version does
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 @torch.no_grad()
@@ -65,9 +78,8 @@ def group_rewards(view: TrainerView) -> list[list[float]]:
     weights = getattr(args, "reward_weights", None) or [1.0] * len(trainer.reward_funcs)
     total = torch.zeros(len(completions))
     for weight, function in zip(weights, trainer.reward_funcs):
-        scores = function(
-            prompts=[r["prompt"] for r in repeat], completions=completions, completion_ids=ids.tolist(), **columns
-        )
+        extra = {"completion_ids": ids.tolist()} if _takes(function, "completion_ids") else {}
+        scores = function(prompts=[r["prompt"] for r in repeat], completions=completions, **extra, **columns)
         total += weight * torch.tensor([float("nan") if s is None else s for s in scores])
     return total.view(len(rows), args.num_generations).tolist()
 
