@@ -109,7 +109,7 @@ def child(what, setup):
         result.update(
             seconds=time.perf_counter() - start,
             findings=[
-                (f.probe, f.status, round(f.seconds, 2), f.measured[:120] or f.reason[:120]) for f in report.findings
+                (f.probe, f.status, round(f.seconds, 2), f.measured[:240] or f.reason[:120]) for f in report.findings
             ],
         )
     result["peak_rss"] = status("VmHWM")

@@ -13,6 +13,7 @@ from trl_clinic.checkup.known_bugs import Facts, load, matching
 from trl_clinic.course import examples, stand_ins
 from trl_clinic.course.data import all_in_category_reward
 from trl_clinic.course.models import make_causal_lm
+from trl_clinic.course.runtime import checkpointing_flag
 
 
 def status(trainer, probe):
@@ -156,6 +157,42 @@ def test_accumulation_on_packed_rows_compares_like_with_like_and_names_the_real_
     )
     assert mean.status == "fail" and "packed" in mean.measured and "MeanLossTrainer.compute_loss" in mean.fix
     assert summed.status == "ok" and summed.value < 1e-5
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_accumulation_reference_backward_stops_at_the_compared_tensors_unless_checkpointing_is_reentrant(
+    tokenizer, tmp_path, monkeypatch, reentrant
+):
+    """The reference's backward reaches only the last tensors it compares (``inputs=``), so the first trainable
+    tensor has no gradient when they are compared; under reentrant checkpointing the outer backward cannot reach a
+    block's weights, and the reference runs again whole. Either way the bad setting fails and the healthy passes."""
+    from trl_clinic.checkup import accumulation
+
+    seen = []
+    compare = accumulation.relative_difference
+
+    def recorded(kept, model):
+        seen.append(([name for name, p in model.named_parameters() if p.grad is not None], list(kept)))
+        return compare(kept, model)
+
+    monkeypatch.setattr(accumulation, "relative_difference", recorded)
+    flag = checkpointing_flag()
+    checkpointing = {flag: True, f"{flag}_kwargs": {"use_reentrant": reentrant}}
+    bad = status(
+        examples.custom_trainer(
+            tokenizer, tmp_path, stand_ins.MeanLossTrainer, gradient_accumulation_steps=4, **checkpointing
+        ),
+        "accumulation",
+    )
+    healthy = status(
+        examples.sft_trainer(tokenizer, tmp_path, gradient_accumulation_steps=4, **checkpointing), "accumulation"
+    )
+    assert (bad.status, bad.decided, healthy.status) == ("fail", "measured", "ok")
+    for found in (bad, healthy):
+        assert f"on the last {len(seen[0][1])} of 20 trainable tensors" in found.measured
+    for reached, compared in seen:
+        assert 1 <= len(compared) < 20 and set(compared) <= set(reached)
+        assert (len(reached) == 20) is reentrant  # restricted: the embedding and early blocks got no gradient
 
 
 def test_accumulation_is_skipped_without_a_window(tokenizer, tmp_path):

@@ -19,6 +19,15 @@ gradient with a reference on the same samples:
 
 Dropout is off while it runs, so every pass sees the same function. The trainer is told the window's
 length the way its version reads it (``window``).
+
+A window that weighs tokens wrongly scales each micro-batch's loss by its own factor, and every trainable tensor's
+gradient is the sum of the micro-batches' gradients, so each tensor the loss reaches carries the error. The
+comparison reads the last kept tensors (nearest the output, ``COMPARED_SHARE`` of the trainable gradient's bytes,
+at least one), and the reference's backward runs only as deep as those (``loss.backward(inputs=...)``): its forward
+is whole, its backward a fraction of the first window's. Reentrant activation checkpointing
+(``use_reentrant=True``: each block's weights are reached by a backward of its own, inside the outer one, not by
+the outer graph) leaves the tensors inside a block without a gradient there; then the reference runs again with
+the whole backward.
 """
 
 from __future__ import annotations
@@ -33,12 +42,18 @@ from transformers import Trainer
 
 from trl_clinic.checkup.engine import Skip, probe
 from trl_clinic.checkup.known_bugs import explain
-from trl_clinic.checkup.step import _window_samples, dropout_off, micro_counts, run_window
+from trl_clinic.checkup.step import Step, _window_samples, dropout_off, micro_counts, run_window, size
 from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.labels import IGNORE_INDEX, targets
 
 TOLERANCE = {"full": 1e-3, "half": 5e-2}  # relative gradient error; lesson 02 measures <= 4e-7 fixed, >= 0.42 buggy
+# The share of the trainable gradient's bytes the comparison reads, from the output back. The reference's forward is
+# whole and its backward goes as deep as these tensors: an eighth keeps that backward near an eighth of the window's
+# for a stack of equal blocks (SmolLM2-135M's full fine-tune: the last 41 of 272 tensors, 15.9 M entries, down into
+# block 25 of 30; its LoRA: the last 50 of 420, into block 26), and still reads many tensors of several blocks,
+# where any one tensor the loss reaches carries a per-micro-batch scale.
+COMPARED_SHARE = 1 / 8
 
 
 def _rows(batch: dict) -> int:
@@ -81,10 +96,10 @@ def _chosen_tokens(batch: dict) -> float:
     return float(chosen.sum())
 
 
-def token_sum_gradient(view: TrainerView, batches: list[dict]) -> None:
+def token_sum_gradient(view: TrainerView, batches: list[dict], inputs: list[torch.Tensor] | None = None) -> None:
     """Into ``p.grad``: the gradient of the window's summed next-token losses over its label count, each
     micro-batch forwarded exactly as the trainer forwards it: the definition of a correct accumulation window,
-    packing included."""
+    packing included. With ``inputs``, into those tensors only (the backward runs as deep as they are)."""
     trainer, model = view.trainer, view.model
     for p in model.parameters():
         p.grad = None
@@ -101,7 +116,35 @@ def token_sum_gradient(view: TrainerView, batches: list[dict]) -> None:
                 ignore_index=IGNORE_INDEX,
                 reduction="sum",
             )
-            (loss / total).backward()
+            (loss / total).backward(inputs=inputs)
+
+
+def _compared(step: Step) -> dict[str, torch.Tensor]:
+    """The kept gradients the comparison reads: the last ones in the model's order (nearest the output) up to
+    ``COMPARED_SHARE`` of every trainable gradient's bytes, at least one."""
+    chosen, used = {}, 0
+    for name, grad in reversed(step.kept.items()):
+        nbytes = grad.numel() * grad.element_size()
+        if chosen and used + nbytes > COMPARED_SHARE * step.needed:
+            break
+        chosen[name] = grad
+        used += nbytes
+    return dict(reversed(chosen.items()))
+
+
+def _coverage(step: Step, compared: dict[str, torch.Tensor]) -> str:
+    """Which tensors the number is about, so the finding claims no more than it read."""
+    nbytes = sum(grad.numel() * grad.element_size() for grad in compared.values())
+    reached = len(step.trainable) - len(step.missing)
+    budget = (
+        f"; the budget of {size(step.budget)} kept {len(step.kept)}"
+        if len(step.kept) < reached and len(compared) == len(step.kept)
+        else ""
+    )
+    return (
+        f"on the last {len(compared)} of {len(step.trainable)} trainable tensors ({size(nbytes)} of "
+        f"{size(step.needed)}{budget}): "
+    )
 
 
 def relative_difference(kept: dict[str, torch.Tensor], model: nn.Module) -> float:
@@ -189,34 +232,45 @@ def accumulation(view: TrainerView) -> list[Finding]:
         raise Skip(step.over_budget())
     b = args.per_device_train_batch_size
     packed = any("position_ids" in batch and bool((batch["position_ids"][..., 1:] == 0).any()) for batch in micro)
+    compared = _compared(step)
+    params = dict(view.model.named_parameters())
+    inputs = [params[name] for name in compared]
     view.model.train()
+    counts, terms = [], None
     if packed:
-        with view.checkpointing():
-            token_sum_gradient(view, micro)
         measured = f"relative gradient error {b}x{len(micro)} packed vs the window's token-sum loss: "
     else:
         tokens = all("labels" in batch for batch in micro)  # a token-mean loss; else a mean over rows (pairs)
         counts = micro_counts(trainer, micro) if tokens else [float(_rows(batch)) for batch in micro]
         terms = None if tokens else _sft_term(trainer)
-        with view.checkpointing():
-            if terms is None:
-                run_window(trainer, micro, _shares(counts))
-            else:  # the pair terms weighted by rows, then the 'sft' term by chosen tokens, added on
-                pairs, sft = terms
-                if any(pairs):
-                    with _loss_weights(trainer, pairs):
-                        run_window(trainer, micro, _shares(counts))
-                with _loss_weights(trainer, sft):
-                    run_window(trainer, micro, _shares([_chosen_tokens(batch) for batch in micro]), add=any(pairs))
         measured = (
             f"relative gradient error {b}x{len(micro)} vs each micro-batch alone weighted by its "
             f"{'label tokens' if tokens else 'rows'}{'' if terms is None else ' (the sft term by chosen tokens)'}: "
         )
+
+    def reference(inputs: list[torch.Tensor] | None) -> None:
+        with view.checkpointing():
+            if packed:
+                token_sum_gradient(view, micro, inputs)
+            elif terms is None:
+                run_window(trainer, micro, _shares(counts), inputs=inputs)
+            else:  # the pair terms weighted by rows, then the 'sft' term by chosen tokens, added on
+                pairs, sft = terms
+                if any(pairs):
+                    with _loss_weights(trainer, pairs):
+                        run_window(trainer, micro, _shares(counts), inputs=inputs)
+                with _loss_weights(trainer, sft):
+                    shares = _shares([_chosen_tokens(batch) for batch in micro])
+                    run_window(trainer, micro, shares, add=any(pairs), inputs=inputs)
+
+    reference(inputs)
+    if any(p.grad is None for p in inputs):  # reentrant checkpointing: the outer backward never reached them
+        reference(None)
     with torch.no_grad():
-        error = relative_difference(step.kept, view.model)
+        error = relative_difference(compared, view.model)
     for p in view.model.parameters():
         p.grad = None
-    measured += step.coverage()
+    measured += _coverage(step, compared)
     tolerance = TOLERANCE["half" if view.dtype in (torch.float16, torch.bfloat16) else "full"]
     measured += f"{error:.2g} (tolerance {tolerance:g})"
     if error <= tolerance:

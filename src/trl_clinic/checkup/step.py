@@ -13,12 +13,14 @@ tensor not kept says how many bytes a copy of every trainable gradient would tak
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+from accelerate.utils import DistributedType
 from torch import nn
 from transformers import Trainer
 
@@ -100,16 +102,50 @@ def _deepspeed_backward(trainer: Trainer):
     plain backward DeepSpeed would run for this loss (``scale_wrt_gas=False``: no division), else None."""
     accelerator = trainer.accelerator
     if getattr(trainer, "is_deepspeed_enabled", False) and getattr(accelerator, "deepspeed_engine_wrapped", 1) is None:
-        return lambda loss, **kwargs: loss.backward()
+        return lambda loss, inputs=None, **kwargs: loss.backward(inputs=inputs)
     return None
 
 
-def run_window(trainer: Trainer, batches: list[dict], weights: list[float] | None = None, add: bool = False) -> None:
+@contextmanager
+def backward_to(trainer: Trainer, inputs: list[torch.Tensor] | None = None) -> Iterator[None]:
+    """The accelerator's ``backward`` as ``training_step`` calls it, for one pass: DeepSpeed's plain backward before
+    ``train()``, and with ``inputs`` a backward that stops at them. ``Accelerator.backward`` hands its keyword
+    arguments to ``loss.backward`` (or to the grad scaler's scaled loss; accelerate 0.30.1, 1.0.1 and 1.15.0), and
+    ``loss.backward(inputs=...)`` accumulates into those tensors' ``.grad`` only, so autograd runs no node that
+    leads to none of them (torch 2.13.0 ``torch.autograd.backward``). A live DeepSpeed engine takes no ``inputs``:
+    there the backward stays whole. An instance attribute on the accelerator, removed after."""
+    accelerator = trainer.accelerator
+    backward = _deepspeed_backward(trainer)
+    if inputs is not None and (backward is not None or accelerator.distributed_type != DistributedType.DEEPSPEED):
+        backward = functools.partial(backward or accelerator.backward, inputs=inputs)
+    if backward is None:
+        yield
+        return
+    missing = object()
+    saved = vars(accelerator).get("backward", missing)
+    accelerator.backward = backward
+    try:
+        yield
+    finally:
+        if saved is missing:
+            del vars(accelerator)["backward"]
+        else:
+            accelerator.backward = saved
+
+
+def run_window(
+    trainer: Trainer,
+    batches: list[dict],
+    weights: list[float] | None = None,
+    add: bool = False,
+    inputs: list[torch.Tensor] | None = None,
+) -> None:
     """Accumulate into each trainable ``p.grad`` what the trainer's own ``training_step`` gives for ``batches``:
     one window of ``len(batches)`` micro-batches (``weights`` None), or each micro-batch alone as a window of one,
     its gradient weighted by ``weights[i]`` (the running sum is divided by the weight before the micro-batch's
     backward and multiplied by it after: no second gradient is held). Dropout off; gradients start at None, or,
-    with ``add``, at what they hold (a second weighted pass adds onto the first)."""
+    with ``add``, at what they hold (a second weighted pass adds onto the first). With ``inputs``, the backward
+    runs only as deep as those tensors (``backward_to``): the others get no gradient."""
     model = trainer.model
     params = [p for p in model.parameters() if p.requires_grad]
     if not add:
@@ -117,14 +153,11 @@ def run_window(trainer: Trainer, batches: list[dict], weights: list[float] | Non
             p.grad = None
     device = next(model.parameters()).device
     takes_items = _takes_num_items(trainer.training_step)
-    backward = _deepspeed_backward(trainer)
-    if backward is not None:
-        trainer.accelerator.backward = backward  # an instance attribute: untouched() removes it
 
     def step(batch, num_items):
         trainer.training_step(model, batch, num_items) if takes_items else trainer.training_step(model, batch)
 
-    with dropout_off(model):
+    with dropout_off(model), backward_to(trainer, inputs):
         if weights is None:
             with window(trainer, len(batches)):
                 batches, num_items = _window_samples(trainer, batches, device)
@@ -184,14 +217,6 @@ class Step:
         return (
             f"a copy of the trainable gradient needs {size(self.needed)} and not one tensor of it fits the budget of "
             f"{size(self.budget)}: checkup(trainer, budget=...) or --budget BYTES"
-        )
-
-    def coverage(self) -> str:
-        if len(self.kept) == len(self.trainable) - len(self.missing):
-            return ""
-        return (
-            f"on {len(self.kept)} of {len(self.trainable)} trainable tensors (the last ones; all need "
-            f"{size(self.needed)}, budget {size(self.budget)}): "
         )
 
 
