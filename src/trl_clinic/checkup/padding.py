@@ -98,7 +98,7 @@ def audit(view: TrainerView) -> tuple[dict[str, dict[str, dict]], list[str]]:
     "04",
     "right-padded rows run with a KV cache where transformers raises on them with "
     "FlashAttention-2 (Qwen2 and other families on 4.37.0-4.41.2 and 4.49.0-4.52.4; met by TRL 0.12-0.17's DPO "
-    "evaluation and 0.14-0.21's GRPO scoring): the forwards of one training and one evaluation step (GRPO: one "
+    "evaluation and 0.15-0.21's GRPO scoring): the forwards of one training and one evaluation step (GRPO: one "
     "generation and its loss) are counted, and the error is met for real where it exists.",
 )
 def padding_cache(view: TrainerView) -> Finding:
