@@ -61,17 +61,9 @@ more batch size, 60 steps), with values from a model of them, not from a GPU:
 
 import math
 
-from mutation_helpers import cycled, log
+from mutation_helpers import cycled, log, other_run
 
-
-def swap(n: dict, into: str, source: str) -> dict:
-    return {**n, "runs": {**n["runs"], into: n["runs"][source]}}
-
-
-OTHER_RUN = {
-    "symptom": lambda n: swap(n, "without_fix", "with_fix"),
-    "fix": lambda n: swap(n, "with_fix", "without_fix"),
-}
+OTHER_RUN = other_run("without_fix", "with_fix")
 
 SHARED: dict[str, str] = {}
 

@@ -50,17 +50,9 @@ not from a GPU:
 The mask is measured on an fp32 model on every profile.
 """
 
-from mutation_helpers import log
+from mutation_helpers import log, other_run
 
-
-def swap(n: dict, into: str, source: str) -> dict:
-    return {**n, "runs": {**n["runs"], into: n["runs"][source]}}
-
-
-OTHER_RUN = {
-    "symptom": lambda n: swap(n, "without_fix", "with_fix"),
-    "fix": lambda n: swap(n, "with_fix", "without_fix"),
-}
+OTHER_RUN = other_run("without_fix", "with_fix")
 
 SHARED = {
     "collator sends position_ids and no attention mask": "both runs get the same padding-free batches; the fix "

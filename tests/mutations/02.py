@@ -33,17 +33,9 @@ CPU by about 1e-6 relative, two orders under 1e-4; the held-out ratio rests on t
 every one of the 40 steps, and is the one threshold a GPU run has yet to measure.
 """
 
-from mutation_helpers import cycled, linear, log
+from mutation_helpers import cycled, linear, log, other_run
 
-
-def swap(n: dict, into: str, source: str) -> dict:
-    return {**n, "runs": {**n["runs"], into: n["runs"][source]}}
-
-
-OTHER_RUN = {
-    "symptom": lambda n: swap(n, "without_fix", "with_fix"),
-    "fix": lambda n: swap(n, "with_fix", "without_fix"),
-}
+OTHER_RUN = other_run("without_fix", "with_fix")
 
 SHARED = {
     "Qwen2.5-VL declares no loss kwargs": "both runs train the same model class; the fix changes the trainer",

@@ -28,17 +28,9 @@ and an NCCL all-reduce of two fp32 gradients round at about 1e-6, two orders und
 from the config.
 """
 
-from mutation_helpers import log
+from mutation_helpers import log, other_run
 
-
-def swap(n: dict, into: str, source: str) -> dict:
-    return {**n, "runs": {**n["runs"], into: n["runs"][source]}}
-
-
-OTHER_RUN = {
-    "symptom": lambda n: swap(n, "per-process", "across processes"),
-    "fix": lambda n: swap(n, "across processes", "per-process"),
-}
+OTHER_RUN = other_run("per-process", "across processes")
 
 SHARED = {
     "different numbers of label tokens": "both settings train on the same rows, dealt to the processes the same way",

@@ -29,14 +29,9 @@ The rest are equalities on names, dtypes, statuses, error messages and NaN arith
 
 import math
 
-from mutation_helpers import cycled, linear, log
+from mutation_helpers import cycled, linear, log, other_run
 
-
-def _swap(side: str, other: str):
-    return lambda n: {**n, "runs": {**n["runs"], side: n["runs"][other]}}
-
-
-OTHER_RUN = {"symptom": _swap("without_fix", "with_fix"), "fix": _swap("with_fix", "without_fix")}
+OTHER_RUN = other_run("without_fix", "with_fix")
 
 SHARED = {
     "default optimizer is the fused AdamW": "the stack's default, read from the trainers both runs build",

@@ -34,14 +34,9 @@ runs. At those sizes:
 
 import math
 
-from mutation_helpers import cycled, linear, log
+from mutation_helpers import cycled, linear, log, other_run
 
-
-def _swap(side: str, other: str):
-    return lambda n: {**n, "runs": {**n["runs"], side: n["runs"][other]}}
-
-
-OTHER_RUN = {"symptom": _swap("without_fix", "with_fix"), "fix": _swap("with_fix", "without_fix")}
+OTHER_RUN = other_run("without_fix", "with_fix")
 
 SHARED = {
     "arithmetic, replayed": "the Trainer logs by the same arithmetic in both runs: replayed on the float32 run's "

@@ -31,14 +31,9 @@ rows' shift stay far below the lines; with 6 questions the longest (43 tokens) i
 and rejected differ in length pads one row, and 64 pairs give some at any seed.
 """
 
-from mutation_helpers import linear, log
+from mutation_helpers import linear, log, other_run
 
-
-def _swap(side: str, other: str):
-    return lambda n: {**n, "runs": {**n["runs"], side: n["runs"][other]}}
-
-
-OTHER_RUN = {"symptom": _swap("without_fix", "with_fix"), "fix": _swap("with_fix", "without_fix")}
+OTHER_RUN = other_run("without_fix", "with_fix")
 
 SHARED = {
     "DPO's batches end in padding": "the precondition of both sides: today's DPO collator pads the stacked row "

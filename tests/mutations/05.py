@@ -8,14 +8,9 @@ other way round. No check is written below()/above(): the death is an exit statu
 shell's words; the fix a count of logged steps against the run's own ``max_steps``.
 """
 
+from mutation_helpers import other_run
 
-def _swap(group: str):
-    side = {"symptom": "without_fix", "fix": "with_fix"}[group]
-    other = {"without_fix": "with_fix", "with_fix": "without_fix"}[side]
-    return lambda n: {**n, "runs": {**n["runs"], side: n["runs"][other]}}
-
-
-OTHER_RUN = {"symptom": _swap("symptom"), "fix": _swap("fix")}
+OTHER_RUN = other_run("without_fix", "with_fix")
 
 SHARED = {
     "differ only in bf16": "the comparison's precondition, read from the two specs the lesson wrote: both runs "

@@ -19,7 +19,7 @@ only on the cpu profile); the models stay fp32 there (``examples.config_kwargs``
 gradient errors keep their cpu values: ``gpu_shape`` checks that the sizes are the cpu profile's.
 """
 
-from mutation_helpers import log
+from mutation_helpers import log, other_run
 
 # seeds 0-5, one thread, cpu profile (min, max over the six runs)
 SPREAD = {
@@ -28,14 +28,7 @@ SPREAD = {
 }
 
 
-def other(n: dict, own: str, theirs: str) -> dict:
-    return {**n, "runs": {**n["runs"], own: n["runs"][theirs]}}
-
-
-OTHER_RUN = {
-    "symptom": lambda n: other(n, "without_fix", "with_fix"),
-    "fix": lambda n: other(n, "with_fix", "without_fix"),
-}
+OTHER_RUN = other_run("without_fix", "with_fix")
 
 SHARED = {
     "in either order, gets every gradient": "today's peft makes the input embeddings need a gradient whichever comes "

@@ -26,7 +26,7 @@ the row's numbers scale with the dtype's eps and the logits' size, both measured
 touch your fp16 weights' forward, which runs no autocast in the mechanism cell and the pasted check).
 """
 
-from mutation_helpers import linear, log
+from mutation_helpers import linear, log, other_run
 
 # seeds 0-5, one thread, cpu profile (min, max over the six runs), measured for the margins above
 SPREAD = {
@@ -38,15 +38,7 @@ SPREAD = {
 }
 
 
-def other(n: dict, own: str, theirs: str) -> dict:
-    """The numbers with run ``own`` replaced by run ``theirs`` (every measurement of it at once)."""
-    return {**n, "runs": {**n["runs"], own: n["runs"][theirs]}}
-
-
-OTHER_RUN = {
-    "symptom": lambda n: other(n, "without_fix", "with_fix"),
-    "fix": lambda n: other(n, "with_fix", "without_fix"),
-}
+OTHER_RUN = other_run("without_fix", "with_fix")
 
 SHARED = {
     "one training step changes the weights": "the fingerprint's own proof that it sees a change: one step of the fixed "

@@ -35,7 +35,7 @@ the cpu run's logged values. The arguments for the thresholds there:
 
 import math
 
-from mutation_helpers import cycled, log
+from mutation_helpers import cycled, log, other_run
 
 from trl_clinic.probes.recording import replay_nan_filter
 
@@ -48,14 +48,7 @@ SPREAD = {
 }
 
 
-def other(n: dict, own: str, theirs: str) -> dict:
-    return {**n, "runs": {**n["runs"], own: n["runs"][theirs]}}
-
-
-OTHER_RUN = {
-    "symptom": lambda n: other(n, "fp16", "float32"),
-    "fix": lambda n: other(n, "float32", "fp16"),
-}
+OTHER_RUN = other_run("fp16", "float32")
 
 SHARED = {
     "float32 runs end with bit-identical weights": "the watch's promise, the same for both runs; only the float32 pair "

@@ -21,3 +21,14 @@ def linear(own: float, other: float) -> tuple[str, float, float]:
     """A margin on the linear scale: at least ``own`` from the run's own value and ``other`` from the other's,
     for numbers that can be 0 or negative (a cosine's distance from 1, a shift in logits)."""
     return ("linear", own, other)
+
+
+def run_in_place_of(n: dict, own: str, theirs: str) -> dict:
+    """The numbers with run ``own`` replaced by run ``theirs`` (every measurement of it at once)."""
+    return {**n, "runs": {**n["runs"], own: n["runs"][theirs]}}
+
+
+def other_run(bad: str, fixed: str) -> dict:
+    """``OTHER_RUN`` for a lesson whose numbers hold one record per run under ``runs``: the symptom group reads the
+    fixed run's record where the bad run's was, the fix group the bad run's where the fixed run's was."""
+    return {"symptom": lambda n: run_in_place_of(n, bad, fixed), "fix": lambda n: run_in_place_of(n, fixed, bad)}
