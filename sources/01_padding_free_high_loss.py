@@ -10,15 +10,14 @@
 # # 01 · Padding-free training gives an abnormally high loss
 #
 # In [TRL issue #2834](https://github.com/huggingface/trl/issues/2834), padding-free SFT started at a far higher
-# loss than padded training, more so at bigger batches. The user's `--attn_implementation flash_attention_2`
-# had never reached the model.
+# loss than padded training, more so at bigger batches: the user's `--attn_implementation` never reached the model.
 #
 # **You will learn**
-# * why a packed row needs a block-diagonal attention mask, and what a plain causal mask does to the loss;
-# * how to make the attention flag reach the model, and read it on the built model;
+# * why a packed row needs a block-diagonal attention mask;
+# * how to make the attention flag reach the model, and read it there;
 # * a dozen-line check that your trainer keeps packed sequences apart.
 #
-# **You should know**: TRL's `SFTTrainer`, and what an attention mask does in a causal LM.
+# **You should know**: TRL's `SFTTrainer`; what an attention mask does.
 #
 # **Time**: 30 s to run on the cpu profile; about 25 minutes to work through.
 #

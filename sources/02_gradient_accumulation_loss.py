@@ -10,15 +10,15 @@
 # # 02 · Gradient accumulation trains worse than the same batch
 #
 # Batch 1 × accumulation 32 trained worse than batch 32 on the same samples
-# ([TRL #2175](https://github.com/huggingface/trl/issues/2175)). transformers 4.46 fixed it for models that take
-# loss kwargs; the old arithmetic still runs wherever the token count does not reach the loss.
+# ([TRL #2175](https://github.com/huggingface/trl/issues/2175)). transformers 4.46 fixed it where the token
+# count reaches the loss; elsewhere the old arithmetic still runs.
 #
 # **You will learn**
-# * why adding per-micro-batch means reweights tokens, and what it does to training;
+# * why adding per-micro-batch means reweights tokens;
 # * the line that makes the trainer count tokens again;
-# * a 13-line check of your own trainer, and the `checkup` probe doing the same.
+# * a 13-line check of your own trainer, beside the `checkup` probe.
 #
-# **You should know**: `SFTTrainer` with `gradient_accumulation_steps`; labels of `-100` carry no loss.
+# **You should know**: `SFTTrainer`'s `gradient_accumulation_steps`; `-100` labels carry no loss.
 #
 # **Time**: 21 s to run on the cpu profile; about 25 minutes to work through.
 #

@@ -15,8 +15,8 @@
 #
 # **You will learn**
 # * why a per-process token count reweights tokens once DDP averages the processes' gradients;
-# * what `average_tokens_across_devices=True` changes, and that it is the default;
-# * how to check a distributed run: its first-step gradient against one process with the whole batch.
+# * what `average_tokens_across_devices=True` (the default) changes;
+# * to check a distributed run's first-step gradient against one process.
 #
 # **You should know**: lesson 02 ([02_gradient_accumulation_loss.ipynb](02_gradient_accumulation_loss.ipynb)); DDP averages gradients over processes.
 #

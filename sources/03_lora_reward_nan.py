@@ -9,16 +9,16 @@
 # %% [markdown]
 # # 03 · LoRA reward model: loss 1e+34, grad norm NaN, then loss 0
 #
-# A LoRA reward model trained with TRL's `RewardTrainer`, weights in half precision, batch 1 × accumulation 32:
-# the log showed loss 1e+34 and grad norm NaN, then loss 0
+# A LoRA reward model in half precision (TRL's `RewardTrainer`, batch 1 × accumulation 32) logged loss
+# 1e+34 and grad norm NaN, then loss 0
 # ([TRL #2367](https://github.com/huggingface/trl/issues/2367)).
 #
 # **You will learn**
-# * to read a huge-then-zero logged loss as a NaN the Trainer's log hides;
-# * why one AdamW step turns an fp16 weight into inf or NaN;
-# * the line to change, and a check to paste into your own script.
+# * to read a huge-then-zero loss as a hidden NaN;
+# * why one AdamW step makes an fp16 weight inf or NaN;
+# * the line to change, and a check to paste.
 #
-# **You should know**: TRL's `RewardTrainer` with a peft `LoraConfig`; AdamW's `m`, `v` and `eps`.
+# **You should know**: `RewardTrainer` with a peft `LoraConfig`; AdamW's `m`, `v`, `eps`.
 #
 # **Time**: 34 s to run on the cpu profile; about 25 minutes to work through.
 #

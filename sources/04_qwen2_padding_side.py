@@ -13,11 +13,11 @@
 # with *"You are attempting to perform batched generation with padding_side='right'"*, though nothing was generating.
 #
 # **You will learn**
-# * why a scoring forward tripped a check written for `generate()`, and why evaluation met it first;
-# * the lines that fixed it, and what right padding still breaks today when a KV cache is on;
+# * why a scoring forward tripped a check written for `generate()`;
+# * the fix, and what right padding with a KV cache still breaks;
 # * a hook that checks any trainer or `generate()` call.
 #
-# **You should know** how DPO scores chosen and rejected answers, and what an attention mask and a [KV cache](https://huggingface.co/docs/transformers/kv_cache) are.
+# **You should know** how DPO scores answers; attention masks and the [KV cache](https://huggingface.co/docs/transformers/kv_cache).
 #
 # **Time**: 32 s to run on the cpu profile; about 25 minutes to work through.
 #

@@ -15,7 +15,7 @@
 # **You will learn**
 # * what that message means, and why Python prints nothing;
 # * how to read such a crash from a child process, with the stack where it died;
-# * the workaround (`bf16=False`) and the cure (a newer cuBLAS) for the report's crash.
+# * the report's workaround (`bf16=False`) and cure (a newer cuBLAS).
 #
 # **You should know** Python's `subprocess` and a `GRPOConfig` ([TRL's GRPO docs](https://huggingface.co/docs/trl/grpo_trainer)).
 #

@@ -13,9 +13,9 @@
 # one measurement on your trainer) just before `trainer.train()` ([each probe](../docs/checkup.md)).
 #
 # **You will learn**
-# * to read the check-up's table: status, how it was decided, the number, the fix, the lesson;
-# * what a probe measures, on one packed row small enough to check by hand;
-# * to change the lines it names, prove the check-up changed nothing, and check without the library.
+# * to read the check-up's table: status, how decided, number, fix, lesson;
+# * what a probe measures, on one packed row checked by hand;
+# * to apply its fixes, and check without the library.
 #
 # **You should know**: how to build a TRL `SFTTrainer`; lessons [01](01_padding_free_high_loss.ipynb)-[05](05_grpo_sigfpe.ipynb) help.
 #

@@ -13,11 +13,11 @@
 # trains to the end; its log hides when it broke. Here it runs under a watch.
 #
 # **You will learn**
-# * to add `ClinicWatch` to a trainer and read its finding: what it saw, the cause, the fix;
-# * what it reads at one step, and why the trainer's log showed it late;
-# * to stop a run at its first bad step, with the watch or a callback you paste.
+# * to add `ClinicWatch` to a trainer and read its finding;
+# * what it reads at a step, and why the log showed it late;
+# * to stop a run at its first bad step.
 #
-# **You should know**: a transformers `TrainerCallback`; lesson 03 helps.
+# **You should know**: a transformers `TrainerCallback`.
 #
 # **Time**: 8 s to run on the cpu [profile](../README.md#words-the-lessons-use); about 20 minutes to work through.
 #
