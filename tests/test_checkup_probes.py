@@ -308,6 +308,22 @@ def test_padding_cache_counts_real_forwards_and_warns_from_the_table_only_on_ano
     )
 
 
+def test_padding_cache_runs_the_shortest_and_longest_of_b_rows_and_pads_as_the_b_rows_do(tokenizer, tmp_path):
+    """The probe's forwards run two rows where each row is one token list: the shortest and the longest of the
+    first b, right-padded exactly when the b rows collated together are; DPO's rows of several lists keep all b."""
+    from trl_clinic.checkup.padding import _extreme_batch
+    from trl_clinic.checkup.view import TrainerView
+    from trl_clinic.probes.padding import right_padded
+
+    view = TrainerView(examples.sft_trainer(tokenizer, tmp_path, per_device_train_batch_size=4))
+    lengths = [len(row["input_ids"]) for row in view.samples(4)]
+    two, whole = _extreme_batch(view), view.batch(4)
+    assert two["input_ids"].shape == (2, max(lengths)), lengths
+    assert right_padded(two["attention_mask"]) == right_padded(whole["attention_mask"]) == (min(lengths) < max(lengths))
+    dpo = TrainerView(examples.dpo_trainer(tokenizer, tmp_path, per_device_train_batch_size=4))
+    assert torch.equal(_extreme_batch(dpo)["input_ids"], dpo.batch(4)["input_ids"])
+
+
 def test_padding_cache_audits_grpos_scoring_forwards(tokenizer, tmp_path):
     """GRPO was skipped ('pads prompts left itself'), but its scoring forwards carry right-padded
     completions. Completions end early here (every token but EOS and two others suppressed), so some rows are

@@ -16,7 +16,7 @@ import traceback
 
 import torch
 
-from trl_clinic.checkup.engine import probe
+from trl_clinic.checkup.engine import Skip, probe
 from trl_clinic.checkup.known_bugs import Facts, matching
 from trl_clinic.checkup.step import window
 from trl_clinic.checkup.view import TrainerView
@@ -32,6 +32,26 @@ def _grpo_rows(view: TrainerView) -> list[dict]:
     its loss generates the num_generations completions)."""
     repeat = 1 if view.grpo_batch_counts_prompts else view.args.num_generations
     return [row for row in view.grpo_prompts(MAX_PROMPTS) for _ in range(repeat)]
+
+
+def _extreme_batch(view: TrainerView) -> dict:
+    """Two rows of the first max(2, b) through the trainer's collator, the shortest and the longest, where each row
+    is one token list (``input_ids``: SFT, a plain Trainer): a collated batch is right-padded only where its rows
+    differ in length, so these two pad exactly when the b rows do, at half the forwards' cost where b is 4. Rows of
+    several lists (DPO's ``prompt_ids``, ``chosen_ids`` and ``rejected_ids``; a reward model's pair) are padded by
+    their sums or by each list, so they keep all b rows, as does a dataset that cannot be read ahead (its
+    dataloader's first batch)."""
+    b = max(2, view.args.per_device_train_batch_size)
+    try:
+        rows = view.samples(b)
+    except Skip:
+        return view.batch(b)
+    lists = [[key for key, value in row.items() if key.endswith("ids") and isinstance(value, list)] for row in rows]
+    if b > 2 and all(keys == ["input_ids"] for keys in lists):
+        lengths = [len(row["input_ids"]) for row in rows]
+        shortest, longest = lengths.index(min(lengths)), lengths.index(max(lengths))
+        rows = [rows[i] for i in sorted((shortest, longest))] if shortest != longest else rows[:2]
+    return view.trainer.data_collator(rows)
 
 
 def _steps(view: TrainerView) -> list[tuple[str, callable]]:
@@ -53,7 +73,7 @@ def _steps(view: TrainerView) -> list[tuple[str, callable]]:
             trainer.compute_loss(model, inputs)
 
         return [("a generation and its training loss", grpo_step)]
-    batch = view.batch(max(2, view.args.per_device_train_batch_size))
+    batch = _extreme_batch(view)
 
     def train_step():
         model.train()
@@ -98,8 +118,9 @@ def audit(view: TrainerView) -> tuple[dict[str, dict[str, dict]], list[str]]:
     "04",
     "right-padded rows run with a KV cache where transformers raises on them with "
     "FlashAttention-2 (Qwen2 and other families on 4.37.0-4.41.2 and 4.49.0-4.52.4; met by TRL 0.12-0.17's DPO "
-    "evaluation and 0.15-0.21's GRPO scoring): the forwards of one training and one evaluation step (GRPO: one "
-    "generation and its loss) are counted, and the error is met for real where it exists.",
+    "evaluation and 0.15-0.21's GRPO scoring): the forwards of one training and one evaluation step on the "
+    "shortest and longest rows (GRPO: one generation and its loss) are counted, and the error is met for real where "
+    "it exists.",
 )
 def padding_cache(view: TrainerView) -> Finding:
     table, raised = audit(view)
