@@ -76,6 +76,7 @@ def child(what, setup):
         "first_lengths": lengths,
         "trainable": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
         "parameters": sum(p.numel() for p in trainer.model.parameters()),
+        "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
     }
     if what == "train":
 
