@@ -208,6 +208,35 @@ def test_equal_rewards_reads_conversational_completions_the_way_trl_passes_them(
     assert (flat.status, flat.decided) == ("fail", "measured") and "4 of 4 groups" in flat.measured
 
 
+def no_kwargs(prompts, completions):
+    return [float(len(c[0]["content"])) for c in completions]
+
+
+def broken_inside(completions, **kwargs):
+    def score(text):
+        return float(len(text))
+
+    return [score(text=c[0]["content"], strict=True) for c in completions]  # the reward's own bug
+
+
+def test_a_reward_without_kwargs_fails_with_the_keyword_it_refused_as_the_trainer_would(tokenizer, tmp_path):
+    """TRL 1.16 calls rewards with completion_ids and the dataset's columns: a reward written (prompts, completions)
+    made equal_rewards an unnamed error. It fails, names the keyword, gives the fix, and the trainer's own first
+    step raises the same; padding_cache skips saying why. A TypeError inside a reward's body stays an error."""
+    trainer = conversational_grpo(tokenizer, tmp_path, no_kwargs)
+    report = checkup(trainer, only=["equal_rewards", "padding_cache"], show=False)
+    found, padding = (
+        next(f for f in report.findings if f.probe == name) for name in ("equal_rewards", "padding_cache")
+    )
+    assert (found.status, found.decided) == ("fail", "measured") and "completion_ids" in found.measured
+    assert "**kwargs" in found.fix and "completion_ids" in found.fix
+    assert padding.status == "skipped" and "equal_rewards" in padding.reason
+    with pytest.raises(TypeError, match="unexpected keyword argument 'completion_ids'"):
+        conversational_grpo(tokenizer, tmp_path, no_kwargs, max_steps=1).train()
+    inside = only(conversational_grpo(tokenizer, tmp_path, broken_inside), "equal_rewards")
+    assert inside.status == "error" and "strict" in inside.reason
+
+
 def test_equal_rewards_generates_up_to_max_completion_length(tokenizer, tmp_path):
     """A reward for a finished answer (EOS within the limit) read as all-equal at the old 32-token cap."""
 

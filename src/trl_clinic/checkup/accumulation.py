@@ -48,12 +48,6 @@ from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.labels import IGNORE_INDEX, targets
 
 TOLERANCE = {"full": 1e-3, "half": 5e-2}  # relative gradient error; lesson 02 measures <= 4e-7 fixed, >= 0.42 buggy
-# The share of the trainable gradient's bytes the comparison reads, from the output back. The reference's forward is
-# whole and its backward goes as deep as these tensors: an eighth keeps that backward near an eighth of the window's
-# for a stack of equal blocks (SmolLM2-135M's full fine-tune: the last 41 of 272 tensors, 15.9 M entries, down into
-# block 25 of 30; its LoRA: the last 50 of 420, into block 26), and still reads many tensors of several blocks,
-# where any one tensor the loss reaches carries a per-micro-batch scale.
-COMPARED_SHARE = 1 / 8
 
 
 def _rows(batch: dict) -> int:
@@ -121,26 +115,14 @@ def token_sum_gradient(view: TrainerView, batches: list[dict], inputs: list[torc
 
 def _compared(step: Step) -> dict[str, torch.Tensor]:
     """The kept gradients the comparison reads: the last ones in the model's order (nearest the output) up to
-    ``COMPARED_SHARE`` of every trainable gradient's bytes, at least one."""
-    chosen, used = {}, 0
-    for name, grad in reversed(step.kept.items()):
-        nbytes = grad.numel() * grad.element_size()
-        if chosen and used + nbytes > COMPARED_SHARE * step.needed:
-            break
-        chosen[name] = grad
-        used += nbytes
-    return dict(reversed(chosen.items()))
+    ``COMPARED_SHARE`` of every trainable gradient's bytes, at least one (``first_step`` keeps them)."""
+    return {name: step.kept[name] for name in step.compared}
 
 
 def _coverage(step: Step, compared: dict[str, torch.Tensor]) -> str:
     """Which tensors the number is about, so the finding claims no more than it read."""
     nbytes = sum(grad.numel() * grad.element_size() for grad in compared.values())
-    reached = len(step.trainable) - len(step.missing)
-    budget = (
-        f"; the budget of {size(step.budget)} kept {len(step.kept)}"
-        if len(step.kept) < reached and len(compared) == len(step.kept)
-        else ""
-    )
+    budget = f"; the budget of {size(step.budget)} kept {len(compared)}" if step.cut else ""
     return (
         f"on the last {len(compared)} of {len(step.trainable)} trainable tensors ({size(nbytes)} of "
         f"{size(step.needed)}{budget}): "

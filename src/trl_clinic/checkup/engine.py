@@ -2,8 +2,8 @@
 
 A probe is a function of a ``TrainerView`` that returns a ``Finding``. It raises ``Skip`` when it
 does not apply to this trainer (the reason says why); any other exception it raises is an ``error``
-finding with the exception's type and text, never a skip, so one broken probe never ends the check-up
-and never hides. The finding is the library's (``trl_clinic.probes.finding``): every ok, warn or fail says
+finding with the exception's type, text and where it was raised, never a skip, so one broken probe never ends
+the check-up and never hides. The finding is the library's (``trl_clinic.probes.finding``): every ok, warn or fail says
 how it was decided (``DECISIONS``): ``measured`` on the user's trainer, ``config`` read from its arguments or
 model, or ``table`` (a known-bugs entry). The report prints as a table (rich; folded to what failed, warned or
 crashed), as JSON for CI, and gives the exit code (``EXIT_CODES``).
@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from trl_clinic.probes.finding import STATUSES, Finding
@@ -180,6 +182,16 @@ def selected(only: Iterable[str] | None = None, skip: Iterable[str] | None = Non
     return [p for name, p in PROBES.items() if (not only or name in only) and name not in skip]
 
 
+def raised_at(error: BaseException) -> str:
+    """Where an exception was raised, as ``raised in package/file.py:line, function``: whether a probe's crash
+    came from the trainer's own code (trl, transformers, the user's reward), which training would meet too, or
+    from the clinic's."""
+    frame = traceback.extract_tb(error.__traceback__)[-1]
+    parts = Path(frame.filename).parts
+    where = "/".join(parts[parts.index("site-packages") + 1 :] if "site-packages" in parts else parts[-2:])
+    return f"raised in {where}:{frame.lineno}, {frame.name}"
+
+
 def run_probe(spec: Probe, view: Any) -> list[Finding]:
     """One probe's findings, timed; a probe that does not apply is skipped saying why, a probe that crashes
     is an ``error`` finding with the exception (the check-up goes on)."""
@@ -190,15 +202,8 @@ def run_probe(spec: Probe, view: Any) -> list[Finding]:
     except Skip as why:
         findings = [Finding(spec.name, "skipped", reason=str(why))]
     except Exception as error:  # noqa: BLE001 - a probe's crash is reported, never raised
-        findings = [
-            Finding(
-                spec.name,
-                "error",
-                reason=f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
-                if str(error)
-                else type(error).__name__,
-            )
-        ]
+        text = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}" if str(error) else type(error).__name__
+        findings = [Finding(spec.name, "error", reason=f"{text} ({raised_at(error)})")]
     elapsed = time.perf_counter() - start
     for finding in findings:
         finding.lesson = finding.lesson or spec.lesson

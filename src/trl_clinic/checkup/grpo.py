@@ -9,6 +9,9 @@ trainer always passes them, and ``trl-clinic checkup grpo`` reports a config TRL
 from __future__ import annotations
 
 import inspect
+import re
+import sys
+import traceback
 
 import torch
 from torch import nn
@@ -41,6 +44,18 @@ def _takes(function, name: str) -> bool:
     except (TypeError, ValueError):  # a builtin or C callable without a signature: pass only what every version does
         return False
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def refused_keyword(error: BaseException, trainer: object) -> str | None:
+    """The keyword a reward function refused, where ``error`` is the TypeError of the call itself: raised in the
+    frame that calls the function (the trainer's classes, TRL's ``grpo_trainer.py``, or ``group_rewards`` here),
+    not inside the function's body. On today's TRL a reward written ``(prompts, completions)`` refuses
+    ``completion_ids``, and the trainer's first step raises the same."""
+    named = re.search(r"unexpected keyword argument '(\w+)'", str(error))
+    if not isinstance(error, TypeError) or not named or not error.__traceback__:
+        return None
+    callers = {__file__} | {getattr(sys.modules.get(c.__module__), "__file__", None) for c in type(trainer).__mro__}
+    return named.group(1) if traceback.extract_tb(error.__traceback__)[-1].filename in callers else None
 
 
 @torch.no_grad()
@@ -116,10 +131,23 @@ def trl_groups(view: TrainerView) -> tuple[list[bool], float | None]:
 def equal_rewards(view: TrainerView) -> Finding:
     _grpo(view)
     clipped = None
-    if hasattr(view.trainer, "_generate_and_score_completions"):
-        flags, clipped = trl_groups(view)
-    else:
-        flags = [max(g) - min(g) < 1e-8 for g in group_rewards(view)]
+    try:
+        if hasattr(view.trainer, "_generate_and_score_completions"):
+            flags, clipped = trl_groups(view)
+        else:
+            flags = [max(g) - min(g) < 1e-8 for g in group_rewards(view)]
+    except TypeError as error:
+        keyword = refused_keyword(error, view.trainer)
+        if keyword is None:
+            raise
+        return Finding(
+            "equal_rewards",
+            "fail",
+            f"the trainer's call of its reward functions raised: {error}",
+            decided="measured",
+            fix=f"give the reward function **kwargs (def reward(prompts, completions, **kwargs)): the trainer passes "
+            f"{keyword} and the dataset's other columns by keyword, and its first step raises the same",
+        )
     equal, groups = sum(flags), len(flags)
     share = equal / groups
     limit = getattr(view.args, "max_completion_length", None)

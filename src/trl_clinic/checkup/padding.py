@@ -17,6 +17,7 @@ import traceback
 import torch
 
 from trl_clinic.checkup.engine import Skip, probe
+from trl_clinic.checkup.grpo import refused_keyword
 from trl_clinic.checkup.known_bugs import Facts, matching
 from trl_clinic.checkup.step import window
 from trl_clinic.checkup.view import TrainerView
@@ -63,7 +64,15 @@ def _steps(view: TrainerView) -> list[tuple[str, callable]]:
         def grpo_step():
             model.train()
             with window(trainer, trainer.args.gradient_accumulation_steps):  # as the training loop sets it
-                grpo_loss()
+                try:
+                    grpo_loss()
+                except TypeError as error:
+                    if refused_keyword(error, trainer) is None:
+                        raise
+                    raise Skip(
+                        "the trainer's call of its reward functions raised before its scoring forwards ran "
+                        "(equal_rewards names the keyword and the fix)"
+                    ) from error
 
         def grpo_loss():
             if hasattr(trainer, "_generate_and_score_completions"):  # trl >= 0.16
