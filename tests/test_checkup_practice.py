@@ -114,6 +114,28 @@ def test_a_probe_over_its_budget_skips_with_the_bytes_it_needed_and_holds_no_cop
     assert only(trainer, "accumulation").status == "ok"  # the default budget holds this model's gradient
 
 
+def test_the_first_window_copies_only_the_gradients_a_probe_reads(tokenizer, tmp_path):
+    """Under the default budget the first window copied every gradient tensor (a full fine-tune's whole gradient,
+    0.54 GB on SmolLM2-135M, beside the reference's pass): it copies the compared eighth nearest the output, and
+    in an fp16 model the fp16 tensors fp16_adamw steps too."""
+    from trl_clinic.checkup.step import COMPARED_SHARE
+
+    def copied(trainer):
+        view = TrainerView(trainer)
+        with untouched(trainer):
+            step = view.step
+        names = [name for name, p in trainer.model.named_parameters() if p.requires_grad]
+        return step, names, sum(g.numel() * g.element_size() for g in step.kept.values())
+
+    step, names, nbytes = copied(examples.sft_trainer(tokenizer, tmp_path, gradient_accumulation_steps=2))
+    assert list(step.kept) == step.compared == names[-len(step.compared) :] and not step.cut
+    last = step.kept[names[-1]]
+    assert 1 < len(step.kept) < len(names) and nbytes <= max(COMPARED_SHARE * step.needed, last.numel() * 4)
+    half = make_causal_lm(tokenizer).half()
+    step, names, _ = copied(examples.sft_trainer(tokenizer, tmp_path, model=half, gradient_accumulation_steps=2))
+    assert set(step.kept) == set(names) and len(step.compared) < len(names)  # every fp16 tensor, for fp16_adamw
+
+
 def test_the_accumulation_reference_never_holds_more_rows_than_a_micro_batch(tokenizer, tmp_path, monkeypatch):
     trainer = examples.custom_trainer(tokenizer, tmp_path, stand_ins.MeanLossTrainer, gradient_accumulation_steps=4)
     rows = []
