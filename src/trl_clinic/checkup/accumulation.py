@@ -113,12 +113,6 @@ def token_sum_gradient(view: TrainerView, batches: list[dict], inputs: list[torc
             (loss / total).backward(inputs=inputs)
 
 
-def _compared(step: Step) -> dict[str, torch.Tensor]:
-    """The kept gradients the comparison reads: the last ones in the model's order (nearest the output) up to
-    ``COMPARED_SHARE`` of every trainable gradient's bytes, at least one (``first_step`` keeps them)."""
-    return {name: step.kept[name] for name in step.compared}
-
-
 def _coverage(step: Step, compared: dict[str, torch.Tensor]) -> str:
     """Which tensors the number is about, so the finding claims no more than it read."""
     nbytes = sum(grad.numel() * grad.element_size() for grad in compared.values())
@@ -214,7 +208,7 @@ def accumulation(view: TrainerView) -> list[Finding]:
         raise Skip(step.over_budget())
     b = args.per_device_train_batch_size
     packed = any("position_ids" in batch and bool((batch["position_ids"][..., 1:] == 0).any()) for batch in micro)
-    compared = _compared(step)
+    compared = {name: step.kept[name] for name in step.compared}  # kept by first_step, nearest the output
     params = dict(view.model.named_parameters())
     inputs = [params[name] for name in compared]
     view.model.train()
