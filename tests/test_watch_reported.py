@@ -2,10 +2,10 @@
 packed rows through linear-attention layers, and findings raised as trackio and W&B alerts (offline: trackio's local
 database and W&B's offline run file; nothing is sent over the network)."""
 
-import glob
 import math
 import struct
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -75,31 +75,32 @@ def test_packing_finding_on_linear_attention_without_sequence_boundaries(tmp_pat
 # --- alerts: trackio and W&B, offline ---------------------------------------------------------------------------
 
 
-def wandb_alerts(folder) -> list:
-    """The alert records of W&B's offline run files under ``folder``: a 7-byte header, then LevelDB-log blocks of
-    32 KiB whose records carry a 7-byte header (crc32, length, type: 1 whole, 2 first, 3 middle, 4 last)."""
+def wandb_records(path) -> list:
+    """The whole records of a W&B offline run file, in order: a 7-byte header, then LevelDB-log blocks of 32 KiB whose
+    records carry a 7-byte header (crc32 seeded with the type byte, length, type: 1 whole, 2 first, 3 middle, 4
+    last). W&B's service can still be writing the file when ``wandb.finish()`` returns, so reading stops at the
+    first record whose bytes are not all there yet (short, or failing its crc) instead of parsing half a record."""
     from wandb.proto import wandb_internal_pb2
 
-    found = []
-    for path in glob.glob(f"{folder}/**/offline-run-*/*.wandb", recursive=True):
-        data, pos, pending = open(path, "rb").read(), 7, b""
-        while pos + 7 <= len(data):
-            left = 32768 - pos % 32768
-            if left < 7:
-                pos += left
-                continue
-            _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-            if length == 0 and kind == 0:
-                pos += left
-                continue
-            chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
-            pending = chunk if kind in (1, 2) else pending + chunk
-            if kind in (1, 4):
-                record = wandb_internal_pb2.Record()
-                record.ParseFromString(pending)
-                if record.WhichOneof("record_type") == "alert":
-                    found.append(record.alert)
-    return found
+    if not Path(path).exists():
+        return []
+    data, pos, pending, records = Path(path).read_bytes(), 7, b"", []
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        if left < 7:
+            pos += left
+            continue
+        crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if length == 0 and kind == 0:
+            pos += left
+            continue
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if len(chunk) < length or zlib.crc32(chunk, zlib.crc32(bytes([kind]))) != crc:
+            break
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            records.append(wandb_internal_pb2.Record.FromString(pending))
+    return records
 
 
 @pytest.fixture
@@ -134,16 +135,18 @@ def test_findings_reach_trackio_and_wandb_as_alerts_offline(tokenizer, offline_t
 
     assert wandb.run is not None  # the Trainer's WandbCallback leaves its run open after train()
     # W&B's settings are read once a process: a run earlier in this worker can have fixed another WANDB_DIR, so the
-    # run says where its files went
-    folder = Path(wandb.run.settings.sync_dir).parent
+    # run says where its file goes
+    run_file = wandb.run.settings.sync_file
     wandb.finish()
     assert one(watch, "dpo_flat") is not None
     stored = SQLiteStorage.get_alerts("clinic-alerts")
     assert [a["title"] for a in stored] == ["trl-clinic: dpo_flat"] and stored[0]["level"] == "warn"
     assert stored[0]["step"] == 11 and "identical" in stored[0]["text"]
-    deadline = time.monotonic() + 30  # finish() can return before W&B's service has written the run file
-    while not (alerts := wandb_alerts(folder)) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30  # the run file is whole once W&B's service has written its exit record
+    while "exit" not in (kinds := [r.WhichOneof("record_type") for r in wandb_records(run_file)]):
+        assert time.monotonic() < deadline, f"no exit record in {run_file} after 30 s: {kinds[-5:]}"
         time.sleep(0.2)
+    alerts = [r.alert for r in wandb_records(run_file) if r.WhichOneof("record_type") == "alert"]
     assert [(a.title, a.level) for a in alerts] == [("trl-clinic: dpo_flat", "WARN")] and "identical" in alerts[0].text
 
 
