@@ -279,7 +279,7 @@ class TrainerView:
             raise Skip(f"the training set has {len(rows)} rows; this probe needs {start + n}")
         return [rows[i] for i in range(start, start + n)]
 
-    @property
+    @cached_property
     def grpo_batch_counts_prompts(self) -> bool:
         """Whether GRPO's per-device batch counts prompts, each given ``num_generations`` completions inside the
         loss: trl 0.14.0 (grpo_trainer.py, compute_loss; no sampler of its own). From 0.15.0 it counts
