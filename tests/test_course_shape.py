@@ -106,8 +106,9 @@ def test_the_opening_is_short_and_says_what_you_learn_need_and_spend(key):
         if cell.cell_type == "code":
             break
         opening.append(cell.source)
-    text = story("\n".join(opening))
-    words = len("\n".join(opening).split())  # the install line included, as a learner reads it and the hook counts
+    whole = "\n".join(opening)
+    text = story(whole)
+    words = len(whole.split())  # the install line included, as a learner reads it and the hook counts
     assert words <= WORDS_BEFORE_CODE, f"{lesson.stem}: {words} words before the first code cell"
     assert re.match(r"#\s", text), f"{lesson.stem} opens without a title"
     learn = re.search(r"\*\*You will learn\*\*(.*?)\*\*You should know\*\*", text, re.S)

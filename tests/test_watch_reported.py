@@ -143,10 +143,12 @@ def test_findings_reach_trackio_and_wandb_as_alerts_offline(tokenizer, offline_t
     assert [a["title"] for a in stored] == ["trl-clinic: dpo_flat"] and stored[0]["level"] == "warn"
     assert stored[0]["step"] == 11 and "identical" in stored[0]["text"]
     deadline = time.monotonic() + 30  # the run file is whole once W&B's service has written its exit record
-    while "exit" not in (kinds := [r.WhichOneof("record_type") for r in wandb_records(run_file)]):
-        assert time.monotonic() < deadline, f"no exit record in {run_file} after 30 s: {kinds[-5:]}"
+    records = wandb_records(run_file)
+    while not any(record.HasField("exit") for record in records):
+        assert time.monotonic() < deadline, f"no exit record in {run_file} after 30 s ({len(records)} records)"
         time.sleep(0.2)
-    alerts = [r.alert for r in wandb_records(run_file) if r.WhichOneof("record_type") == "alert"]
+        records = wandb_records(run_file)
+    alerts = [record.alert for record in records if record.HasField("alert")]
     assert [(a.title, a.level) for a in alerts] == [("trl-clinic: dpo_flat", "WARN")] and "identical" in alerts[0].text
 
 
