@@ -25,6 +25,12 @@ EOT_INSIDE = (
     HEAD + "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}"
     "{% endgeneration %}{{ '\n' }}{% else %}{{ message['content'] + '<|im_end|>\n' }}{% endif %}" + TAIL
 )
+# <|im_end|>\n inside the block, as TRL's own training templates write it (qwen2_5_training.jinja): every trained
+# span ends on the newline, one token after the turn end
+EOT_AND_NEWLINE_INSIDE = (
+    HEAD + "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>\n' }}"
+    "{% endgeneration %}{% else %}{{ message['content'] + '<|im_end|>\n' }}{% endif %}" + TAIL
+)
 
 
 def finding(trainer, probe):
@@ -33,7 +39,7 @@ def finding(trainer, probe):
     return report.findings[-1]
 
 
-def chat_trainer(out, template, **config):
+def chat_trainer(out, template, assistant_only_loss=True, **config):
     from trl import SFTConfig, SFTTrainer
 
     tokenizer = build_tokenizer()
@@ -52,7 +58,7 @@ def chat_trainer(out, template, **config):
     )
     return SFTTrainer(
         model=make_causal_lm(tokenizer),
-        args=SFTConfig(**examples.config_kwargs(out, assistant_only_loss=True, **config)),
+        args=SFTConfig(**examples.config_kwargs(out, assistant_only_loss=assistant_only_loss, **config)),
         processing_class=tokenizer,
         train_dataset=data,
     )
@@ -65,9 +71,31 @@ def test_turn_end_trips_when_the_template_leaves_the_end_of_turn_out_of_the_gene
     bad = finding(chat_trainer(tmp_path, EOT_OUTSIDE), "turn_end")
     good = finding(chat_trainer(tmp_path, EOT_INSIDE), "turn_end")
     assert (bad.status, bad.decided, bad.value) == ("fail", "measured", 0.0)
-    assert "0 of 8 trained spans" in bad.measured and "{% generation %}" in bad.fix
+    assert "0 of 8 trained turns" in bad.measured and "8 end before it" in bad.measured
+    assert "{% generation %}" in bad.fix
     assert (good.status, good.decided, good.value) == ("ok", "measured", 1.0)
     assert "<|im_end|>" in good.measured
+
+
+@pytest.mark.parametrize(
+    "template, assistant_only",
+    [(EOT_AND_NEWLINE_INSIDE, True), (EOT_OUTSIDE, False), (EOT_AND_NEWLINE_INSIDE, False)],
+    ids=["turn-end-and-newline-in-the-block", "whole-sequence", "whole-sequence-generation-template"],
+)
+def test_turn_end_passes_spans_that_end_after_a_trained_turn_end(tmp_path, template, assistant_only):
+    """The recipes' own setups the old probe failed: a span that ends on the newline after <|im_end|> (TRL's training
+    templates), and whole-sequence training, where every turn end is a label although no span ends on one."""
+    found = finding(chat_trainer(tmp_path, template, assistant_only_loss=assistant_only), "turn_end")
+    assert (found.status, found.decided, found.value) == ("ok", "measured", 1.0), found.measured
+
+
+def test_turn_end_leaves_out_spans_that_max_length_cut_and_says_so(tmp_path):
+    """A turn cut by max_length before its turn end proves nothing; when every span is cut the probe says it cannot
+    judge, never ok on nothing."""
+    some = finding(chat_trainer(tmp_path, EOT_INSIDE, max_length=30), "turn_end")
+    assert "cut by max_length left out" in some.measured and some.status == "ok", some.measured
+    every = finding(chat_trainer(tmp_path, EOT_INSIDE, max_length=24), "turn_end")
+    assert every.status == "skipped" and "cut by max_length" in every.reason
 
 
 def test_eos_label_leaves_chatml_turns_to_turn_end_and_still_checks_plain_text(tokenizer, tmp_path):
