@@ -183,7 +183,8 @@ def write(fetched: Path, mirrors: Path) -> None:
             target.write_text(text)
         for sub in ("accelerate_configs", "deepspeed"):
             for path in sorted((collection / sub).glob("*")) if (collection / sub).is_dir() else []:
-                launches[path.name] = {"sha256": sha256(path.read_bytes()), **launch_settings(path.read_text(), path.name)}
+                settings = launch_settings(path.read_text(), path.name)
+                launches[path.name] = {"sha256": sha256(path.read_bytes()), **settings}
         if launches:
             (RECIPES / collection.name / "launches.yaml").write_text(dump(launches))
 
