@@ -89,7 +89,10 @@ def run_checkup(
 
     load_probes()
     processes = Processes.of(trainer.args)
-    view = TrainerView(trainer, budget=DEFAULT_BUDGET if budget is None else budget)
+    specs = selected(only, skip)
+    view = TrainerView(
+        trainer, budget=DEFAULT_BUDGET if budget is None else budget, probes=frozenset(s.name for s in specs)
+    )
     model = view.base_model
     report = Report(
         subject=f"{type(trainer).__name__} on {type(model).__name__}"
@@ -97,7 +100,7 @@ def run_checkup(
     )
     start = time.perf_counter()
     with untouched(trainer):
-        for spec in selected(only, skip):
+        for spec in specs:
             report.findings += run_probe(spec, view)
     if processes.several:
         report.findings = merged(processes.gather(report.findings))

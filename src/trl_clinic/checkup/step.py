@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -205,6 +205,23 @@ DEFAULT_BUDGET = GiB  # bytes a probe may hold beyond what training holds (copie
 COMPARED_SHARE = 1 / 8
 
 
+# Probes that read every trainable gradient while the first window's gradients are live, instead of a copy of them
+# (a copy of a full fine-tune's gradient is as large as the model): name -> reader(view, named, clip), run by
+# first_step for the probes the check-up runs (``view.probes``), its result or its exception kept in ``Step.live``.
+LIVE_READERS: dict[str, Callable] = {}
+
+
+def live_reader(name: str) -> Callable:
+    """Register ``reader(view, named, clip)`` for probe ``name``: called once, in ``first_step``, with the trainable
+    ``(name, parameter)`` pairs whose ``.grad`` holds the window's gradient and the clipping factor."""
+
+    def register(reader: Callable) -> Callable:
+        LIVE_READERS[name] = reader
+        return reader
+
+    return register
+
+
 def size(nbytes: float) -> str:
     return f"{nbytes / GiB:.3g} GiB" if nbytes >= GiB / 10 else f"{nbytes / (1 << 20):.3g} MiB"
 
@@ -221,6 +238,16 @@ class Step:
     kept: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> a copy of its gradient (not clipped)
     compared: list[str] = field(default_factory=list)  # the last kept tensors, COMPARED_SHARE of the bytes
     cut: bool = False  # the budget kept fewer of the compared tensors than COMPARED_SHARE asks for
+    live: dict[str, object] = field(default_factory=dict)  # probe -> what its live reader returned, or raised
+
+    def read_live(self, probe: str) -> object:
+        """What ``probe``'s live reader returned; the exception it raised is raised here, in the probe."""
+        if probe not in self.live:
+            raise RuntimeError(f"{probe}'s reader did not run in the first window")
+        value = self.live[probe]
+        if isinstance(value, BaseException):
+            raise value
+        return value
 
     def over_budget(self) -> str:
         return (
@@ -276,6 +303,13 @@ def first_step(view, budget: int) -> Step:
             norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
     limit = getattr(view.args, "max_grad_norm", None)
     clip = min(1.0, limit / (norm + 1e-6)) if limit and norm > 0 else 1.0  # as clip_grad_norm_ scales
+    live = {}
+    for probe, reader in LIVE_READERS.items():
+        if view.probes is None or probe in view.probes:
+            try:
+                live[probe] = reader(view, named, clip)
+            except Exception as error:  # noqa: BLE001 - the probe that reads it reports it as its own error
+                live[probe] = error
     needed = sum(g.numel() * g.element_size() for g in grads)
     kept, used, cut = {}, 0, False
     for name, p in reversed(named):  # the compared tensors: the last ones up to COMPARED_SHARE, at least one
@@ -306,6 +340,7 @@ def first_step(view, budget: int) -> Step:
         kept={name: kept[name] for name, _ in named if name in kept},
         compared=compared,
         cut=cut,
+        live=live,
     )
     for p in model.parameters():
         p.grad = None

@@ -223,6 +223,7 @@ class TrainerView:
 
     trainer: Trainer
     budget: int = 1 << 30  # bytes a probe may hold beyond what training holds (checkup.step.DEFAULT_BUDGET)
+    probes: frozenset[str] | None = None  # the probes this check-up runs (None: all): first_step's live readers
 
     @property
     def args(self):
