@@ -1,37 +1,107 @@
-"""Probe: trainable tensors held in bfloat16 or float16 whose optimizer updates round away.
+"""Probe: would the first optimizer step move the trainable weights, as the run is launched?
 
-AdamW moves an element by about the learning rate per step (exactly lr times the gradient's sign at the first
-step); the step is lost when it is below half a unit in the last place of the weight, |w| * 2^-9 in bfloat16. DoRA's
-magnitude vector after TRL's QLoRA cast to bfloat16 (trl 0.26.0-1.14.2, TRL #7268) never moved: 384 of 384 elements
-unchanged over 20 steps at lr 2e-4 (|w| about 0.23), 0 of 384 in float32 (trl 1.16.0). A tiny model built in
-bfloat16 and fully fine-tuned at lr 2e-5 left 70% of its elements unchanged in 10 steps, its norm weights (1.0) all.
+AdamW's first step moves an element by about the learning rate (lr times the gradient's sign, for a gradient well
+above eps); the step is lost when it is below half a unit in the last place of the weight: |w| * 2^-9 in bfloat16,
+|w| * 2^-12 in float16. Whether that happens is a question of the launch, not only of the weights' dtype:
 
-The probe builds the trainer's own optimizer class with its settings (``precision.optimizer_recipe``) at the peak
-learning rate (a warmup's first rate can be 0) over clones of the half-precision trainable tensors, gives them the
-gradient the trainer's first optimizer step gets (``checkup.step``: the accumulation window's, after clipping), steps
-once and counts the elements with a gradient that did not change. The user's weights and optimizer are never
-stepped; the clones, their gradients and the optimizer's two moments stay within the check-up's budget.
+* a plain Trainer (one process, or DDP) steps the 16-bit tensors themselves: the update is lost;
+* DeepSpeed ZeRO steps float32 master partitions of them, and accelerate's FSDP with mixed precision casts trainable
+  16-bit parameters to float32 when it prepares the model (``probes.launch``): the update is kept, and the 16-bit
+  copy moves once the master's change passes its half unit.
+
+So a launch with float32 master weights is ``ok`` (decided ``config``). Otherwise the probe measures: the trainer's
+own optimizer class with its settings (``precision.optimizer_recipe``) at the peak learning rate (a warmup's first
+rate can be 0), stepped once over clones of every 16-bit trainable tensor (norms, embeddings, matrices, adapters,
+each whole, in blocks of rows within the check-up's budget: exact for element-wise optimizers, AdamW, Adam, Lion,
+RMSprop, SGD), given the gradient of the first window (``checkup.step``: read while it is live, never copied, and
+scaled by the ``max_grad_norm`` clipping). It counts the elements with a non-zero gradient whose value did not
+change, and reports their share of all trainable parameters with a gradient (float32 ones count as moving), by
+kind. GRPO's first window needs its own generations: there a unit gradient stands in (AdamW's, RMSprop's and Lion's
+first step does not depend on the gradient's size; SGD's does, and the finding says so).
+
+The line between warn and fail, from ``benchmarks/bf16_updates.py`` (SmolLM2-135M-Instruct, full fine-tune,
+AdamW, the same 200 batches, bfloat16 weights stepped as they are against float32 weights under bf16 autocast):
+THRESHOLDS_ARGUMENT below, filled in from that run.
+
+DoRA's magnitude vector after TRL's QLoRA cast to bfloat16 (trl 0.26.0-1.14.2, TRL #7268) is the small-share case:
+its |w| (about 0.2-1) stalls every element at lr 2e-4 while the adapters' matrices move, so it is a whole kind that
+never trains; the known-bugs entry that explains it is named when it applies.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+from dataclasses import dataclass, field
+
 import torch
+from torch import nn
 
 from trl_clinic.checkup.engine import Skip, probe
-from trl_clinic.checkup.precision import optimizer_recipe, within_budget
+from trl_clinic.checkup.known_bugs import explain
+from trl_clinic.checkup.precision import optimizer_recipe
+from trl_clinic.checkup.step import live_reader
 from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.finding import Finding
+from trl_clinic.probes.launch import Launch
 
 HALF = (torch.bfloat16, torch.float16)
-FAIL_SHARE, WARN_SHARE = 0.9, 0.5  # of a tensor's elements with a gradient left unchanged by one step
+FAIL_SHARE = 0.5  # of the trainable parameters with a gradient, by count, that the step leaves unchanged
+WARN_SHARE = 0.01
+KIND_SHARE = 0.9  # a kind of tensor whose elements stay unchanged at least this share never trains: fail
+THRESHOLDS_ARGUMENT = ""
 
 
-def unchanged_shares(cls: type, settings: dict, source: str, tensors: list) -> dict[str, float]:
-    """Step a fresh ``cls`` once over clones of ``tensors`` (name, weight, gradient): per tensor, the share of its
-    elements with a non-zero gradient whose value did not change."""
+def kind_of(name: str, module: nn.Module, parameter: torch.Tensor) -> str:
+    """What a trainable tensor is, read the same way in every family: ``magnitude`` (DoRA's magnitude vector),
+    ``adapter`` (PEFT's other LoRA tensors), ``embedding`` (an ``nn.Embedding``'s weight), ``norm`` (a module whose
+    class name says Norm), ``bias``, ``matrix`` (any other tensor of two or more dimensions: projections, the output
+    head) or ``vector``."""
+    if "magnitude_vector" in name:
+        return "magnitude"
+    if "lora_" in name:
+        return "adapter"
+    if isinstance(module, nn.Embedding):
+        return "embedding"
+    if "norm" in type(module).__name__.lower():
+        return "norm"
+    if name.rsplit(".", 1)[-1] == "bias":
+        return "bias"
+    return "matrix" if parameter.ndim >= 2 else "vector"
+
+
+@dataclass
+class Updates:
+    """What one step did to the trainable parameters: per kind, the elements with a gradient and those left
+    unchanged (16-bit tensors stepped; float32 ones counted as moving)."""
+
+    graded: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    unchanged: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    tensors: int = 0  # 16-bit trainable tensors stepped
+    unit_gradient: bool = False  # a unit gradient stood in for the window's (GRPO)
+
+    @property
+    def share(self) -> float:
+        total = sum(self.graded.values())
+        return sum(self.unchanged.values()) / total if total else 0.0
+
+    def kind_share(self, kind: str) -> float:
+        return self.unchanged[kind] / self.graded[kind] if self.graded[kind] else 0.0
+
+
+def _blocks(weight: torch.Tensor, gradient: torch.Tensor, budget: int):
+    """``weight`` and ``gradient`` in blocks of whole rows whose clone, gradient and two moments fit ``budget``."""
+    rows = weight.detach().reshape(weight.shape[0], -1) if weight.ndim > 1 else weight.detach().reshape(1, -1)
+    grads = gradient.detach().reshape(rows.shape)
+    per = max(1, budget // max(1, 4 * rows.shape[1] * weight.element_size()))
+    for start in range(0, rows.shape[0], per):
+        yield rows[start : start + per], grads[start : start + per]
+
+
+def step_once(cls: type, settings: dict, source: str, blocks: list[tuple[torch.Tensor, torch.Tensor]]) -> list:
+    """Step a fresh ``cls`` once over clones of ``blocks`` (weight, gradient); the clones after the step."""
     clones = []
-    for _, weight, gradient in tensors:
-        clone = weight.detach().clone().requires_grad_(True)
+    for weight, gradient in blocks:
+        clone = weight.clone().requires_grad_(True)
         clone.grad = gradient.to(clone.dtype).clone()
         clones.append(clone)
     try:
@@ -42,23 +112,71 @@ def unchanged_shares(cls: type, settings: dict, source: str, tensors: list) -> d
             f"{cls.__module__}.{cls.__name__} could not step on cloned tensors here, so the update is not measured: "
             f"{type(error).__name__}: {error}"
         ) from error
-    shares = {}
-    for (name, weight, gradient), clone in zip(tensors, clones):
-        moved = gradient != 0
-        if moved.any():
-            shares[name] = ((clone.detach() == weight.detach()) & moved).sum().item() / moved.sum().item()
-    return shares
+    return [clone.detach() for clone in clones]
+
+
+def measure(view: TrainerView, named: list[tuple[str, nn.Parameter]], gradients: dict[str, torch.Tensor]) -> Updates:
+    """One step of the trainer's optimizer over every 16-bit trainable tensor in ``gradients``, block by block within
+    the budget; float32 trainable tensors with a gradient count as moving."""
+    cls, settings, source = optimizer_recipe(view)
+    settings["lr"] = view.args.learning_rate
+    modules = dict(view.model.named_modules())
+    updates, pending, held = Updates(), [], 0
+
+    def flush() -> None:
+        stepped = step_once(cls, settings, source, [(weight, gradient) for _, weight, gradient in pending])
+        for (kind, weight, gradient), after in zip(pending, stepped):
+            moved = gradient != 0
+            updates.graded[kind] += int(moved.sum())
+            updates.unchanged[kind] += int(((after == weight) & moved).sum())
+        pending.clear()
+
+    for name, parameter in named:
+        gradient = gradients.get(name)
+        if gradient is None:
+            continue
+        kind = kind_of(name, modules.get(name.rpartition(".")[0], view.model), parameter)
+        if parameter.dtype not in HALF:
+            updates.graded[kind] += int((gradient != 0).sum())
+            continue
+        updates.tensors += 1
+        for weight, block in _blocks(parameter, gradient, view.budget):
+            nbytes = 4 * weight.numel() * weight.element_size()
+            if pending and held + nbytes > view.budget:
+                flush()
+                held = 0
+            pending.append((kind, weight, block))
+            held += nbytes
+    if pending:
+        flush()
+    return updates
+
+
+@live_reader("stalled_update")
+def read_first_window(view: TrainerView, named: list, clip: float) -> Updates | None:
+    """In ``first_step``, while the window's gradients are live: the step's effect, or None where the probe decides
+    without it (float32 master weights, no 16-bit trainable tensor)."""
+    if Launch.of(view.trainer).float32_master or not any(p.dtype in HALF for _, p in named):
+        return None
+    gradients = {name: p.grad * clip if clip < 1 else p.grad for name, p in named if p.grad is not None}
+    return measure(view, named, gradients)
+
+
+def _counts(parameters: list[tuple[str, nn.Parameter]]) -> str:
+    return f"{sum(p.numel() for _, p in parameters) / 1e6:.3g}M parameters"
 
 
 @probe(
     "stalled_update",
     "-",
-    "trainable tensors held in bfloat16/float16 whose updates round to zero: one step of the trainer's own "
-    "optimizer at the peak learning rate leaves most of their elements unchanged (DoRA's magnitude vector after "
-    "TRL's QLoRA cast in trl 0.26.0-1.14.2, TRL #7268; a model loaded in bfloat16 and fully fine-tuned).",
+    "16-bit trainable weights whose optimizer updates round away as the run is launched: one step of the trainer's "
+    "own optimizer at the peak learning rate leaves most parameters, or a whole kind of them (norms, DoRA's "
+    "magnitude vector after TRL's QLoRA cast in trl 0.26.0-1.14.2, TRL #7268), unchanged. A launch whose optimizer "
+    "steps float32 master weights (DeepSpeed ZeRO, FSDP with mixed precision) keeps the updates.",
 )
 def stalled_update(view: TrainerView) -> Finding:
-    half = [(name, p) for name, p in view.model.named_parameters() if p.requires_grad and p.dtype in HALF]
+    trainable = [(name, p) for name, p in view.model.named_parameters() if p.requires_grad]
+    half = [(name, p) for name, p in trainable if p.dtype in HALF]
     if not half:
         return Finding(
             "stalled_update",
@@ -68,47 +186,62 @@ def stalled_update(view: TrainerView) -> Finding:
             decided="config",
             reason="every trainable tensor is float32",
         )
-    cls, settings, source = optimizer_recipe(view)
-    settings["lr"] = view.args.learning_rate
-    step = view.step  # the gradient the first optimizer step is given: the window's, then clipped
-    graded = [(name, p) for name, p in half if name not in step.missing]
-    if not graded:
-        raise Skip("no half-precision trainable tensor got a gradient from the trainer's loss (see gradients_reach)")
-    tensors = within_budget(view, graded)  # an embedding larger than the budget is left out, not the rest
-    if not tensors:
-        needed = 4 * min(p.numel() * p.element_size() for _, p in graded)
-        raise Skip(
-            f"one optimizer step on a clone of the smallest half-precision trainable tensor needs "
-            f"{needed / (1 << 20):.3g} MiB, over the budget of {view.budget / (1 << 20):.3g} MiB: "
-            "checkup(trainer, budget=...) or --budget BYTES"
-        )
-    shares = unchanged_shares(cls, settings, source, tensors)
-    if not shares:
-        raise Skip("every gradient of the half-precision trainable tensors is zero")
-    stalled = sorted((name for name, share in shares.items() if share >= WARN_SHARE), key=shares.get, reverse=True)
-    worst = max(shares.values())
-    measured = (
-        f"one {cls.__name__} step ({source}) at lr {view.args.learning_rate:g} on clones of {len(tensors)} of "
-        f"{len(half)} bfloat16/float16 trainable tensors: {len(stalled)} leave at least {WARN_SHARE:.0%} of their "
-        f"elements unchanged (worst {worst:.0%}"
-        + (f": {', '.join(stalled[:3])}{', ...' if len(stalled) > 3 else ''})" if stalled else ")")
-    )
-    if worst < WARN_SHARE:
+    launch = Launch.of(view.trainer)
+    dtypes = "/".join(sorted({str(p.dtype).removeprefix("torch.") for _, p in half}))
+    if launch.float32_master:
         return Finding(
-            "stalled_update", "ok", measured, value=worst, decided="measured", reason="the updates move the weights"
+            "stalled_update",
+            "ok",
+            f"{len(half)} {dtypes} trainable tensors ({_counts(half)}) under {launch.described}",
+            value=0.0,
+            decided="config",
+            reason="the optimizer steps float32 master copies of them (DeepSpeed ZeRO's partitions, or FSDP's float32 "
+            "upcast under mixed precision), so updates below their 16-bit half unit are kept",
         )
-    magnitude = any("lora_magnitude_vector" in name for name in stalled)
-    return Finding(
-        "stalled_update",
-        "fail" if worst >= FAIL_SHARE else "warn",
-        measured,
-        value=worst,
-        decided="measured",
-        fix=(
+    if view.kind == "grpo":
+        updates = measure(view, trainable, {name: torch.ones_like(p) for name, p in half})
+        updates.unit_gradient = True
+    else:
+        updates = view.step.read_live("stalled_update")
+    if updates is None or not sum(updates.graded.values()):
+        raise Skip("no trainable tensor got a gradient from the trainer's loss (see gradients_reach)")
+    return verdict(view, updates, launch, dtypes)
+
+
+def verdict(view: TrainerView, updates: Updates, launch: Launch, dtypes: str) -> Finding:
+    cls, _, source = optimizer_recipe(view)
+    kinds = sorted(updates.graded, key=lambda k: -updates.graded[k])
+    by_kind = ", ".join(f"{kind} {updates.kind_share(kind):.0%}" for kind in kinds if updates.graded[kind])
+    whole = [kind for kind in kinds if updates.graded[kind] and updates.kind_share(kind) >= KIND_SHARE]
+    share = updates.share
+    measured = (
+        f"one {cls.__name__} step ({source}) at lr {view.args.learning_rate:g} on clones of the {updates.tensors} "
+        f"{dtypes} trainable tensors, under {launch.described}"
+        + (", a unit gradient standing in for GRPO's" if updates.unit_gradient else ", the first window's gradient")
+        + f": {share:.1%} of the trainable parameters with a gradient unchanged (by kind: {by_kind})"
+    )
+    if share < WARN_SHARE and not whole:
+        return Finding(
+            "stalled_update", "ok", measured, value=share, decided="measured", reason="the updates move the weights"
+        )
+    entry = explain(view, "stalled_update")
+    magnitude = "magnitude" in whole
+    if magnitude:
+        fix = (
             "trl>=1.15.0 keeps DoRA's magnitude in float32; on an older TRL cast it back after building the trainer "
             "(p.data = p.data.float() for the lora_magnitude_vector parameters)"
-            if magnitude
-            else "keep trainable weights in float32 (load the model in float32 and train with bf16=True autocast), "
-            "or raise learning_rate"
-        ),
+        )
+    else:
+        fix = (
+            "keep the trainable weights in float32 (dtype: float32 with bf16: true autocast), or launch with "
+            "float32 master weights (DeepSpeed ZeRO, FSDP with mixed precision)"
+        )
+    return Finding(
+        "stalled_update",
+        "fail" if share >= FAIL_SHARE or magnitude else "warn",
+        measured,
+        value=share,
+        decided="measured",
+        known_bug=entry["id"] if entry else "",
+        fix=entry["fix"] if entry else fix,
     )
