@@ -9,7 +9,7 @@
 * ``labels``: the label tokens a loss trains on, and ``IGNORE_INDEX`` (-100);
 * ``recording``: raw and logged loss per step, and the tap on ``training_step``;
 * ``finding``: the ``Finding`` every check-up probe and watch check leaves, and how it was decided (``DECISIONS``);
-* ``command``: the shape of ``trl-clinic checkup|watch sft|dpo|reward|grpo``, TRL's own script run;
+* ``command``: the shape of ``trl-clinic checkup|watch sft|dpo|reward|grpo|kto``, TRL's own script run;
 * ``jsonable``: numbers as JSON, non-finite ones included;
 * ``launch``: how the run is launched (DeepSpeed ZeRO, FSDP, DDP, one process), its precision and master weights.
 

@@ -1,4 +1,4 @@
-"""The command shape the check-up and the watch share: ``trl-clinic checkup|watch sft|dpo|reward|grpo [our
+"""The command shape the check-up and the watch share: ``trl-clinic checkup|watch sft|dpo|reward|grpo|kto [our
 options] [TRL's arguments]``, where TRL's own script parses the arguments and builds the trainer.
 
 The arguments after the trainer kind are those of ``trl sft`` (a ``--config`` YAML, or flags), parsed by the
@@ -14,7 +14,13 @@ from collections.abc import Callable
 from types import ModuleType
 from unittest import mock
 
-TRAINERS = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "reward": "RewardTrainer", "grpo": "GRPOTrainer"}
+TRAINERS = {
+    "sft": "SFTTrainer",
+    "dpo": "DPOTrainer",
+    "reward": "RewardTrainer",
+    "grpo": "GRPOTrainer",
+    "kto": "KTOTrainer",
+}
 
 
 def add_script_command(
