@@ -73,7 +73,7 @@ workbook: $(STAMP) eras-for-workbook
 # session run they share (the workbook, era 01's scripts) runs once (xdist 3.8's loadgroup ignores its groups
 # on pytest 9.2: its node-id suffix is not read). The workbook runs its lessons one at a time beside the other worker.
 test: $(STAMP) browser
-	$(BIN)/ruff check src tests sources benchmarks tools && $(BIN)/ruff format --check src tests sources benchmarks tools
+	$(BIN)/ruff check src tests sources benchmarks tools zoo && $(BIN)/ruff format --check src tests sources benchmarks tools zoo
 	$(BIN)/python -m trl_clinic.course.eras --background --log .eras/test-build.log $(TEST_ERAS)
 	$(BIN)/python -m pytest -v -m "not slow" -n auto --dist loadfile --no-loadscope-reorder --durations=20
 
@@ -187,7 +187,7 @@ clean:
 ERAS ?=
 # The eras whose scripts the tests run for real; under `make test` a missing one fails, not skips. They build in
 # the background while the first tests run (what needs an era waits for the build lock: eras.build.wait_for_builds).
-TEST_ERAS := 01-trl-0.14 01-transformers-4.55 02-transformers-4.45 04-transformers-4.51 04-transformers-4.40 06-trl-0.24
+TEST_ERAS := 01-trl-0.14 01-transformers-4.55 02-transformers-4.45 04-transformers-4.51 04-transformers-4.40 06-trl-0.24 08-trl-1.14
 
 eras: $(STAMP)
 	$(BIN)/python -m trl_clinic.course.eras $(ERAS)

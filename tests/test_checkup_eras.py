@@ -316,3 +316,21 @@ def test_05_trl_0_14_grpo_checkup_reaches_its_verdict_and_equal_rewards_fail_by_
         "on an H20 with cuBLAS 12.1.3.1": ["05-h20-cublas-bf16"],
     }
     assert what_if["bf16=False"]["on an H20 with cuBLAS 12.1.3.1"] == []
+
+
+@pytest.mark.era
+def test_08_trl_1_14_qdora_magnitude_stalls_and_stalled_update_names_its_known_bug(wheel, tmp_path):
+    """TRL #7268: trl 1.14.2 casts DoRA's magnitude vector of a 4-bit model to bfloat16, where lr 2e-4 cannot move it;
+    the probe fails by measurement and names the known-bugs entry. The same QLoRA without DoRA trains: the cast's
+    LoRA matrices move (|w| about 0.02-0.1, lora_B starting at 0)."""
+    outcome = checkup_in("08-trl-1.14", wheel, tmp_path)
+    assert outcome["versions"]["trl"] == "1.14.2"
+    dora = findings(outcome, "SFT, 4-bit Llama, DoRA")["stalled_update"]
+    assert (dora["status"], dora["decided"]) == ("fail", "measured"), dora
+    assert dora["known_bug"] == "03-trl-qlora-casts-dora-magnitude" and "trl>=1.15.0" in dora["fix"]
+    assert "adapter" in dora["measured"] and "bfloat16" in dora["measured"]
+    lora = findings(outcome, "SFT, 4-bit Llama, LoRA")["stalled_update"]
+    assert (lora["status"], lora["decided"]) == ("ok", "measured"), lora
+    for scenario in outcome["reports"]:  # a 4-bit model makes no probe crash
+        assert outcome["reports"][scenario]["errors"] == 0, outcome["reports"][scenario]["findings"]
+

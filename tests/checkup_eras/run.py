@@ -399,6 +399,30 @@ def known_bugs_for_2906() -> dict:
     return found
 
 
+def qlora_trainer(use_dora: bool):
+    """SFTTrainer on a tiny Llama loaded in 4 bits (bitsandbytes' NF4 on the CPU) with a LoRA adapter, DoRA or not,
+    at lr 2e-4 (TRL #7268's setting): trl 1.14.2 casts every trainable tensor to bfloat16 after building it."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from trl import SFTConfig, SFTTrainer
+
+    folder = tempfile.mkdtemp(prefix="qlora-", dir=OUT)
+    model(hidden_size=64).save_pretrained(folder)
+    quantized = AutoModelForCausalLM.from_pretrained(
+        folder,
+        quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16),
+        dtype=torch.bfloat16,
+    )
+    return SFTTrainer(
+        model=quantized,
+        args=SFTConfig(**common(learning_rate=2e-4, bf16=True)),
+        train_dataset=Dataset.from_dict({"input_ids": token_rows(16)}),
+        processing_class=tokenizer(),
+        peft_config=LoraConfig(r=8, target_modules="all-linear", use_dora=use_dora),
+    )
+
+
 ALSO = {  # what a scenario set reads besides the check-up's reports
     "01-trl-0.14, lesson 03": {"defaults": reward_defaults, "grad_norms": reward_runs},
     "01-trl-0.14, lesson 05": {"known_bugs": known_bugs_for_2906},
@@ -459,6 +483,11 @@ SCENARIOS = {
         "GRPO, the same reward for every completion": lambda: grpo_trainer(the_same),
         "GRPO, a reward with spread, bf16=True": lambda: grpo_trainer(bf16=True),
         "GRPO, a reward taking prompts and completions only": lambda: grpo_trainer(spread_of_its_time),
+    },
+    # TRL #7268: QLoRA with DoRA, trl 1.14.2's cast of every trainable tensor to bfloat16
+    "08-trl-1.14": {
+        "SFT, 4-bit Llama, DoRA": lambda: qlora_trainer(use_dora=True),
+        "SFT, 4-bit Llama, LoRA": lambda: qlora_trainer(use_dora=False),
     },
     "04-transformers-4.40": {
         # completions of 2 and 6 tokens: the first batch's shorter row ends in padding
