@@ -1,0 +1,265 @@
+"""Each recipe's broken twins: the adapted recipe with the one change that breaks what a probe checks, as users have
+broken it (the bug each stands for is in ``TWINS``). A twin runs in one process and is caught when its probe says
+``expect`` (``fail``; ``warn`` for the probes that only warn).
+
+Which twins a recipe has (``applicable``): those whose change means something for it on today's stack (TRL 1.16,
+transformers 5.23). Probes whose failure lives only in an old release (``padding_cache``: transformers 4.49-4.52;
+``prompt_in_loss``: trl 0.24-0.27 on transformers 5) are tested in their eras (tests/test_checkup_eras.py), not here;
+so is ``eos_label``, whose trap TRL 1.16 closes for every format the zoo's recipes use (it appends EOS to every
+non-conversational row, and a chat template ends conversational ones).
+
+Most twins change the recipe's config, data or template; two need what no config reaches, a change to the built
+trainer (``HOOKS``, applied by ``hooked.py`` between building and checking): a model class that declares
+``accepts_loss_kwargs = False``, and a LoRA adapter loaded frozen.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import families
+
+# the largest learning rate at which a bfloat16 full fine-tune under a plain launch is broken, measured
+# (benchmarks/bf16_updates.py: the bfloat16 run loses most of the float32 run's improvement at and below it)
+STALLED_LR = 1e-4
+
+
+@dataclass(frozen=True)
+class Twin:
+    probe: str
+    expect: str  # the status that catches it
+    bug: str  # what users did, and where it was reported
+
+
+TWINS = {
+    "turn_end": Twin(
+        "turn_end",
+        "fail",
+        "assistant_only_loss with a chat template whose {% generation %} block leaves the turn end out (TRL PR #5988: "
+        "GLM's template; #7230: a QLoRA run lost to it)",
+    ),
+    "stalled_update": Twin(
+        "stalled_update",
+        "fail",
+        "bfloat16 weights (dtype: bfloat16) fully fine-tuned under a plain launch (one process or DDP), where AdamW "
+        "steps the bfloat16 tensors themselves at the recipe's learning rate",
+    ),
+    "fp16_adamw": Twin(
+        "fp16_adamw",
+        "fail",
+        "float16 weights (dtype: float16) with the non-fused AdamW (optim: adamw_torch): eps and small squared "
+        "gradients round to 0 in its float16 state (lesson 03, TRL #2367)",
+    ),
+    "reward_head": Twin(
+        "reward_head",
+        "fail",
+        "a LoRA reward model without a task type (lora_task_type: null): PEFT wraps it as a plain model, so the score "
+        "head stays random, frozen and unsaved (lesson 03)",
+    ),
+    "equal_rewards": Twin(
+        "equal_rewards",
+        "fail",
+        "a reward that ignores the completion (TRL #3857): every group's rewards equal, every advantage 0",
+    ),
+    "identical_pairs": Twin(
+        "identical_pairs",
+        "fail",
+        "a max_length that cuts every pair inside its shared prompt: chosen and rejected identical, DPO learns nothing",
+    ),
+    "accumulation": Twin(
+        "accumulation",
+        "fail",
+        "a model class that declares accepts_loss_kwargs = False (Qwen2.5-VL, Gemma 4, ... in transformers 5.23): each "
+        "micro-batch's mean loss divided by the steps, not by the window's tokens (lesson 02, TRL #2175)",
+    ),
+    "accumulation_sft_term": Twin(
+        "accumulation",
+        "fail",
+        "DPO with loss_type [sigmoid, sft] and accumulation: TRL 1.16 averages the sft term over each micro-batch's "
+        "chosen tokens",
+    ),
+    "gradients_reach": Twin(
+        "gradients_reach",
+        "fail",
+        "a LoRA adapter loaded for inference (PeftModel.from_pretrained without is_trainable=True, TRL #3926): every "
+        "adapter tensor frozen, the optimizer updates nothing",
+    ),
+    "gspo_loss": Twin(
+        "gspo_loss",
+        "warn",
+        "GSPO's sequence-level importance sampling with a loss that sums tokens (loss_type: dapo, GRPOConfig's "
+        "default; TRL #3823)",
+    ),
+}
+
+
+def _full(recipe: dict) -> bool:
+    settings = recipe["settings"] or {}
+    return not settings.get("use_peft")
+
+
+def _conversational(recipe: dict) -> bool:
+    return recipe["data"] in ("messages", "prompt-completion-conversational")
+
+
+def _lr(recipe: dict) -> float:
+    return float((recipe["settings"] or {}).get("learning_rate", 5e-5))  # TrainingArguments' default
+
+
+def applicable(recipe: dict) -> list[str]:
+    """The twins recipe ``recipe`` has (keys of ``TWINS``)."""
+    kind, settings = recipe["kind"], recipe["settings"] or {}
+    found = []
+    if kind == "sft" and _conversational(recipe):
+        found.append("turn_end")
+    if _full(recipe) and _lr(recipe) <= STALLED_LR:
+        found.append("stalled_update")
+    if _full(recipe) and kind in ("sft", "dpo", "reward", "kto"):
+        found.append("fp16_adamw")
+    if kind == "reward" and settings.get("use_peft"):
+        found.append("reward_head")
+    if kind == "grpo":
+        found.append("equal_rewards")
+    if kind == "grpo" and settings.get("importance_sampling_level") == "sequence":
+        found.append("gspo_loss")
+    if kind == "dpo":
+        found += ["identical_pairs", "accumulation_sft_term"]
+    # packed rows hold about max_length tokens each, so a mean per micro-batch weighs tokens nearly as the window's
+    # token sum does: the accumulation bug needs micro-batches of unequal label counts to show
+    accumulates = int(settings.get("gradient_accumulation_steps", 1)) > 1
+    if kind in ("sft", "reward") and accumulates and not settings.get("packing"):
+        found.append("accumulation")
+    if settings.get("use_peft") and kind != "grpo":
+        found.append("gradients_reach")
+    return found
+
+
+# -- the hooks: a change to the built trainer (hooked.py applies one before the check-up) ----------------------------
+def no_loss_kwargs(trainer) -> None:
+    trainer.model_accepts_loss_kwargs = False
+
+
+def frozen_adapter(trainer) -> None:
+    for name, parameter in trainer.model.named_parameters():
+        if "lora_" in name:
+            parameter.requires_grad_(False)
+
+
+HOOKS = {"no_loss_kwargs": no_loss_kwargs, "frozen_adapter": frozen_adapter}
+
+
+# -- the turn end outside the generation block ------------------------------------------------------------------------
+CHATML_TRAINING = (
+    "{% for message in messages %}{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' }}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+EOS_TRAINING = (  # the alignment-handbook's zephyr template, generation-tagged: every turn ends with EOS
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' }}{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] + eos_token }}{% endgeneration %}{% else %}"
+    "{{ message['content'] + eos_token }}{% endif %}{{ '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+BLOCK = re.compile(r"(\{%-?\s*generation\s*-?%\})(.*?)(\{%-?\s*endgeneration\s*-?%\})", re.DOTALL)
+
+
+def training_template(tokenizer) -> str:
+    """A generation-tagged form of the tokenizer's template: its own when tagged, TRL's training variant where TRL
+    has one, else ChatML's or the EOS-ended (zephyr) layout the template uses."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    template = tokenizer.chat_template
+    if has_generation_markers(template):
+        return template
+    try:
+        patched = get_training_chat_template(tokenizer)
+    except ValueError:  # TRL has no training variant of this template (trl 1.16 raises rather than return None)
+        patched = None
+    if patched is not None:
+        return patched
+    return CHATML_TRAINING if "<|im_end|>" in template else EOS_TRAINING
+
+
+def turn_end_outside(template: str, turn_end: str) -> str:
+    """``template`` with the turn end moved out of every ``{% generation %}`` block, just after it: the answers are
+    still trained, the token that ends them is not."""
+
+    def move(match: re.Match) -> str:
+        body = match.group(2)
+        body = re.sub(r"\s*\+\s*eos_token", "", body) if turn_end == "eos_token" else body.replace(turn_end, "")
+        after = "{{ eos_token }}" if turn_end == "eos_token" else "{{ '" + turn_end + "' }}"
+        return match.group(1) + body + match.group(3) + after
+
+    moved, count = BLOCK.subn(move, template)
+    if count == 0 or moved == template:
+        raise ValueError("no generation block holds the turn end")
+    return moved
+
+
+def turn_end_token(tokenizer, template: str) -> str:
+    """What the template writes to end an assistant turn: the first special token after its content, else EOS."""
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ANSWER"}],
+        chat_template=template,
+        tokenize=False,
+    )
+    tail = text[text.index("ANSWER") + len("ANSWER") :]
+    special = sorted(tokenizer.all_special_tokens + list(tokenizer.get_added_vocab()), key=len, reverse=True)
+    found = [(tail.find(token), token) for token in special if token and token in tail]
+    first = min(found)[1] if found else None
+    return "eos_token" if first is None or first == tokenizer.eos_token and "eos_token" in template else first
+
+
+def apply(adapted, name: str, recipe: dict) -> None:
+    """Turn ``adapted`` (an adapted recipe, before it is written) into its ``name`` twin: one process, one change."""
+    from transformers import AutoTokenizer
+
+    twin = TWINS[name]
+    config, changes = adapted.config, adapted.changes
+    adapted.twin = name
+    adapted.launch = {"engine": "single", "processes": 1}
+
+    def change(key, after, note=twin.bug):
+        from adapt import Change
+
+        changes.append(Change(key, config.get(key), after, "twin", note))
+        config[key] = after
+
+    if name == "turn_end":
+        tokenizer = AutoTokenizer.from_pretrained(config["model_name_or_path"])
+        template = training_template(tokenizer)
+        bad = turn_end_outside(template, turn_end_token(tokenizer, template))
+        built = families.build(adapted.family, recipe["model"], bad, Path(config["model_name_or_path"]).parent)
+        change("model_name_or_path", str(built.folder), "the tiny model with the turn end outside {% generation %}")
+        change("assistant_only_loss", True)
+        if config.get("completion_only_loss"):
+            change("completion_only_loss", False)
+    elif name == "stalled_update":
+        change("dtype", "bfloat16")
+    elif name == "fp16_adamw":
+        change("dtype", "float16")
+        change("optim", "adamw_torch")
+        for key in ("bf16", "fp16"):
+            if config.get(key):
+                change(key, False, "no autocast: the weights themselves are float16")
+    elif name == "reward_head":
+        change("lora_task_type", None)
+    elif name == "equal_rewards":
+        change("reward_funcs", ["zoo_rewards.constant"])
+        config.pop("reward_weights", None)
+    elif name == "gspo_loss":
+        change("loss_type", "dapo")
+    elif name == "identical_pairs":
+        change("max_length", 8, "a max_length shorter than every prompt: both answers cut away")
+    elif name == "accumulation_sft_term":
+        change("loss_type", ["sigmoid", "sft"])
+        change("gradient_accumulation_steps", max(4, int(config.get("gradient_accumulation_steps", 1))))
+    elif name == "accumulation":
+        adapted.hook = "no_loss_kwargs"
+    elif name == "gradients_reach":
+        adapted.hook = "frozen_adapter"
+    else:
+        raise ValueError(f"unknown twin {name!r}: one of {', '.join(TWINS)}")
