@@ -1,0 +1,56 @@
+"""Run in every process of a DeepSpeed launch: the first window's gradient as the check-up computes it (the trainer's
+own ``training_step`` on this process's micro-batches, inside ``untouched``: under ZeRO-3 on gathered weights),
+averaged over the processes as DeepSpeed reduces it, against the gradient DeepSpeed's engine holds when its first
+optimizer step begins (``deepspeed.utils.safe_get_full_grad``, read before ``engine.step``, which accelerate calls
+inside the last micro-batch's backward: accelerate 1.15.0 ``utils/deepspeed.py`` ``DeepSpeedEngineWrapper.backward``).
+Writes each tensor's relative difference to ``OUT/result-<process>.json``.
+
+usage: gradient.py RECIPE OUT
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+from deepspeed.utils import safe_get_full_grad
+from transformers import TrainerCallback
+
+from trl_clinic.checkup.command import build_trainer
+from trl_clinic.checkup.step import run_window
+from trl_clinic.checkup.view import TrainerView, untouched
+
+recipe, out = sys.argv[1], sys.argv[2]
+trainer = build_trainer("sft", ["--config", recipe])
+view = TrainerView(trainer)
+with untouched(trainer):
+    trainer.model.train()
+    run_window(trainer, view.batches(trainer.args.gradient_accumulation_steps))
+    ours = {name: p.grad.float().clone() for name, p in trainer.model.named_parameters() if p.requires_grad}
+for grad in ours.values():
+    dist.all_reduce(grad)
+    grad /= dist.get_world_size()
+
+engines = {}
+
+
+class FirstStep(TrainerCallback):
+    """Wraps the engine's ``step`` once it exists, to read its gradient before the first step."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        engine = trainer.model_wrapped
+        step = engine.step
+
+        def read_then_step(*args, **kwargs):
+            if not engines:
+                engines.update((n, safe_get_full_grad(p).float().clone()) for n, p in engine.module.named_parameters())
+            return step(*args, **kwargs)
+
+        engine.step = read_then_step
+
+
+trainer.add_callback(FirstStep())
+trainer.train()
+differences = {name: float((ours[name] - engines[name]).norm() / engines[name].norm()) for name in ours}
+result = {"process": trainer.args.process_index, "tensors": len(ours), "differences": differences}
+(Path(out) / f"result-{result['process']}.json").write_text(json.dumps(result))
