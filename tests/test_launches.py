@@ -1,7 +1,9 @@
 """The check-up under the launches its users train with: DDP, DeepSpeed ZeRO-2, ZeRO-3 (the model built partitioned,
-``zero3_init_flag``) and one process, each a 2-process ``accelerate launch`` on this CPU (gloo; DeepSpeed's accelerator
-falls back to the CPU), gives the verdict one process gives on the same recipe; under ZeRO-3 it measures on the
-gathered weights, leaves every partition as it was, and computes the gradient DeepSpeed's first step is given.
+``zero3_init_flag``), FSDP2 (the model sharded at load by transformers, ``DistributedConfig(fsdp_size=2)``: accelerate
+builds no FSDP on CPU processes, docs/checkup.md "Launches") and one process, each a 2-process ``accelerate launch`` on
+this CPU (gloo; DeepSpeed's accelerator falls back to the CPU), gives the verdict one process gives on the same recipe;
+where the weights are sharded it measures on them whole, leaves every shard as it was, and computes the gradient the
+engine's first optimizer step is given.
 
 The recipes are ``trl sft`` YAML files run through ``trl-clinic checkup sft --config`` (TRL's own script builds the
 trainer) on a tiny Llama and a tiny OPT saved with the course tokenizer. Every launch has a timeout, so a process
@@ -34,15 +36,18 @@ CHAT_TEMPLATE = (
 )
 WORDS = "the a cat dog sat on mat ran fast slow red blue green under over".split()
 DEEPSPEED = {"offload_optimizer_device": "none", "offload_param_device": "none"}
+MULTI = {"distributed_type": "MULTI_GPU", "use_cpu": False}  # on CPU processes with use_cpu=True: gloo
 ENGINES = {  # accelerate's config for each launch
-    "ddp": {"distributed_type": "MULTI_GPU", "use_cpu": False},
+    "ddp": MULTI,
     "zero2": {"distributed_type": "DEEPSPEED", "use_cpu": True, "deepspeed_config": {"zero_stage": 2, **DEEPSPEED}},
     "zero3": {
         "distributed_type": "DEEPSPEED",
         "use_cpu": True,
         "deepspeed_config": {"zero_stage": 3, "zero3_init_flag": True, **DEEPSPEED},
     },
+    "fsdp2": MULTI,
 }
+SHARDING = {"fsdp2": {"model_init_kwargs": {"distributed_config": {"fsdp_size": 2}}}}  # the recipe's line per launch
 # float32 throughout: with bf16 DeepSpeed builds the weights in bfloat16 under ZeRO-3 (its Init's dtype) and steps
 # float32 masters of them, which stalled_update and init_dtype do not read yet (docs/checkup.md, "Launches")
 FLOAT32 = {"bf16": False, "dtype": "float32"}
@@ -97,6 +102,7 @@ def recipe(materials: Path, name: str, **overrides) -> Path:
         "use_cpu": True,
         "max_steps": 1,
         "report_to": "none",
+        "save_strategy": "no",  # a model sharded at load time cannot save its optimizer (transformers 5.23.0)
         "per_device_train_batch_size": 2,
         "seed": 0,
         **FLOAT32,
@@ -174,9 +180,9 @@ def one_process(path: Path) -> dict:
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("name", RECIPES)
 def test_each_launch_gives_the_one_process_verdict(materials, engine, name):
-    path = recipe(materials, name)
+    path = recipe(materials, name, **SHARDING.get(engine, {}))
     launched = report(launch(accelerate_config(materials, engine), *CHECKUP, str(path)))
-    single = one_process(path)
+    single = one_process(recipe(materials, name))
     assert (launched["processes"], single["processes"]) == (2, 1)
     assert verdict(launched) == verdict(single), (launched["findings"], single["findings"])
     assert not launched["errors"]
@@ -204,7 +210,7 @@ def test_zero3_measures_on_gathered_weights_and_leaves_every_partition_as_it_was
     tensors, elements, _ = saved_llama(materials)
     for result in scripted(materials, "zero3", "untouched.py", str(path), mixed_precision="bf16"):
         assert result["changed"] == [], result["changed"]
-        assert (result["partitioned"], result["numel"]) == (tensors, 0)  # every tensor partitioned, empty again
+        assert (result["sharded"], result["numel"]) == (tensors, 0)  # every tensor partitioned, empty again
         assert result["parameters"] == elements  # counted whole, not as the empty tensors it holds
         statuses = {probe: status for probe, status, _, _ in result["findings"]}
         assert "error" not in statuses.values(), result["findings"]
@@ -213,25 +219,46 @@ def test_zero3_measures_on_gathered_weights_and_leaves_every_partition_as_it_was
 
 
 @pytest.mark.slow
-def test_zero3_over_budget_skips_the_forwards_saying_what_they_needed(materials):
-    path, budget = recipe(materials, "padded"), 100_000
+def test_fsdp2_measures_on_unsharded_weights_and_leaves_every_shard_as_it_was(materials):
+    """Sharded at load by transformers, every weight is a DTensor shard whose forward all-gathers and whose backward
+    reduce-scatters the processes' mean gradient: the check-up unshards each module once, sets FSDP's hooks aside,
+    measures this process's gradient, then puts the hooks back and reshards; each local shard, the flags, gradients,
+    buffers, optimizer, random state and trainer are as they were."""
+    path = recipe(materials, "padded", **SHARDING["fsdp2"])
+    tensors, elements, _ = saved_llama(materials)
+    for result in scripted(materials, "fsdp2", "untouched.py", str(path)):
+        assert result["changed"] == [], result["changed"]
+        assert (result["sharded"], result["parameters"]) == (tensors, elements)
+        statuses = {probe: status for probe, status, _, _ in result["findings"]}
+        assert "error" not in statuses.values(), result["findings"]
+        assert all(statuses[probe] == "ok" for probe in FORWARDS), result["findings"]
+        reach = next(measured for probe, _, _, measured in result["findings"] if probe == "gradients_reach")
+        assert f"of {tensors} trainable tensors" in reach  # the tied embedding is one tensor while whole, too
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["zero3", "fsdp2"])
+def test_over_budget_the_forwards_skip_saying_what_they_needed(materials, engine):
+    path, budget = recipe(materials, "padded", **SHARDING.get(engine, {})), 100_000
     _, _, whole = saved_llama(materials)
-    for result in scripted(materials, "zero3", "untouched.py", str(path), str(budget)):
+    holds = {"zero3": "DeepSpeed ZeRO-3", "fsdp2": "torch's fully_shard (FSDP2)"}[engine]
+    for result in scripted(materials, engine, "untouched.py", str(path), str(budget)):
         assert result["changed"] == [], result["changed"]
         findings = {probe: (status, why) for probe, status, _, why in result["findings"]}
         assert not [f for f in result["findings"] if f[1] == "error"], result["findings"]
         for probe in FORWARDS:
             status, why = findings[probe]
-            assert status == "skipped" and "ZeRO-3 holds the model partitioned across 2 processes" in why, why
+            assert status == "skipped" and f"{holds} holds the model sharded across 2 processes" in why, why
             assert f"{size(whole)} (every weight" in why and f"budget of {size(budget)}" in why, why
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["zero2", "zero3"])
-def test_the_first_window_gradient_is_the_one_deepspeed_steps_with(materials, engine):
-    """The window's gradient the check-up computes (on gathered weights under ZeRO-3), averaged over the processes,
-    equals the gradient DeepSpeed's engine holds when its first optimizer step begins, tensor by tensor."""
-    path = recipe(materials, "padded")
+@pytest.mark.parametrize("engine", ["zero2", "zero3", "fsdp2"])
+def test_the_first_window_gradient_is_the_one_the_engine_steps_with(materials, engine):
+    """The window's gradient the check-up computes (on the whole weights where they are sharded), averaged over the
+    processes, equals the gradient the engine holds when its first optimizer step begins, tensor by tensor; clipping
+    off, since transformers clips before the step's callback."""
+    path = recipe(materials, "padded", max_grad_norm=0, **SHARDING.get(engine, {}))
     for result in scripted(materials, engine, "gradient.py", str(path)):
         assert result["tensors"] == saved_llama(materials)[0]
         worst = max(result["differences"].items(), key=lambda item: item[1])
