@@ -81,8 +81,17 @@ def make_materials(folder: Path, tokenizer) -> Path:
         }
         for i in range(32)
     ]
-    (folder / "data").mkdir(exist_ok=True)
-    (folder / "data" / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    pairs = [
+        {
+            "prompt": " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(2 + i % 5)),
+            "chosen": " ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(2 + i % 7)),
+            "rejected": " ".join(WORDS[(i * 3 + j) % len(WORDS)] for j in range(3 + i % 4)),
+        }
+        for i in range(32)
+    ]
+    for name, lines in (("data", rows), ("pairs", pairs)):
+        (folder / name).mkdir(exist_ok=True)
+        (folder / name / "train.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     return folder
 
 
@@ -91,13 +100,14 @@ def materials(tmp_path_factory, tokenizer):
     return make_materials(tmp_path_factory.mktemp("launches"), tokenizer)
 
 
-def recipe(materials: Path, name: str, **overrides) -> Path:
-    """The ``trl sft`` YAML of ``RECIPES[name]``: one step, no reporting, on the CPU, float32 unless overridden."""
+def recipe(materials: Path, name: str, data: str = "data", **overrides) -> Path:
+    """The ``trl sft`` (or ``trl dpo``) YAML of ``RECIPES[name]`` on the rows of ``data``: one step, no reporting, on
+    the CPU, float32 unless overridden."""
     settings = dict(RECIPES[name])
     model = settings.pop("model")
     config = {
         "model_name_or_path": str(materials / model),
-        "dataset_name": str(materials / "data"),
+        "dataset_name": str(materials / data),
         "output_dir": str(materials / "out"),
         "use_cpu": True,
         "max_steps": 1,
@@ -140,7 +150,9 @@ def launch(config: Path, *command: str) -> subprocess.CompletedProcess:
     return run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *command])
 
 
-CHECKUP = ("-m", "trl_clinic.cli", "checkup", "sft", "--json", "--config")
+def checkup(kind: str = "sft") -> tuple[str, ...]:
+    """``trl-clinic checkup KIND --json --config``, the recipe's path to follow."""
+    return ("-m", "trl_clinic.cli", "checkup", kind, "--json", "--config")
 
 
 def report(done: subprocess.CompletedProcess) -> dict:
@@ -169,10 +181,10 @@ def verdict(report: dict) -> list[tuple[str, str, str]]:
 _one_process: dict[Path, dict] = {}
 
 
-def one_process(path: Path) -> dict:
-    """``trl-clinic checkup sft --config PATH --json`` in one process, once per recipe."""
+def one_process(path: Path, kind: str = "sft") -> dict:
+    """``trl-clinic checkup KIND --config PATH --json`` in one process, once per recipe."""
     if path not in _one_process:
-        _one_process[path] = report(run([sys.executable, *CHECKUP, str(path)]))
+        _one_process[path] = report(run([sys.executable, *checkup(kind), str(path)]))
     return _one_process[path]
 
 
@@ -181,7 +193,7 @@ def one_process(path: Path) -> dict:
 @pytest.mark.parametrize("name", RECIPES)
 def test_each_launch_gives_the_one_process_verdict(materials, engine, name):
     path = recipe(materials, name, **SHARDING.get(engine, {}))
-    launched = report(launch(accelerate_config(materials, engine), *CHECKUP, str(path)))
+    launched = report(launch(accelerate_config(materials, engine), *checkup(), str(path)))
     single = one_process(recipe(materials, name))
     assert (launched["processes"], single["processes"]) == (2, 1)
     assert verdict(launched) == verdict(single), (launched["findings"], single["findings"])
@@ -192,6 +204,18 @@ def test_each_launch_gives_the_one_process_verdict(materials, engine, name):
     if name == "padded":
         measured = {f["probe"] for f in launched["findings"] if f["decided"] == "measured"}
         assert FORWARDS <= measured, launched["findings"]
+
+
+@pytest.mark.slow
+def test_dpo_under_zero3_gives_the_one_process_verdict(materials):
+    """TRL wraps DPO's reference model in a DeepSpeed engine of its own under ZeRO-3 (trl 1.16.0 ``models/utils.py``
+    ``prepare_deepspeed``), which gathers its weights in its forward: the check-up gathers the policy's only."""
+    path = recipe(materials, "padded", data="pairs")
+    launched = report(launch(accelerate_config(materials, "zero3"), *checkup("dpo"), str(path)))
+    single = one_process(path, "dpo")
+    assert verdict(launched) == verdict(single), (launched["findings"], single["findings"])
+    measured = {f["probe"] for f in launched["findings"] if f["decided"] == "measured"}
+    assert FORWARDS <= measured and not launched["errors"], launched["findings"]
 
 
 def saved_llama(materials: Path) -> tuple[int, int, int]:
