@@ -143,14 +143,17 @@ def _unsharded(modules: list[nn.Module]) -> Iterator[None]:
     the hooks sit in is copied before they leave it and refilled in place after, so every hook keeps its place and
     every handle its dict. A tied weight comes back whole once per FSDP group that holds it (transformers shards a tied
     embedding with the embedding, trl 1.16.0's SFT on a tied Llama: two copies), so its slots are tied to its first
-    copy again, and its gradient sums both uses as the shard's does in training. Afterwards the copies are put back and
-    the gradients left on the whole parameters dropped before each module reshards."""
+    copy again, and its gradient sums both uses as the shard's does in training. Afterwards the whole parameters get
+    back their flags (FSDP keeps them for its next unshard) and lose the gradients left on them, the copies are put
+    back, and each module reshards."""
     suspended: dict[int, tuple[dict, dict]] = {}
     retied: list[tuple[nn.Module, str, nn.Parameter]] = []
+    flags: list[tuple[nn.Parameter, bool]] = []
     ties = [places for places in _slots(modules).values() if len(places) > 1]
     try:
         for module in modules:
             module.unshard()
+        flags = [(p, p.requires_grad) for module in modules for p in module.parameters()]  # FSDP reuses them
         for (owner, name), *others in ties:
             for other, other_name in others:
                 retied.append((other, other_name, other._parameters[other_name]))
@@ -164,8 +167,9 @@ def _unsharded(modules: list[nn.Module]) -> Iterator[None]:
                     del hooks[handle.id]
         yield
     finally:
-        for module in modules:
-            _drop_gradients(list(module.parameters()))
+        for p, flag in flags:
+            p.requires_grad_(flag)
+            p.grad = None
         for hooks, content in suspended.values():
             hooks.clear()
             hooks.update(content)

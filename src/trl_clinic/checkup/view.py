@@ -173,9 +173,9 @@ def untouched(trainer: Trainer, budget: int = 1 << 30) -> Iterator[None]:
     model's train/eval modes, ``requires_grad`` flags, gradients and buffers, the models' configs and
     generation configs, the trainer's, its arguments', its accelerator's (and gradient state's) and its
     tokenizer's attributes (the padding side among them). Probes never step the optimizer and never write
-    weights; the tests compare the weights byte for byte. Weights DeepSpeed ZeRO-3 holds partitioned are whole
-    inside, within ``budget`` (``checkup.step.DEFAULT_BUDGET``), and partitioned again before anything is restored
-    (``checkup.sharded.gathered``)."""
+    weights; the tests compare the weights byte for byte. Weights held sharded before ``train()`` (DeepSpeed ZeRO-3's
+    partitions, FSDP2's shards) are whole inside, within ``budget`` (``checkup.step.DEFAULT_BUDGET``), and sharded
+    again before anything is restored (``checkup.sharded.gathered``)."""
     rng, grad_mode = _rng_state(), torch.is_grad_enabled()
     modules = _modules(trainer)
     modes = [(m, m.training) for module in modules for m in module.modules()]
