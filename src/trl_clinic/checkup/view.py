@@ -26,6 +26,7 @@ from torch import nn
 from transformers import PreTrainedModel, Trainer
 
 from trl_clinic.checkup.engine import Skip
+from trl_clinic.checkup.sharded import gathered
 from trl_clinic.probes.command import TRAINERS
 
 KINDS = {trainer: kind for kind, trainer in TRAINERS.items()}  # TRL's trainer class names, and their kind
@@ -167,12 +168,14 @@ def _accelerator_parts(trainer: Trainer) -> list[object]:
 
 
 @contextmanager
-def untouched(trainer: Trainer) -> Iterator[None]:
+def untouched(trainer: Trainer, budget: int = 1 << 30) -> Iterator[None]:
     """Run probes and leave everything they could change as it was: the random generators, grad mode, every
     model's train/eval modes, ``requires_grad`` flags, gradients and buffers, the models' configs and
     generation configs, the trainer's, its arguments', its accelerator's (and gradient state's) and its
     tokenizer's attributes (the padding side among them). Probes never step the optimizer and never write
-    weights; the tests compare the weights byte for byte."""
+    weights; the tests compare the weights byte for byte. Weights held sharded before ``train()`` (DeepSpeed ZeRO-3's
+    partitions, FSDP2's shards) are whole inside, within ``budget`` (``checkup.step.DEFAULT_BUDGET``), and sharded
+    again before anything is restored (``checkup.sharded.gathered``)."""
     rng, grad_mode = _rng_state(), torch.is_grad_enabled()
     modules = _modules(trainer)
     modes = [(m, m.training) for module in modules for m in module.modules()]
@@ -191,7 +194,8 @@ def untouched(trainer: Trainer) -> Iterator[None]:
         for part in (trainer, trainer.args, *_accelerator_parts(trainer), *_tokenizers(trainer), *_configs(modules))
     ]
     try:
-        yield
+        with gathered(modules, budget):
+            yield
     finally:
         for p, flag, grad, value in zip(params, flags, grads, grad_values):
             p.requires_grad_(flag)
