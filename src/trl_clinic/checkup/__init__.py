@@ -83,6 +83,7 @@ def run_checkup(
     several processes (torchrun, accelerate launch) every process runs the probes on its own shard, the findings
     are gathered into one verdict (``engine.merged``), the same report is returned on every process, and only the
     main process prints it."""
+    from trl_clinic.checkup.sharded import parameter_count
     from trl_clinic.checkup.step import DEFAULT_BUDGET
     from trl_clinic.checkup.view import TrainerView, untouched
     from trl_clinic.probes.processes import Processes
@@ -96,10 +97,10 @@ def run_checkup(
     model = view.base_model
     report = Report(
         subject=f"{type(trainer).__name__} on {type(model).__name__}"
-        f" ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters)"
+        f" ({parameter_count(model) / 1e6:.1f}M parameters)"
     )
     start = time.perf_counter()
-    with untouched(trainer):
+    with untouched(trainer, budget=view.budget):
         for spec in specs:
             report.findings += run_probe(spec, view)
     if processes.several:

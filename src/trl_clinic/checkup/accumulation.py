@@ -102,6 +102,12 @@ def token_sum_gradient(view: TrainerView, batches: list[dict], inputs: list[torc
         _, num_items = _window_samples(trainer, batches, view.device)
         shifted = [batch["labels"][..., 1:] for batch in batches]
         total = num_items if num_items is not None else sum(int(targets(batch).sum()) for batch in batches)
+        # transformers multiplies each process's loss by the number of processes when it counts the window's tokens
+        # over all of them, since DDP then averages the processes' gradients (5.23.0 trainer.py compute_loss, under
+        # average_tokens_across_devices: "loss_scale = self.accelerator.num_processes // self.get_tp_size()"): the
+        # reference does too
+        averaged = getattr(view.args, "average_tokens_across_devices", False) and num_items is not None
+        scale = trainer.accelerator.num_processes if averaged else 1
         for batch, labels in zip(batches, shifted):
             logits = model(**view.forward_inputs(batch)).logits[..., :-1, :]
             loss = F.cross_entropy(
@@ -110,7 +116,7 @@ def token_sum_gradient(view: TrainerView, batches: list[dict], inputs: list[torc
                 ignore_index=IGNORE_INDEX,
                 reduction="sum",
             )
-            (loss / total).backward(inputs=inputs)
+            (loss * scale / total).backward(inputs=inputs)
 
 
 def _coverage(step: Step, compared: dict[str, torch.Tensor]) -> str:
