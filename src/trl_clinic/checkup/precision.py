@@ -19,6 +19,7 @@ from trl_clinic.checkup.engine import Skip, probe
 from trl_clinic.checkup.known_bugs import explain
 from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.finding import Finding
+from trl_clinic.probes.launch import Launch
 
 HEADS = ("score", "classifier")  # what transformers calls a sequence-classification head
 
@@ -110,6 +111,17 @@ def fp16_adamw(view: TrainerView) -> Finding:
             decided="config",
             reason="no fp16 trainable weights",
         )
+    launch = Launch.of(view.trainer)
+    if launch.float32_master:
+        return Finding(
+            "fp16_adamw",
+            "ok",
+            f"{len(fp16)} fp16 trainable tensors under {launch.described}",
+            value=0,
+            decided="config",
+            reason="the optimizer steps float32 master copies of them and keeps its state in float32 (DeepSpeed "
+            "ZeRO's partitions, or FSDP's float32 upcast under mixed precision)",
+        )
     cls, settings, source = optimizer_recipe(view)
     step = view.step  # the gradient the first optimizer step is given: the window's, then clipped
     reached = [(name, p) for name, p in fp16 if name not in step.missing]
@@ -163,6 +175,18 @@ def init_dtype(view: TrainerView) -> Finding:
     lost = [key for key, dtype in wanted.items() if dtype != built]
     if not lost:
         return Finding("init_dtype", "ok", measured, decided="config", reason="the model has the dtype asked for")
+    launch = Launch.of(view.trainer)
+    chosen = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(launch.mixed_precision)
+    if launch.engine == "deepspeed" and launch.zero_stage == 3 and built == chosen:
+        # ZeRO-3's zero.Init casts the weights to the config's 16-bit dtype as it partitions them (deepspeed 0.19.8
+        # runtime/zero/partition_parameters.py, Init._set_dtype): the launch chose it, not a lost keyword
+        return Finding(
+            "init_dtype",
+            "ok",
+            measured + f" under {launch.described}",
+            decided="config",
+            reason="DeepSpeed ZeRO-3 builds the weights in the launch's precision and steps float32 master copies",
+        )
     entry = explain(view, "init_dtype")
     return Finding(
         "init_dtype",

@@ -48,7 +48,8 @@ class Launch:
         processes = int(getattr(args, "world_size", 1) or 1)
         state = getattr(accelerator, "state", None)
         mixed = str(getattr(accelerator, "mixed_precision", None) or "no")
-        deepspeed = getattr(state, "deepspeed_plugin", None) if getattr(trainer, "is_deepspeed_enabled", False) else None
+        enabled = getattr(trainer, "is_deepspeed_enabled", False)
+        deepspeed = getattr(state, "deepspeed_plugin", None) if enabled else None
         if deepspeed is not None:
             config = getattr(getattr(deepspeed, "hf_ds_config", None), "config", None) or deepspeed.deepspeed_config
             stage = int((config.get("zero_optimization") or {}).get("stage", 0) or 0)
@@ -63,4 +64,8 @@ class Launch:
         if fsdp is not None:
             version = int(getattr(fsdp, "fsdp_version", 1) or 1)
             return cls(processes, "fsdp", mixed, fsdp_version=version, float32_master=mixed != "no")
+        if getattr(trainer, "is_distributed_loading_by_transformers", False):
+            # from_pretrained(distributed_config=...) sharded the model at load (transformers 5.23 distributed/
+            # mixin.py): its DTensor shards keep the dtype it was loaded in, and no accelerate upcast runs on them
+            return cls(processes, "fsdp", mixed, fsdp_version=2)
         return cls(processes, "ddp" if processes > 1 else "single", mixed)
