@@ -28,6 +28,7 @@ What changes, and why (``Change.why`` holds one of these):
 * ``cpu``: what a CPU cannot run: FlashAttention (``sdpa`` instead), Liger's Triton kernels, vLLM, TF32,
   bitsandbytes' paged and 8-bit optimizers (``adamw_torch``), 2 processes instead of 8;
 * ``stack``: what today's libraries refuse that the author's accepted (a MoE LoRA's dropout, a KTO batch of 1);
+* ``launch``: a one-process run drops what only several processes use (FSDP set in TrainingArguments);
 * ``size``: lengths and steps cut so a check-up takes seconds: ``max_length`` at most ``MAX_LENGTH``, GRPO's
   completions ``COMPLETION_LENGTH`` tokens, 2 steps, no evaluation, saving or reporting;
 * ``data``: the dataset is generated locally in the recipe's format (``data_source`` names the original);
@@ -62,7 +63,9 @@ import families  # noqa: E402
 import zoo_rewards  # noqa: E402
 
 PROCESSES = 2  # a launch of several processes, on this machine's 2 cores
-MAX_LENGTH = 1024  # the longest sequence a tiny model sees: every generated row fits (a cohere2 chat is ~1200 tokens)
+MAX_LENGTH = 2048  # the longest sequence a tiny model sees: every generated row fits (a cohere2 chat is ~1200 tokens)
+# families whose model classes in transformers 5.23 take no sdpa (Gemma2ForSequenceClassification refuses it)
+EAGER = ("gemma2",)
 COMPLETION_LENGTH = 16  # GRPO's generations: tiny models on a CPU
 STEPS = 2
 RENAMED = {"torch_dtype": "dtype", "max_seq_length": "max_length", "warmup_ratio": "warmup_steps"}
@@ -96,7 +99,7 @@ class Change:
     key: str
     before: object
     after: object
-    why: str  # model, renamed, script, unknown, cpu, stack, size, run, data, reward, twin
+    why: str  # model, renamed, script, unknown, cpu, stack, size, run, launch, data, reward, twin
     note: str = ""
 
 
@@ -122,14 +125,14 @@ class Adapted:
         processes = self.launch["processes"]
         if processes == 1:
             return [sys.executable, *inner]
-        if self.launch.get("deepspeed_json"):  # the author names a DeepSpeed JSON: TrainingArguments.deepspeed
+        if self.launch.get("by_arguments"):  # DeepSpeed or FSDP set in TrainingArguments, launched as torchrun does
             return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", *inner]
         return [
             sys.executable,
             "-m",
             "accelerate.commands.launch",
             "--config_file",
-            "accelerate.yaml",
+            str(self.folder / "accelerate.yaml"),
             *inner,
         ]
 
@@ -173,7 +176,9 @@ def launch_of(recipe: dict, collection: str) -> tuple[dict, dict | None]:
     settings = launches.get(launch.get("accelerate") or launch.get("deepspeed") or "")
     processes = launch.get("processes")
     if settings and "deepspeed" in settings:
-        return {"engine": "deepspeed", "processes": processes, "deepspeed_json": True}, settings
+        return {"engine": "deepspeed", "processes": processes, "by_arguments": True}, settings
+    if (recipe["settings"] or {}).get("fsdp"):  # FSDP set in TrainingArguments (axolotl's fsdp: keys)
+        return {"engine": "fsdp", "processes": processes, "by_arguments": True}, settings
     kind = (settings or {}).get("distributed_type")
     engine = {"DEEPSPEED": "deepspeed", "FSDP": "fsdp", "MULTI_GPU": "ddp"}.get(kind)
     if engine is None:
@@ -184,7 +189,7 @@ def launch_of(recipe: dict, collection: str) -> tuple[dict, dict | None]:
 def adapt(name: str, out: Path, twin: str | None = None, seed: int = 0, processes: int | None = None) -> Adapted:
     """Write recipe ``name`` adapted (see the module) under ``out``; with ``twin``, its broken twin for that probe;
     ``processes``: 1 runs any launch in one process (the twins' check-ups, and quick looks)."""
-    recipe = load(name)
+    recipe, out = load(name), out.resolve()
     collection = name.split("/")[0]
     kind, family, model = recipe["kind"], recipe["family"], recipe["model"]
     settings = dict(recipe["settings"] or {})
@@ -226,8 +231,9 @@ def adapt(name: str, out: Path, twin: str | None = None, seed: int = 0, processe
     config["model_name_or_path"] = str(built.folder)
     # what a CPU forces
     if config.get("attn_implementation") in FAST_ATTENTION:
-        change("attn_implementation", config["attn_implementation"], "sdpa", "cpu")
-        config["attn_implementation"] = "sdpa"
+        cpu_attention = "eager" if family in EAGER else "sdpa"
+        change("attn_implementation", config["attn_implementation"], cpu_attention, "cpu")
+        config["attn_implementation"] = cpu_attention
     for key in ("use_liger_kernel", "use_vllm", "tf32"):
         if config.get(key):
             change(key, True, False, "cpu")
@@ -261,13 +267,17 @@ def adapt(name: str, out: Path, twin: str | None = None, seed: int = 0, processe
         if config.get(key, known.get(key)) != value:
             change(key, config.get(key, known.get(key)), value, "size" if key == "max_steps" else "run")
         config[key] = value
-    config["output_dir"] = "out"
+    config["output_dir"] = str(out / "out")
     # the launch
     launch, launch_settings = launch_of(recipe, collection)
     if processes is None:
         processes = 1 if launch["engine"] == "single" else PROCESSES
     elif processes == 1:
-        launch["engine"] = "single"
+        launch = {"engine": "single", "processes": 1}
+    if processes == 1:
+        for key in ("fsdp", "fsdp_config"):  # FSDP set in TrainingArguments needs several processes
+            if config.get(key):
+                change(key, config.pop(key), None, "launch", "one process: FSDP shards nothing there")
     if launch["processes"] != processes:
         change("num_processes", launch["processes"], processes, "cpu")
     launch["processes"] = processes
@@ -277,7 +287,7 @@ def adapt(name: str, out: Path, twin: str | None = None, seed: int = 0, processe
     rows = max(64, 4 * window)
     data.write(recipe["data"], rows, out / "data", seed=seed, system=system)
     change("dataset_name", recipe.get("data_source"), f"{rows} rows of {recipe['data']}", "data")
-    config["dataset_name"] = "data"
+    config["dataset_name"] = str(out / "data")
     if kind == "grpo":
         rewards = []
         for reward in config.get("reward_funcs") or ["accuracy_reward"]:
@@ -300,7 +310,7 @@ def adapt(name: str, out: Path, twin: str | None = None, seed: int = 0, processe
 def write(adapted: Adapted, launch_settings: dict | None) -> None:
     out, launch = adapted.folder, adapted.launch
     out.mkdir(parents=True, exist_ok=True)
-    if launch["processes"] > 1 and launch.get("deepspeed_json"):
+    if launch["processes"] > 1 and launch["engine"] == "deepspeed" and launch.get("by_arguments"):
         section = launch_settings["deepspeed"]
         config = {
             "zero_optimization": {"stage": section["zero_stage"]},
@@ -315,8 +325,8 @@ def write(adapted: Adapted, launch_settings: dict | None) -> None:
             if device and device != "none":
                 config["zero_optimization"][f"offload_{part}"] = {"device": device}
         (out / "deepspeed.json").write_text(json.dumps(config, indent=2))
-        adapted.config["deepspeed"] = "deepspeed.json"
-    elif launch["processes"] > 1:
+        adapted.config["deepspeed"] = str(out / "deepspeed.json")
+    elif launch["processes"] > 1 and not launch.get("by_arguments"):
         accelerate = {
             "compute_environment": "LOCAL_MACHINE",
             "distributed_type": {"deepspeed": "DEEPSPEED", "fsdp": "FSDP", "ddp": "MULTI_GPU"}[launch["engine"]],

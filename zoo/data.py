@@ -3,9 +3,9 @@ the trainer receives have the columns and the shape of the recipe's dataset (con
 several, pairs with an implicit or an explicit prompt), over the course's small world of people and facts, so the
 tiny vocabulary covers them and a sequence stays short.
 
-Where the format allows it, rows vary as real ones do: answers of one word and of several sentences, and every fifth
-conversation with a second exchange, so micro-batches hold different numbers of label tokens and an assistant turn
-is followed by another turn.
+Where the format allows it, rows vary as real ones do: answers of one word and of several sentences, every fifth
+conversation with a second exchange, and every third preferred answer three times as long, so micro-batches hold
+different numbers of label tokens and an assistant turn is followed by another turn.
 """
 
 from __future__ import annotations
@@ -60,7 +60,9 @@ def rows(data: str, n: int, seed: int = 0, system: str | None = None) -> list[di
         ]
     if data == "prompt":
         return [{"prompt": head + _turns(p["prompt"], "")[:1], "solution": p["completion"].strip()} for p in pairs[:n]]
-    prefs = list(preference_pairs(n, seed=seed))
+    prefs = [
+        {**p, "chosen": p["chosen"] * 3} if i % 3 == 0 else p for i, p in enumerate(preference_pairs(n, seed=seed))
+    ]
     if data == "preference":
         return [{"prompt": p["prompt"], "chosen": p["chosen"], "rejected": p["rejected"]} for p in prefs]
     if data == "preference-implicit":

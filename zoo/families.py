@@ -157,7 +157,6 @@ CHECKPOINTS: dict[str, dict] = {
     },
     "HuggingFaceH4/zephyr-7b-gemma-sft-v0.1": {"template": "recipe:alignment-handbook/zephyr-7b-gemma-sft"},
     "HuggingFaceH4/starchat2-15b-sft-v0.1": {"template": "recipe:alignment-handbook/starchat2-15b-sft"},
-    "google/gemma-2-2b": {"template": None},
     "Skywork/Skywork-Reward-V2-Qwen3-8B": {"template": "trl:qwen3"},
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from pathlib import Path
 
 ZOO = Path(__file__).resolve().parent
 sys.path.insert(0, str(ZOO))
+for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("OMP_NUM_THREADS", "1")):
+    os.environ.setdefault(key, value)  # the one-process runs happen here: as offline as the launched ones
 
 import adapt  # noqa: E402
 import twins  # noqa: E402
@@ -64,8 +67,64 @@ def described(adapted: adapt.Adapted) -> str:
     return name if launch["processes"] == 1 else f"{name}, {launch['processes']} processes"
 
 
+def check_here(adapted: adapt.Adapted) -> Result:
+    """The check-up on a one-process run in this process: TRL's own script builds the trainer from the config (as
+    ``trl-clinic checkup`` does), a twin's hook changes it, the check-up examines it. The same verdicts as the command,
+    without starting Python, torch and TRL again for each of the zoo's 170-odd one-process runs."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from accelerate.state import AcceleratorState, PartialState
+
+    from trl_clinic.checkup import run_checkup
+    from trl_clinic.checkup.command import checkup_from_command_line
+
+    # accelerate's state is one per process: a run that set FSDP or DeepSpeed up (or failed half way) must not leave
+    # it to the next (every one-process run of the zoo shares this process)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    PartialState._reset_state()
+    start, printed = time.perf_counter(), io.StringIO()
+    argv = ["--config", str(adapted.folder / "config.yaml")]
+    with redirect_stdout(printed), redirect_stderr(printed):
+        if adapted.hook is None:
+            report = checkup_from_command_line(adapted.kind, argv, show=False)
+        else:
+            from trl_clinic.checkup.command import build_trainer
+
+            trainer = build_trainer(adapted.kind, argv)
+            twins.HOOKS[adapted.hook](trainer)
+            report = run_checkup(trainer, show=False)
+    as_dict = report.to_dict()
+    result = Result(
+        adapted.name,
+        adapted.twin,
+        described(adapted),
+        report.exit_code,
+        as_dict,
+        time.perf_counter() - start,
+        len(adapted.changes),
+        verdicts=verdicts_of(as_dict),
+    )
+    if report.exit_code != 0:
+        result.tail = printed.getvalue()[-3000:]
+    return result
+
+
+def verdicts_of(report: dict | None) -> dict[str, str]:
+    """probe -> its status, a fail or error winning over the other findings of the same probe."""
+    verdicts = {}
+    for finding in (report or {}).get("findings", []):
+        verdicts.setdefault(finding["probe"], finding["status"])
+        if finding["status"] in ("fail", "error"):
+            verdicts[finding["probe"]] = finding["status"]
+    return verdicts
+
+
 def check(adapted: adapt.Adapted, timeout: int = TIMEOUT) -> Result:
-    """``trl-clinic checkup`` on an adapted recipe under its launch."""
+    """``trl-clinic checkup`` on an adapted recipe under its launch (in this process when the launch is one
+    process: ``check_here``)."""
+    if adapted.launch["processes"] == 1:
+        return check_here(adapted)
     start = time.perf_counter()
     try:
         done = subprocess.run(
@@ -80,11 +139,6 @@ def check(adapted: adapt.Adapted, timeout: int = TIMEOUT) -> Result:
     except subprocess.TimeoutExpired as expired:
         output, code = f"timed out after {timeout} s\n{expired.stdout or ''}{expired.stderr or ''}", None
     report = last_json(output if isinstance(output, str) else output.decode())
-    verdicts = {}
-    for finding in (report or {}).get("findings", []):
-        verdicts.setdefault(finding["probe"], finding["status"])
-        if finding["status"] in ("fail", "error"):
-            verdicts[finding["probe"]] = finding["status"]
     result = Result(
         adapted.name,
         adapted.twin,
@@ -93,7 +147,7 @@ def check(adapted: adapt.Adapted, timeout: int = TIMEOUT) -> Result:
         report,
         time.perf_counter() - start,
         len(adapted.changes),
-        verdicts=verdicts,
+        verdicts=verdicts_of(report),
     )
     if code != 0 or report is None:
         result.tail = re.sub(r"\x1b\[[0-9;]*m", "", output)[-3000:]

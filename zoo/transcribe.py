@@ -65,9 +65,9 @@ TRAINING_COMMANDS = {"sft", "dpo", "grpo", "kto", "reward"}  # `trl sft ...` and
 
 
 def command_settings(text: str) -> dict:
-    """The ``--key value`` flags a command line gives its training script (``--flag`` alone is true), values read
-    as YAML scalars; the launcher's own flags before the script (``accelerate launch --config_file``, ``hf jobs``)
-    are the launch's, not the recipe's settings."""
+    """The ``--key value`` flags a command line gives its training script (``--flag`` alone is true, a flag followed
+    by several words a list, as argparse's ``nargs="+"`` reads it), values read as YAML scalars; the launcher's own
+    flags before the script (``accelerate launch --config_file``, ``hf jobs``) are the launch's, not the recipe's."""
     words = shlex.split(text.replace("\\\n", " "), comments=True)
     script = next(
         (i for i, w in enumerate(words) if w.endswith(".py") or (w in TRAINING_COMMANDS and words[i - 1] == "trl")),
@@ -79,12 +79,12 @@ def command_settings(text: str) -> dict:
         word = words[i]
         if word.startswith("--") and word != "--":
             key, _, value = word[2:].partition("=")
-            if not value and (i + 1 == len(words) or words[i + 1].startswith("--")):
-                value = "true"
-            elif not value:
+            values = [value] if value else []
+            while not value and i + 1 < len(words) and not words[i + 1].startswith("--"):  # nargs="+": every word
                 i += 1
-                value = words[i]
-            settings[key.replace("-", "_")] = yaml.safe_load(value) if value else value
+                values.append(words[i])
+            parsed = [yaml.safe_load(v) if v else v for v in values] or [True]
+            settings[key.replace("-", "_")] = parsed[0] if len(parsed) == 1 else parsed
         i += 1
     return settings
 

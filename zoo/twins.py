@@ -124,14 +124,20 @@ def applicable(recipe: dict) -> list[str]:
         found.append("equal_rewards")
     if kind == "grpo" and settings.get("importance_sampling_level") == "sequence":
         found.append("gspo_loss")
-    if kind == "dpo":
-        found += ["identical_pairs", "accumulation_sft_term"]
-    # packed rows hold about max_length tokens each, so a mean per micro-batch weighs tokens nearly as the window's
-    # token sum does: the accumulation bug needs micro-batches of unequal label counts to show
+    # a mean per micro-batch weighs tokens as the window's token sum does when the micro-batches hold as many label
+    # tokens: the accumulation twins need small unpacked micro-batches (at 8 pairs a micro-batch, zephyr-7b-beta-dpo-
+    # full's sft term was 0.029 off, under the probe's 0.05; packed rows hold about max_length tokens each)
+    small = int(settings.get("per_device_train_batch_size", 8)) <= 2 and not settings.get("packing")
     accumulates = int(settings.get("gradient_accumulation_steps", 1)) > 1
-    if kind in ("sft", "reward") and accumulates and not settings.get("packing"):
+    if kind == "dpo":
+        found += ["identical_pairs"] + (["accumulation_sft_term"] if small and accumulates else [])
+    if kind in ("sft", "reward") and small and accumulates:
         found.append("accumulation")
-    if settings.get("use_peft") and kind != "grpo":
+    # not DPO, KTO or GRPO: their reference pass leaves PEFT's disable_adapter(), whose enable_adapters(True) calls
+    # set_adapter(active_adapters) without inference mode, and that sets the active adapter trainable again (peft
+    # 0.21.2 tuners/tuners_utils.py): a frozen adapter trains there from the first step (measured: KTO, 28 of 28 LoRA
+    # tensors trainable again after the check-up's first forward), so that twin would not be broken
+    if settings.get("use_peft") and kind in ("sft", "reward"):
         found.append("gradients_reach")
     return found
 
@@ -142,6 +148,10 @@ def no_loss_kwargs(trainer) -> None:
 
 
 def frozen_adapter(trainer) -> None:
+    """What ``PeftModel.from_pretrained`` without ``is_trainable=True`` leaves: the adapter's config in inference
+    mode and its tensors frozen."""
+    for config in trainer.model.peft_config.values():
+        config.inference_mode = True
     for name, parameter in trainer.model.named_parameters():
         if "lora_" in name:
             parameter.requires_grad_(False)
@@ -213,6 +223,40 @@ def turn_end_token(tokenizer, template: str) -> str:
     return "eos_token" if first is None or first == tokenizer.eos_token and "eos_token" in template else first
 
 
+PREFACE = (
+    "Thank you for the question, which is a good one and deserves a careful answer, so here is what the record says "
+    "about it, told in full and with every detail that matters to it."
+)
+
+
+def shared_preface(adapted, recipe: dict) -> int:
+    """Give every pair's two answers the same opening sentence (preference data often does: "Thank you for the
+    question...") and return a max_length that ends inside it for every row: the longest prompt plus 8 tokens. TRL
+    1.16's DPOTrainer drops a row whose prompt alone fills max_length, so the cut must fall in the completions."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    path = adapted.folder / "data" / "train.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    tokenizer = AutoTokenizer.from_pretrained(adapted.config["model_name_or_path"])
+    longest = 0
+    for row in rows:
+        for side in ("chosen", "rejected"):
+            if isinstance(row[side], list):
+                row[side][-1]["content"] = PREFACE + " " + row[side][-1]["content"]
+            else:
+                row[side] = " " + PREFACE + row[side]
+        prompt = row["prompt"] if "prompt" in row else row["chosen"][:-1]
+        if isinstance(prompt, list):
+            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+        else:
+            ids = tokenizer(prompt)["input_ids"]
+        longest = max(longest, len(ids))
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return longest + 8
+
+
 def apply(adapted, name: str, recipe: dict) -> None:
     """Turn ``adapted`` (an adapted recipe, before it is written) into its ``name`` twin: one process, one change."""
     from transformers import AutoTokenizer
@@ -221,6 +265,11 @@ def apply(adapted, name: str, recipe: dict) -> None:
     config, changes = adapted.config, adapted.changes
     adapted.twin = name
     adapted.launch = {"engine": "single", "processes": 1}
+    for key in ("fsdp", "fsdp_config"):  # FSDP set in TrainingArguments needs several processes
+        if config.get(key):
+            from adapt import Change
+
+            changes.append(Change(key, config.pop(key), None, "twin", "a twin runs in one process"))
 
     def change(key, after, note=twin.bug):
         from adapt import Change
@@ -253,10 +302,9 @@ def apply(adapted, name: str, recipe: dict) -> None:
     elif name == "gspo_loss":
         change("loss_type", "dapo")
     elif name == "identical_pairs":
-        change("max_length", 8, "a max_length shorter than every prompt: both answers cut away")
+        change("max_length", shared_preface(adapted, recipe), "max_length ends inside the answers' shared preface")
     elif name == "accumulation_sft_term":
         change("loss_type", ["sigmoid", "sft"])
-        change("gradient_accumulation_steps", max(4, int(config.get("gradient_accumulation_steps", 1))))
     elif name == "accumulation":
         adapted.hook = "no_loss_kwargs"
     elif name == "gradients_reach":
