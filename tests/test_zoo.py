@@ -137,3 +137,17 @@ def test_every_recipe_passes_the_checkup_as_launched(name, tmp_path):
 @pytest.mark.parametrize("name, twin", TWINS, ids=[f"{n}-{t}" for n, t in TWINS])
 def test_every_twin_is_caught(name, twin, tmp_path):
     assert_caught(run.check(adapt.adapt(name, tmp_path / "twin", twin=twin)), twin)
+
+
+def test_the_zoo_table_in_docs_is_the_last_full_run_of_every_recipe_and_twin():
+    """docs/zoo.md is written by `python zoo/run.py --twins --table docs/zoo.md` from a full run: every recipe and
+    every twin has its row, and its headline counts are the table's."""
+    text = (ZOO.parent / "docs" / "zoo.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| recipe")]
+    recipes = [row.split(" | ")[0].removeprefix("| ") for row in rows if row.count(" | ") == 7]
+    twin_rows = [tuple(row.split(" | ")[:2]) for row in rows if row.count(" | ") == 4]
+    assert sorted(recipes) == NAMES
+    assert sorted((name.removeprefix("| "), twin) for name, twin in twin_rows) == sorted(TWINS)
+    passed = sum("| pass (" in row for row in rows if row.count(" | ") == 7)
+    caught = sum(" fail |" in row or " warn |" in row for row in rows if row.count(" | ") == 4)
+    assert f"**{passed} of {len(NAMES)} recipes pass; {caught} of {len(TWINS)} twins are caught.**" in text

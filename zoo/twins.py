@@ -132,7 +132,7 @@ def applicable(recipe: dict) -> list[str]:
     accumulates = int(settings.get("gradient_accumulation_steps", 1)) > 1
     if kind == "dpo":
         found += ["identical_pairs"] + (["accumulation_sft_term"] if small and accumulates else [])
-    if kind in ("sft", "reward") and small and accumulates:
+    if kind == "sft" and small and accumulates:  # a reward loss is a mean over pairs: no token weights to get wrong
         found.append("accumulation")
     # not DPO, KTO or GRPO: their reference pass leaves PEFT's disable_adapter(), whose enable_adapters(True) calls
     # set_adapter(active_adapters) without inference mode, and that sets the active adapter trainable again (peft
@@ -194,34 +194,42 @@ def training_template(tokenizer) -> str:
     return CHATML_TRAINING if "<|im_end|>" in template else EOS_TRAINING
 
 
-def turn_end_outside(template: str, turn_end: str) -> str:
-    """``template`` with the turn end moved out of every ``{% generation %}`` block, just after it: the answers are
-    still trained, the token that ends them is not."""
+def turn_end_outside(template: str, stops: list[str]) -> str:
+    """``template`` with every token that ends an assistant turn (``stops``: the template's turn end and EOS, as a
+    string or as the ``eos_token`` variable) moved out of each ``{% generation %}`` block, just after it, in the order
+    the block wrote them: the answers are still trained, no token that ends them is."""
 
     def move(match: re.Match) -> str:
-        body = match.group(2)
-        body = re.sub(r"\s*\+\s*eos_token", "", body) if turn_end == "eos_token" else body.replace(turn_end, "")
-        after = "{{ eos_token }}" if turn_end == "eos_token" else "{{ '" + turn_end + "' }}"
-        return match.group(1) + body + match.group(3) + after
+        body, moved = match.group(2), []
+        for stop in sorted(stops, key=lambda t: body.find(t) if t in body else len(body)):
+            if stop == "eos_token" and re.search(r"\+\s*eos_token", body):
+                body = re.sub(r"\s*\+\s*eos_token", "", body)
+                moved.append("{{ eos_token }}")
+            elif stop != "eos_token" and stop in body:
+                body = body.replace(stop, "")
+                moved.append("{{ '" + stop + "' }}")
+        return match.group(1) + body + match.group(3) + "".join(moved)
 
     moved, count = BLOCK.subn(move, template)
     if count == 0 or moved == template:
-        raise ValueError("no generation block holds the turn end")
+        raise ValueError("no generation block holds a turn end")
     return moved
 
 
-def turn_end_token(tokenizer, template: str) -> str:
-    """What the template writes to end an assistant turn: the first special token after its content, else EOS."""
+def stop_strings(tokenizer, template: str) -> list[str]:
+    """What may end an assistant turn the template writes: the first special token after its content, and EOS (as
+    the template writes it: the token, or the ``eos_token`` variable)."""
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ANSWER"}],
         chat_template=template,
         tokenize=False,
     )
     tail = text[text.index("ANSWER") + len("ANSWER") :]
-    special = sorted(tokenizer.all_special_tokens + list(tokenizer.get_added_vocab()), key=len, reverse=True)
-    found = [(tail.find(token), token) for token in special if token and token in tail]
-    first = min(found)[1] if found else None
-    return "eos_token" if first is None or first == tokenizer.eos_token and "eos_token" in template else first
+    special = [t for t in tokenizer.all_special_tokens + list(tokenizer.get_added_vocab()) if t and t in tail]
+    found = [min(special, key=tail.find)] if special else []
+    eos = tokenizer.eos_token
+    found += ["eos_token"] if "eos_token" in template else [eos] if eos and eos in tail and eos not in found else []
+    return found
 
 
 PREFACE = (
@@ -281,7 +289,7 @@ def apply(adapted, name: str, recipe: dict) -> None:
     if name == "turn_end":
         tokenizer = AutoTokenizer.from_pretrained(config["model_name_or_path"])
         template = training_template(tokenizer)
-        bad = turn_end_outside(template, turn_end_token(tokenizer, template))
+        bad = turn_end_outside(template, stop_strings(tokenizer, template))
         built = families.build(adapted.family, recipe["model"], bad, Path(config["model_name_or_path"]).parent)
         change("model_name_or_path", str(built.folder), "the tiny model with the turn end outside {% generation %}")
         change("assistant_only_loss", True)
