@@ -8,12 +8,18 @@ waiting alone in a collective. The trainer's own view decides how many processes
 independent runs although ``torch.distributed`` is initialised with both, and a collective across them would
 pair calls that do not belong together. Objects travel with ``torch.distributed.all_gather_object``, numbers with
 one ``all_gather`` of a float64 vector on the trainer's device (NCCL needs CUDA tensors).
+
+``leave_together``: how a command that ran under a launcher ends, every process with the same exit code at the
+same moment (see its docstring for why a process that returns alone is killed by the launcher).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 
@@ -65,6 +71,50 @@ class Processes:
         value = torch.tensor([int(flag)], device=self.device)
         torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
         return bool(value.item())
+
+
+def _collective_device() -> torch.device:
+    """The device the default group's collectives take tensors on: NCCL's are CUDA tensors, gloo's CPU ones."""
+    if "nccl" in str(torch.distributed.get_backend()).lower():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def agreed_code(code: int) -> int:
+    """The highest exit code of every process (one integer all-reduce): a fail on any process fails every one."""
+    value = torch.tensor([int(code)], device=_collective_device())
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return int(value.item())
+
+
+def leave_together(code: int) -> NoReturn:
+    """End this process with the exit code every process agrees on, when every process gets here, and as one.
+
+    A launcher ends a run when one worker ends badly: torch 2.13 ``torch/distributed/elastic/multiprocessing/api.py``
+    ``SubprocessContext._poll`` checks each worker's exit every ``--monitor-interval`` (0.1 s) and, as soon as one has
+    exited non-zero, ``close()`` sends SIGTERM to every worker still running ("Sending process ... closing signal
+    SIGTERM"), which then ends by that signal; ``accelerate launch --multi_gpu`` runs the same agent (accelerate
+    1.15.0 ``commands/launch.py`` ``multi_gpu_launcher`` calls ``torch.distributed.run.run``). A command that
+    returns its exit code on each process alone loses that race whenever the processes end more than a poll apart:
+    the main process still writes its summary and TRL's script saves the model on it, and the interpreter's own
+    teardown (freeing torch, transformers, the trainer) takes a different time on each.
+
+    So: agree on the code (the highest), run what the interpreter runs at exit (``atexit``: logging's flush, a
+    tracker's finish) while every process is still here, meet at a barrier, destroy the process group, and end
+    at once with ``os._exit``: after the barrier no process does work whose length differs from the others', and
+    no gloo or NCCL thread is left for the interpreter's teardown to destroy. Every process prints its code (on
+    stderr) first."""
+    import atexit
+
+    agreed = agreed_code(code)
+    rank, count = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    print(f"trl-clinic: process {rank} of {count} exits with {agreed}", file=sys.stderr, flush=True)
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    os._exit(agreed)
 
 
 # weights read per trainable tensor by ``fingerprint``: every one is read when a tensor holds fewer
