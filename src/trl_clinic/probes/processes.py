@@ -80,11 +80,13 @@ def _collective_device() -> torch.device:
     return torch.device("cpu")
 
 
-def agreed_code(code: int) -> int:
-    """The highest exit code of every process (one integer all-reduce): a fail on any process fails every one."""
-    value = torch.tensor([int(code)], device=_collective_device())
+def agreed_code(code: int, token: int = 0) -> tuple[int, int]:
+    """The highest exit code of every process and the highest ``token`` (one all-reduce of both): a fail on any
+    process fails every one."""
+    value = torch.tensor([int(code), int(token)], dtype=torch.int64, device=_collective_device())
     torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
-    return int(value.item())
+    agreed, shared = value.tolist()
+    return int(agreed), int(shared)
 
 
 def leave_together(code: int) -> NoReturn:
@@ -94,27 +96,63 @@ def leave_together(code: int) -> NoReturn:
     ``SubprocessContext._poll`` checks each worker's exit every ``--monitor-interval`` (0.1 s) and, as soon as one has
     exited non-zero, ``close()`` sends SIGTERM to every worker still running ("Sending process ... closing signal
     SIGTERM"), which then ends by that signal; ``accelerate launch --multi_gpu`` runs the same agent (accelerate
-    1.15.0 ``commands/launch.py`` ``multi_gpu_launcher`` calls ``torch.distributed.run.run``). A command that
-    returns its exit code on each process alone loses that race whenever the processes end more than a poll apart:
-    the main process still writes its summary and TRL's script saves the model on it, and the interpreter's own
-    teardown (freeing torch, transformers, the trainer) takes a different time on each.
+    1.15.0 ``commands/launch.py`` ``multi_gpu_launcher`` calls ``torch.distributed.run.run``). So the processes must
+    end within one poll of each other, or the launcher's poll falls between two ends with the probability of their
+    gap over 0.1 s. A command that returned its code on each process alone ended them hundreds of milliseconds apart
+    (the main process still wrote its summary, TRL's script saved the model on it; 12 of 16 launches were signalled
+    here), and even after a barrier the end of a process that holds torch is slow and uneven: the kernel took 115 ms
+    from ``os._exit`` to a reapable exit for a process that had imported torch, transformers and TRL, 200 ms with
+    500 MB of tensors besides (measured here under load), which left 1 launch in 9 signalled.
 
-    So: agree on the code (the highest), run what the interpreter runs at exit (``atexit``: logging's flush, a
-    tracker's finish) while every process is still here, meet at a barrier, destroy the process group, and end
-    at once with ``os._exit``: after the barrier no process does work whose length differs from the others', and
-    no gloo or NCCL thread is left for the interpreter's teardown to destroy. Every process prints its code (on
-    stderr) first."""
+    So: agree on the code (the highest: one all-reduce, which also carries the main process's name for the exit
+    gate), say it, run what the interpreter runs at exit (``atexit``: logging's flush, a tracker's finish) while
+    every process is still here, destroy the process group (no gloo or NCCL thread is left behind), flush, and on
+    Linux replace this process by a bare Python (``os.execv``: the heavy image is torn down there, before the gate)
+    that counts itself in at a gate file every local process of the launch shares and ends with the code as soon as
+    all are in: what is left between the gate and the ends is a few system calls. A process the launcher signals
+    all the same ends with the agreed code (the gate's SIGTERM handler), not by the signal. Elsewhere, or without
+    ``LOCAL_WORLD_SIZE`` (set by torchrun and accelerate launch), the processes meet at a barrier before the group
+    is destroyed and end with ``os._exit``.
+    """
     import atexit
+    import secrets
+    import tempfile
 
-    agreed = agreed_code(code)
     rank, count = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    agreed, token = agreed_code(code, secrets.randbits(62) if rank == 0 else 0)
     print(f"trl-clinic: process {rank} of {count} exits with {agreed}", file=sys.stderr, flush=True)
     atexit._run_exitfuncs()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    gate = sys.platform == "linux" and local >= 1
+    if not gate:
+        torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    if gate:
+        path = os.path.join(tempfile.gettempdir(), f"trl-clinic-exit-{token:x}")
+        os.execv(sys.executable, [sys.executable, "-S", "-E", "-c", GATE, path, str(local), str(agreed)])
     os._exit(agreed)
+
+
+# The bare Python a process becomes to leave (``leave_together``): argv is the gate file, the local processes, the
+# code. Each appends one byte to the gate and ends once the file holds one from every local process; the first to see
+# that removes the file (the others read the size through their open descriptor). Sixty seconds at most.
+GATE = """
+import os, signal, sys, time
+path, local, code = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+signal.signal(signal.SIGTERM, lambda *_: os._exit(code))
+gate = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+os.write(gate, b"x")
+deadline = time.monotonic() + 60
+while os.fstat(gate).st_size < local and time.monotonic() < deadline:
+    time.sleep(0.0001)
+try:
+    os.unlink(path)
+except OSError:
+    pass
+os._exit(code)
+"""
 
 
 # weights read per trainable tensor by ``fingerprint``: every one is read when a tensor holds fewer
