@@ -93,3 +93,36 @@ def test_the_checkup_in_two_processes_gives_the_one_process_verdict(tmp_path, ma
     verdict = lambda r: [(f["probe"], f["status"], f["value"]) for f in r["findings"]]  # noqa: E731
     assert verdict(report) == verdict(single)
     assert {r["exit_code"] for r in two} == {one[0]["exit_code"]} == {1 if masked >= 0 else 0}
+
+
+# -- the check-up's replicas probe: a launch whose model will never be wrapped ---------------------------------------
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+def test_the_checkup_fails_processes_whose_model_will_not_be_wrapped(tmp_path, launcher):
+    """ddp_backend="gloo" without use_cpu on a CPU (under accelerate launch: TRL's FSDP2 config): accelerate's
+    distributed_type NO, two processes each training its own model. Before, the check-up had no probe for it."""
+    options = json.dumps({"use_cpu": False, "ddp_backend": "gloo", "only": ["replicas"]})
+    config = "fsdp2.yaml" if launcher == "accelerate" else None
+    results, _ = launched(tmp_path, "checkup", "-1", options, launcher=launcher, config=config)
+    (finding,) = json.loads((tmp_path / "report-2.json").read_text())["findings"]
+    assert (finding["probe"], finding["status"], finding["decided"], finding["process"]) == (
+        "replicas",
+        "fail",
+        "config",
+        None,
+    )
+    assert "distributed_type NO on every one" in finding["measured"] and "2x a process's own" in finding["measured"]
+    assert finding["fix"].startswith("use_cpu=True on CPU processes")
+    assert {r["exit_code"] for r in results} == {1}
+
+
+def test_the_checkup_passes_ddp_replicas_and_skips_one_process(tmp_path):
+    options = json.dumps({"only": ["replicas"]})
+    two, _ = launched(tmp_path, "checkup", "-1", options)
+    one, _ = launched(tmp_path, "checkup", "-1", options, processes=1)
+    (ddp,) = json.loads((tmp_path / "report-2.json").read_text())["findings"]
+    (single,) = json.loads((tmp_path / "report-1.json").read_text())["findings"]
+    assert (ddp["status"], single["status"]) == ("ok", "skipped")
+    assert ddp["measured"].startswith("DistributedDataParallel over 2 processes (accelerate's MULTI_CPU)")
+    assert "counts the label tokens of every process" in ddp["measured"]
+    assert single["reason"] == "one process: no replicas to compare"
+    assert {r["exit_code"] for r in two + one} == {0}
