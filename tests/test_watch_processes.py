@@ -4,7 +4,7 @@ the watch kept the trainer and its DDP wrapper alive past a user's script, into 
 Each launch has a timeout (``test_processes.launch``): a process left waiting in a collective fails the test."""
 
 import pytest
-from test_processes import HERE, launched
+from test_processes import HERE, launch, launched
 
 SFT = HERE / "sft.py"
 
@@ -23,14 +23,17 @@ def findings(results: list[dict]) -> list:
 
 
 # -- loss_spike reads the run's loss, as Trainer logs it over the processes ----------------------------------------
-def test_a_healthy_two_process_run_is_no_loss_spike(tmp_path):
+@pytest.mark.parametrize("processes", [2, 1])
+def test_a_healthy_run_is_no_loss_spike_in_two_processes_as_in_one(tmp_path, processes):
     """The practitioner's run: prompt-completion SFT, per-device batch 1, seed 1, stop_on="any". Before, process 1's
     own loss (its share of the window's label tokens, times two) went from 0.21 to 3.16 at step 24 while the logged
-    loss fell, and the watch stopped the run there, blaming the learning rate."""
-    results, _ = sft(tmp_path, seed=1, steps=128, stop_on="any")
-    assert findings(results) == [] and [r["step"] for r in results] == [128, 128]
+    loss fell, and the watch stopped the run there, blaming the learning rate. The same data in one process (batch 2)
+    gives the same verdict."""
+    results, _ = sft(tmp_path, processes, seed=1, steps=128, batch=2 // processes, stop_on="any")
+    assert findings(results) == [] and [r["step"] for r in results] == [128] * processes
     assert results[0]["checks"]["loss_spike"].startswith("largest step loss")
-    assert results[0]["checks"]["replicas"].startswith("the trainable weights were equal on all 2 processes")
+    replicas = "the trainable weights were equal on all 2 processes" if processes == 2 else "one process"
+    assert results[0]["checks"]["replicas"].startswith(replicas)
 
 
 @pytest.mark.parametrize("processes", [2, 1])
@@ -85,6 +88,19 @@ def test_the_trainer_and_its_ddp_wrapper_die_with_the_function_that_built_them(t
     assert [(r["wrapper"], r["trainer_alive"], r["wrapper_alive"]) for r in results] == [
         ("DistributedDataParallel", False, False)
     ] * 2
+
+
+@pytest.mark.slow
+def test_a_users_script_with_the_watch_ends_without_an_abort_launch_after_launch(tmp_path):
+    """The report: a user's script with the watch aborted at exit once in four launches under load ("terminate
+    called without an active exception"), none in three without it. The script as a user ends it (``BARE_EXIT``: no
+    collection, no destroy_process_group), launched 8 times. Measured on the previous code here: no abort in 12
+    launches (load average about 5 on 2 cores), so on this machine this loop does not tell the two apart; the test
+    above, which reads what the watch kept alive, does."""
+    for _ in range(8):
+        results, outs, done = launch(tmp_path, "watch", "-1", env={"BARE_EXIT": "1"})
+        said = done.stdout + done.stderr + "".join(outs)
+        assert "terminate called" not in said and len(results) == 2, said[-3000:]
 
 
 # -- DeepSpeed ZeRO-2 and ZeRO-3 on the CPU (deepspeed 0.19.8), against the same run in one process -------------------
