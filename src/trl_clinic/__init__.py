@@ -4,7 +4,7 @@ Two rooms:
 
 * the library, which installs beside your own torch/transformers/TRL: ``checkup`` before training
   (``from trl_clinic import checkup; checkup(trainer)``, or ``trl-clinic checkup sft --config recipe.yaml``) and
-  the watch during it (``from trl_clinic.watch import ClinicWatch``;
+  the watch during it (``from trl_clinic import ClinicWatch``;
   ``trainer.add_callback(ClinicWatch(trainer=trainer))``, or ``trl-clinic watch sft --config recipe.yaml``);
 * the course (``trl_clinic.course``): the lessons' runs, material, stand-ins, eras and the workbook runner.
 
@@ -21,9 +21,11 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """``checkup`` loads on first use, so importing trl_clinic stays cheap."""
-    if name == "checkup":
-        import importlib
+    """``checkup`` and ``ClinicWatch`` load on first use (with torch), so importing trl_clinic stays cheap."""
+    import importlib
 
+    if name == "checkup":
         return importlib.import_module("trl_clinic.checkup")
+    if name == "ClinicWatch":
+        return importlib.import_module("trl_clinic.watch.callback").ClinicWatch
     raise AttributeError(f"module 'trl_clinic' has no attribute {name!r}")

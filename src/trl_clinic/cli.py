@@ -174,12 +174,27 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command and return its exit code; a process of several launched together (``torchrun``,
+    ``accelerate launch``) ends here instead, every process with the same code at the same moment
+    (``probes.processes.leave_together``: a process that returned alone was killed by the launcher)."""
     args = parser().parse_args(argv)
     try:
-        return args.handler(args)
+        code = args.handler(args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"trl-clinic: {exc}", file=sys.stderr)
-        return 2
+        code = 2
+    if launched():
+        from trl_clinic.probes.processes import leave_together
+
+        leave_together(code)
+    return code
+
+
+def launched() -> bool:
+    """Whether ``torch.distributed`` joins this process to a group (a launch of several, or of one by torchrun);
+    never imports torch (a command that did not load it was not launched)."""
+    distributed = sys.modules.get("torch.distributed")
+    return bool(distributed is not None and distributed.is_available() and distributed.is_initialized())
 
 
 if __name__ == "__main__":

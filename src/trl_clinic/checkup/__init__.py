@@ -42,6 +42,7 @@ PROBE_MODULES = (
     "prompts",
     "pairs",
     "known_bugs",
+    "replicas",
 )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -29,21 +30,31 @@ def tap_training_step(trainer: Trainer, listener: Callable[[torch.Tensor, object
     on every micro-batch, so a tap put in place at ``on_train_begin`` applies from the first step.
     ``inputs`` is a shallow copy of the batch as the dataloader gave it (a ``compute_loss`` that pops
     ``labels`` leaves the copy whole); GRPO's is its list of prompts, generated from inside the step.
+
+    Neither the tap nor its undo holds the trainer: the tap calls the class's ``training_step`` on the instance it
+    is called on (a bound method kept here would hold the trainer in a cycle through its own attribute), and the
+    undo holds it weakly, so a trainer whose run ended in an exception before the tap was undone, or whose caller
+    keeps the undo (the watch does), is freed when its last user reference goes, not at a collection.
     """
-    had_own = "training_step" in vars(trainer)
-    training_step = trainer.training_step
+    own = vars(trainer).get("training_step")  # an instance attribute of the user's own, put back by undo
+    step = own if own is not None else type(trainer).training_step
+    bound = own is not None  # the user's attribute is called as it is; the class's function with the trainer
+    owner = weakref.ref(trainer)
 
     def tapped(model, inputs, *args, **kwargs):
         seen = dict(inputs) if isinstance(inputs, Mapping) else inputs
-        loss = training_step(model, inputs, *args, **kwargs)
+        loss = step(model, inputs, *args, **kwargs) if bound else step(owner(), model, inputs, *args, **kwargs)
         listener(loss.detach(), seen, args[0] if args else kwargs.get("num_items_in_batch"))
         return loss
 
     def undo() -> None:
-        if had_own:
-            trainer.training_step = training_step
+        tapped_trainer = owner()
+        if tapped_trainer is None:
+            return
+        if own is not None:
+            tapped_trainer.training_step = own
         else:
-            del trainer.training_step
+            vars(tapped_trainer).pop("training_step", None)
 
     trainer.training_step = tapped
     return undo

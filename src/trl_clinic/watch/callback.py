@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import statistics
 import sys
+import weakref
 from dataclasses import replace
 
 import torch
@@ -44,12 +45,13 @@ from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 
 from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.labels import label_tokens
+from trl_clinic.probes.launch import Launch
 from trl_clinic.probes.nonfinite import local_part, nonfinite_names
-from trl_clinic.probes.processes import Processes
+from trl_clinic.probes.processes import SAMPLED, Processes, fingerprint
 from trl_clinic.probes.recording import tap_training_step
 from trl_clinic.watch.alerts import send
 from trl_clinic.watch.config import WatchConfig
-from trl_clinic.watch.findings import NOT_WATCHED, finding, line, logged, quiet, stop_keys
+from trl_clinic.watch.findings import CATALOGUE, NOT_WATCHED, finding, line, logged, quiet, stop_keys
 from trl_clinic.watch.forwards import ForwardWatch
 
 
@@ -68,6 +70,17 @@ def has_event(name: str) -> bool:
     """Whether the installed transformers calls callback event ``name`` (``on_optimizer_step`` since 4.42.0,
     ``on_pre_optimizer_step`` since 4.45.0): ``TrainerCallback`` defines every event its Trainer calls."""
     return hasattr(TrainerCallback, name)
+
+
+def _nothing() -> None:
+    """What a weak reference to nothing returns."""
+    return None
+
+
+def _first(made: Finding) -> tuple[int, int]:
+    """Which of several processes' findings of one check every process keeps: the earliest step, then the lowest
+    process (a finding no one process owns, ``process`` None, comes first)."""
+    return (made.step or 0, -1 if made.process is None else made.process)
 
 
 def _some(names: list[str]) -> str:
@@ -91,11 +104,19 @@ class ClinicWatch(TrainerCallback):
                 "(ClinicWatch(stop_on=...))"
             )
         self.config = replace(config or WatchConfig(), **options)
-        self.trainer = trainer
+        # held weakly: the trainer holds the watch among its callbacks, and a strong reference back made a cycle that
+        # kept the trainer, its DDP wrapper and the process group alive past the user's script into the interpreter's
+        # teardown (tests/test_watch_processes.py)
+        self._given = weakref.ref(trainer) if trainer is not None else _nothing
         self.stop_on = stop_keys(self.config.stop_on)
         self.findings: list[Finding] = []
         self.steps: list[dict] = []  # one row per optimizer step: raw loss, label tokens, what was logged
         self.checks: dict[str, str] = {}  # what each check saw when it found nothing (for the summary)
+
+    @property
+    def trainer(self) -> Trainer | None:
+        """The trainer given (``ClinicWatch(trainer=...)``), while it lives; None when none was given."""
+        return self._given()
 
     def setup(self, args, state, model, **kwargs) -> None:
         """All of a run's state, set once at its start (from ``on_train_begin``): the findings so far, the
@@ -118,16 +139,20 @@ class ClinicWatch(TrainerCallback):
         self._trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self._never = {name for name, _ in self._trainable}  # trainable tensors without a gradient so far
         self._gradient_steps, self._largest = 0, 0.0
-        if self.trainer is not None:
-            trainer, handler = self.trainer, getattr(self.trainer, "callback_handler", None)
+        self._norm = math.nan  # this step's gradient norm before clipping, read where this process's loss could spike
+        given = self.trainer
+        if given is not None:
+            trainer, handler = given, getattr(given, "callback_handler", None)
         else:
             trainer, handler = _caller(Trainer), _caller(CallbackHandler)
         if handler is not None and self in handler.callbacks:  # ahead of the reporters and the printer
             handler.callbacks.remove(self)
             flow = next((i for i, c in enumerate(handler.callbacks) if isinstance(c, DefaultFlowCallback)), -1)
             handler.callbacks.insert(flow + 1, self)
-        self._trainer = trainer
-        self._callbacks = handler.callbacks if handler is not None else []
+        # weakly, as the trainer given: both hold the watch
+        self._owner = weakref.ref(trainer) if trainer is not None else _nothing
+        self._handler = weakref.ref(handler) if handler is not None else _nothing
+        self._replicas_due = self._replicas_compared(trainer)  # compare the replicas at the first step's end
         self._alerts: list[tuple[Finding, str]] = []  # findings for trackio / W&B whose runs have not started yet
         self._untap = tap_training_step(trainer, self._micro_batch) if trainer is not None else None
         if trainer is None:  # the losses and batches come through the trainer's training_step
@@ -148,10 +173,13 @@ class ClinicWatch(TrainerCallback):
     def found(self, key: str) -> bool:
         return any(f.probe == key for f in self.findings)
 
-    def _report(self, made: Finding) -> None:
+    def _report(self, made: Finding, run: bool = False) -> None:
+        """Keep, print (main process) and raise ``made`` once. ``run``: decided on numbers every process holds (the
+        run's loss, every process's fingerprint), so every process makes it at the same point and it is no one
+        process's: nothing to send, no process named."""
         if self.found(made.probe):
             return
-        if self._processes.several:
+        if self._processes.several and not run:
             made.process = self._processes.index
             self._unshared.append(made)
         self.findings.append(made)
@@ -160,7 +188,7 @@ class ClinicWatch(TrainerCallback):
         if self.config.show and self._main:
             print(line(made), flush=True)
         if self.config.alerts and self._main:
-            self._alerts = send([*self._alerts, (made, line(made))], self._callbacks)
+            self._alerts = send([*self._alerts, (made, line(made))], self._listeners())
 
     def _share(self, extra: object = None) -> list[object]:
         """Send this process's new findings (and ``extra``) to every process, and take theirs: the main process
@@ -172,13 +200,39 @@ class ClinicWatch(TrainerCallback):
             if index == self._processes.index:
                 continue
             for other in made:
-                if not self.found(other.probe):
+                held = next((f for f in self.findings if f.probe == other.probe), None)
+                if held is None:
                     self.findings.append(other)
                     self._unlogged.append(other)
                     self._stop |= other.probe in self.stop_on
                     if self.config.show and self._main:
                         print(line(other), flush=True)
+                elif _first(other) < _first(held):  # several saw it: every process keeps the same one
+                    self.findings[self.findings.index(held)] = other
         return [value for _, value in gathered]
+
+    def _listeners(self) -> list:
+        """The trainer's callbacks (the trackers among them), while its handler lives."""
+        handler = self._handler()
+        return handler.callbacks if handler is not None else []
+
+    def _replicas_compared(self, trainer) -> bool:
+        """Whether the processes' trainable weights are meant to be equal after a step, and so are compared: several
+        processes whose engine keeps a whole replica on each (DDP, DeepSpeed ZeRO-1 and -2, and a model accelerate
+        left unwrapped); not ZeRO-3 or FSDP, where each process holds its own shard. Says why not in ``checks``."""
+        if not self._processes.several:
+            self.checks["replicas"] = quiet("replicas", "one")
+            return False
+        if trainer is None:
+            self.checks["replicas"] = quiet("replicas", "not_watched")
+            return False
+        launch = Launch.of(trainer)
+        sharded = any(local_part(p) is not p for _, p in self._trainable)  # ZeRO-3, or fully_shard by hand: DTensors
+        if sharded or launch.engine == "fsdp" or (launch.engine == "deepspeed" and (launch.zero_stage or 0) >= 3):
+            described = launch.described if launch.engine != "ddp" else "fully_shard (DTensor parameters)"
+            self.checks["replicas"] = quiet("replicas", "sharded", launch=described)
+            return False
+        return bool(self._trainable)
 
     def _control(self, control):
         """Apply ``stop_on`` at a step's end or a log only: ``Trainer._run_epoch`` checks the flag after every
@@ -203,7 +257,7 @@ class ClinicWatch(TrainerCallback):
 
     def _micro_batch(self, loss: torch.Tensor, inputs, num_items_in_batch) -> None:
         self._micro.append((loss, label_tokens(inputs)))
-        trainer = self._trainer
+        trainer = self._owner()
         if not trainer.accelerator.sync_gradients:  # more micro-batches to come in this optimizer step
             return
         micro, self._micro = self._micro, []
@@ -220,7 +274,7 @@ class ClinicWatch(TrainerCallback):
             self._no_labels(counts)
         if counts and "labels" in inputs and len(counts) > 1:
             self._accumulation(losses, counts, trainer)
-        self._spike(row)
+        self._norm = self._spike_norm(row["raw_loss"])
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self._never and self._gradient_steps < self.config.window:
@@ -247,13 +301,47 @@ class ClinicWatch(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         self._in_step = False
         if self._alerts:  # findings made before the trackers' runs started
-            self._alerts = send(self._alerts, self._callbacks)
-        several = self._processes.several
-        if self.stop_on and several:  # one integer all-reduce: every process stops after this same step
-            self._stop = self._processes.any(self._stop)
-        if self._stop and (self._unlogged or several):
+            self._alerts = send(self._alerts, self._listeners())
+        self._agree(state.global_step)
+        if self._stop and (self._unlogged or self._processes.several):
             control.should_log = True  # the step that stops the run logs its findings (on every process)
         return self._control(control)
+
+    def _agree(self, step: int) -> None:
+        """What every process must see alike, agreed at the end of optimizer step ``step``, a point every process
+        reaches, with at most one collective (``Processes.table``: one all-gather of a few numbers a process): whether
+        to stop (a finding of ``stop_on`` on any process stops every one after this step), the run's step loss and
+        label tokens (``loss_spike``), and, after the first step watched, the weights' fingerprints (``replicas``).
+
+        The run's step loss is the mean over processes of each one's raw step loss: what ``Trainer`` logs (transformers
+        5.23 ``Trainer._maybe_log_save_evaluate`` logs ``_nested_gather(tr_loss).mean()``), and, under
+        ``average_tokens_across_devices`` (the default since 4.54), the window's loss over every process's label
+        tokens: ``Trainer.compute_loss`` multiplies each process's loss by the number of processes and
+        ``_get_num_items_in_batch`` divides it by the tokens of all of them, so one process's own loss is its share of
+        the window's tokens times the processes, and swings with that share (0.11 to 12.6 on one process of a healthy
+        run whose logged loss fell smoothly). The same data in one process gives the same run loss."""
+        row = self.steps[-1] if self.steps and self.steps[-1]["step"] == step else None
+        compare, self._replicas_due = self._replicas_due, False
+        several = self._processes.several
+        if several and not (self.stop_on or self._untap is not None or compare):
+            return  # nothing to agree on (the condition is the same on every process)
+        values = [float(self._stop), math.nan, math.nan, self._norm]
+        if row is not None:
+            values[1:3] = [row["raw_loss"], float(row.get("label_tokens", math.nan))]
+        if compare:
+            values.append(fingerprint([local_part(p) for _, p in self._trainable]))
+        table = self._processes.table(values) if several else [values]
+        self._norm = math.nan
+        self._stop = any(r[0] for r in table)
+        if row is not None:
+            row["run_loss"] = statistics.fmean(r[1] for r in table)
+            tokens = [r[2] for r in table]
+            if all(math.isfinite(t) for t in tokens):
+                row["run_label_tokens"] = int(sum(tokens))
+            norms = [r[3] for r in table if math.isfinite(r[3])]
+            self._spike(row, max(norms) if norms else math.nan)
+        if compare:
+            self._replicas(step, [r[4] for r in table])
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs is None or "loss" not in logs:  # evaluation rows and the final train metrics
@@ -304,6 +392,8 @@ class ClinicWatch(TrainerCallback):
             seen = [value for value in self._share(fewest) if value is not None]
             fewest = min(seen) if seen else None
         self._silent_checks(fewest)
+        order = list(CATALOGUE)
+        self.findings.sort(key=lambda f: (f.step or 0, order.index(f.probe)))  # one order on every process
         self._forwards.remove()
         if self._untap is not None:
             self._untap()
@@ -314,6 +404,8 @@ class ClinicWatch(TrainerCallback):
                 print(summary(self), flush=True)
             if self.config.report is not None:
                 write_html(self, self.config.report)
+        # nothing of the run's model outlives it through the watch (its findings, steps and checks stay)
+        self._trainable, self._micro = [], []
         return control
 
     def _silent_checks(self, fewest: int | None) -> None:
@@ -336,6 +428,7 @@ class ClinicWatch(TrainerCallback):
                 ("left", {"generations": forwards.generations}) if forwards.generations else ("none", {})
             ),
             "accumulation": ("undecided", {}),
+            "replicas": ("not_reached", {}),
             "loss_spike": (
                 ("largest", {"largest": self._largest}) if self._largest else ("short", {"window": self.config.window})
             ),
@@ -398,27 +491,45 @@ class ClinicWatch(TrainerCallback):
             )
         )
 
-    def _spike(self, row: dict) -> None:
+    def _history(self, current: dict | None = None) -> list[dict]:
+        """The last ``window`` steps before ``current`` whose run loss is finite (the window a step loss is compared
+        with), or fewer where the run is younger."""
+        done = [r for r in self.steps if r is not current and math.isfinite(r.get("run_loss", math.nan))]
+        return done[-self.config.window :]
+
+    def _spike_norm(self, loss: float) -> float:
+        """The gradient norm before clipping (whole: the last micro-batch's backward is done, clipping comes next),
+        read only where this process's own step loss reaches ``spike`` times the window's median run loss: the run's
+        loss is the mean over processes, so where it spikes some process's own loss is at least as high, and that
+        process reads the norm for the finding (under DDP every process holds the averaged gradient). Otherwise NaN:
+        no read on an ordinary step."""
+        history = self._history()
+        if self.found("loss_spike") or len(history) < self.config.window or not math.isfinite(loss):
+            return math.nan
+        median = statistics.median(r["run_loss"] for r in history)
+        if min(r["run_loss"] for r in history) <= 0 or loss < self.config.spike * median:
+            return math.nan
+        grads = [p.grad for _, p in self._trainable if p.grad is not None]
+        if not grads:
+            return math.nan
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])).item()
+
+    def _spike(self, row: dict, norm: float) -> None:
+        """The run's step loss (``_agree``) against the median of the window before it; every process decides alike."""
         if self.found("loss_spike"):
             return
         window = self.config.window
-        history = [r for r in self.steps[:-1] if math.isfinite(r["raw_loss"])][-window:]
-        loss = row["raw_loss"]
-        if len(history) < window or not math.isfinite(loss) or min(r["raw_loss"] for r in history) <= 0:
+        history = self._history(row)
+        loss = row["run_loss"]
+        if len(history) < window or not math.isfinite(loss) or min(r["run_loss"] for r in history) <= 0:
             return
-        median = statistics.median(r["raw_loss"] for r in history)
+        median = statistics.median(r["run_loss"] for r in history)
         self._largest = max(self._largest, loss / median)
         if loss < self.config.spike * median:
             return
-        grads = [p.grad for _, p in self._trainable if p.grad is not None]  # whole and not yet clipped
-        norm = (
-            torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])).item()
-            if grads
-            else float("nan")
-        )
-        labels, usual = row.get("label_tokens"), None
-        if labels is not None and all("label_tokens" in r for r in history):
-            usual = statistics.median(r["label_tokens"] for r in history)
+        labels, usual = row.get("run_label_tokens"), None
+        if labels is not None and all("run_label_tokens" in r for r in history):
+            usual = statistics.median(r["run_label_tokens"] for r in history)
         few = usual is not None and labels < self.config.few_labels * usual
         self._report(
             finding(
@@ -439,7 +550,43 @@ class ClinicWatch(TrainerCallback):
                 labels=labels,
                 usual=usual,
                 norm=norm,
-            )
+            ),
+            run=True,
+        )
+
+    def _replicas(self, step: int, prints: list[float]) -> None:
+        """Every process's fingerprint of its trainable weights after the first step watched: equal replicas
+        (DDP, DeepSpeed ZeRO-1/2) are equal bit for bit, so any difference is a finding. No tolerance: every process
+        applies the same update to the same weights (DDP's all-reduce hands every process the same averaged
+        gradient), and a tolerance would hide the small drift of a small learning rate."""
+        count = len(prints)
+        if not all(math.isfinite(value) for value in prints):
+            self.checks["replicas"] = quiet("replicas", "nonfinite", after=step)
+            return
+        if len(set(prints)) == 1:
+            self.checks["replicas"] = quiet("replicas", "equal", count=count, after=step, sampled=SAMPLED)
+            return
+        trainer = self._owner()
+        accelerator = getattr(trainer, "accelerator", None)
+        distributed = str(getattr(accelerator, "distributed_type", "unknown")).split(".")[-1]
+        wrapped = type(getattr(trainer, "model_wrapped", None)).__name__
+        spread = max(prints) - min(prints)
+        self._report(
+            finding(
+                "replicas",
+                step,
+                "differ",
+                "unwrapped" if distributed == "NO" else "diverged",
+                {"processes": count, "spread": spread},
+                count=count,
+                distinct=len(set(prints)),
+                prints=", ".join(f"{value:.12g}" for value in prints),
+                spread=spread,
+                sampled=SAMPLED,
+                distributed=distributed,
+                wrapped=wrapped,
+            ),
+            run=True,
         )
 
     def _no_gradient(self) -> None:
@@ -460,7 +607,7 @@ class ClinicWatch(TrainerCallback):
 
     def _nonfinite(self, weights: list[str], raw: float | None, optimizer) -> None:
         gradients = nonfinite_names((name, p.grad) for name, p in self._trainable)
-        held = getattr(self._trainer, "is_deepspeed_enabled", False)  # DeepSpeed keeps them in its own buffers
+        held = getattr(self._owner(), "is_deepspeed_enabled", False)  # DeepSpeed keeps them in its own buffers
         params = dict(self._trainable)
         bad = weights or gradients
         dtypes = sorted({str(params[name].dtype).replace("torch.", "") for name in bad}) if bad else []

@@ -4,7 +4,8 @@ The command's shape is the one the check-up shares (``trl_clinic.probes.command`
 trainer kind are those of ``trl sft`` (a ``--config`` YAML, or flags), parsed by the script's own
 ``make_parser``. The script's ``main`` then runs unchanged (it builds the trainer, trains, saves); the watch
 is added to the trainer, and given it, at its call to ``train()``. Exit code 1 when the watch made a
-finding, 0 when it made none.
+finding, 0 when it made none. Launched on several processes, the process group outlives the script's own
+``trainer.end()``, so every process agrees on the exit code and ends with it together (``trl_clinic.cli.main``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import importlib
 import sys
 import textwrap
+from unittest import mock
 
 from trl_clinic.probes.command import TRAINERS, add_script_command, own_options, run_script
 from trl_clinic.watch.config import WatchConfig
@@ -34,10 +36,18 @@ def watch_from_command_line(kind: str, argv: list[str], config: WatchConfig | No
         trainer.add_callback(watches[-1])
         return train(trainer, *args, **kwargs)
 
-    run_script(script, kind, argv, "watch", watched)
+    # TRL 1.16.0's scripts end with trainer.end() (transformers >= 5.18), which finishes the trackers and destroys the
+    # process group (accelerate 1.15.0 Accelerator.end_training): kept until every process has agreed on the exit
+    # code and meets the others to leave (probes.processes.leave_together destroys it then)
+    with mock.patch("torch.distributed.destroy_process_group", _kept):
+        run_script(script, kind, argv, "watch", watched)
     if not watches:  # nothing was watched: not an all-clear
         raise RuntimeError(f"trl.scripts.{kind}.main returned without calling train()")
     return watches[-1]
+
+
+def _kept(group=None) -> None:
+    """``torch.distributed.destroy_process_group`` while TRL's script runs: the group is kept for the exit."""
 
 
 def explain() -> str:

@@ -53,7 +53,10 @@ class WatchConfig:
     )
     spike: float = field(
         default=3.0,
-        metadata={"help": "loss_spike: a step loss this many times the median of the previous window's steps."},
+        metadata={
+            "help": "loss_spike: a step loss this many times the median of the previous window's steps. The step loss "
+            "is the run's, as Trainer logs it: in several processes the mean of each one's raw step loss."
+        },
     )
     slope: float = field(
         default=0.5,

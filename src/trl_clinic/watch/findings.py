@@ -337,6 +337,42 @@ CATALOGUE = {
             "not_watched": NOT_WATCHED,
         },
     ),
+    "replicas": Entry(
+        "-",
+        "in a run of several processes that each hold a whole replica (DDP, DeepSpeed ZeRO-1/2, a model left "
+        "unwrapped), trainable weights that differ across processes after the first optimizer step: the gradients "
+        "were not averaged, so each process trains its own model (compared with a float64 sum of a fixed strided "
+        "sample of each process's trainable weights)",
+        seen={
+            "differ": "after optimizer step {step} the trainable weights differ across the {count} processes "
+            "({distinct} distinct fingerprints: {prints}; spread {spread:.3g}; a float64 sum of up to {sampled} "
+            "strided weights a tensor); accelerate's distributed_type {distributed}, model {wrapped}",
+        },
+        causes={
+            "unwrapped": Cause(
+                "accelerate left the model unwrapped (distributed_type NO on {count} processes): on a machine without "
+                "a GPU, processes launched without use_cpu=True join over ddp_backend's group but "
+                "Accelerator.prepare_model wraps nothing, so each process trains alone on its own shard and the "
+                "logged loss is scaled by {count}",
+                "use_cpu=True on CPU processes (accelerate's MULTI_CPU: DDP over gloo), or one GPU per process",
+            ),
+            "diverged": Cause(
+                "the model is wrapped ({wrapped}) yet the replicas differ: something changed one process's weights "
+                "or optimizer outside the averaged step (a callback, a re-initialisation after the wrap, "
+                "per-process optimizer settings)",
+                "change weights only through the training step, the same way on every process",
+            ),
+        },
+        quiet={
+            "equal": "the trainable weights were equal on all {count} processes after step {after} (a float64 sum of "
+            "up to {sampled} strided weights a tensor)",
+            "one": "one process: no replicas to compare",
+            "sharded": "not compared: {launch} shards the weights, each process holds its own part",
+            "nonfinite": "not compared: the weights were not finite after step {after} (the nonfinite check)",
+            "not_reached": "no optimizer step to compare after",
+            "not_watched": NOT_WATCHED,
+        },
+    ),
     "dpo_flat": Entry(
         "-",
         "DPO whose logged rewards/margins stay at 0 and loss at ln 2 over a window of logged steps after the first "

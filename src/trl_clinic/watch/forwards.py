@@ -203,6 +203,7 @@ class ForwardWatch:
         )
 
     def remove(self) -> None:
+        """The hooks off, and the model let go: the counts stay for the summary."""
         for handle in self._handles:
             handle.remove()
-        self._handles = []
+        self._handles, self.model, self._packed = [], None, None
