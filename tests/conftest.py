@@ -62,6 +62,10 @@ def notebooks():
 # together. The two workbooks are most of the minutes and go one to each worker; the rest follow by weight.
 HEAVIEST = (
     "test_deep_dives.py",  # 436 s
+    "test_zoo.py",  # two recipes under their launch, three twins, every recipe adapted
+    "test_watch_processes.py",  # 2-process launches, DeepSpeed ZeRO-2 and ZeRO-3 among them
+    "test_processes.py",
+    "test_processes_exit.py",
     "test_notebooks.py",  # 244 s
     "test_second_seed.py",  # 50-115 s: one core and one deep dive at a second seed
     "test_solutions.py",  # 153 s

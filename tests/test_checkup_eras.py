@@ -333,4 +333,3 @@ def test_08_trl_1_14_qdora_magnitude_stalls_and_stalled_update_names_its_known_b
     assert (lora["status"], lora["decided"]) == ("ok", "measured"), lora
     for scenario in outcome["reports"]:  # a 4-bit model makes no probe crash
         assert outcome["reports"][scenario]["errors"] == 0, outcome["reports"][scenario]["findings"]
-

@@ -203,7 +203,7 @@ def test_stalled_update_fails_a_dora_magnitude_that_never_moves_whatever_its_sma
     model = get_peft_model(
         make_causal_lm(tokenizer), LoraConfig(r=8, target_modules=["q_proj", "v_proj"], use_dora=True)
     )
-    for name, parameter in model.named_parameters():
+    for parameter in model.parameters():
         if parameter.requires_grad:
             parameter.data = parameter.data.to(torch.bfloat16)  # trl 1.14.2 sft_trainer.py's cast of every one
     found = finding(examples.sft_trainer(tokenizer, tmp_path, model=model, learning_rate=2e-4), "stalled_update")

@@ -96,7 +96,7 @@ def test_the_checkup_in_two_processes_gives_the_one_process_verdict(tmp_path, ma
 
 
 # -- the check-up's replicas probe: a launch whose model will never be wrapped ---------------------------------------
-@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+@pytest.mark.parametrize("launcher", [pytest.param("torchrun", marks=pytest.mark.slow), "accelerate"])
 def test_the_checkup_fails_processes_whose_model_will_not_be_wrapped(tmp_path, launcher):
     """ddp_backend="gloo" without use_cpu on a CPU (under accelerate launch: TRL's FSDP2 config): accelerate's
     distributed_type NO, two processes each training its own model. Before, the check-up had no probe for it."""

@@ -65,8 +65,16 @@ def checkup_command(local) -> list[str]:  # noqa: F811
     return ["checkup", "sft", "--config", config, "--only", "packing"]
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
-@pytest.mark.parametrize("command", [watch_command, checkup_command], ids=["watch", "checkup"])
+@pytest.mark.parametrize(
+    "launcher, command",
+    [
+        ("torchrun", watch_command),
+        ("accelerate", checkup_command),
+        pytest.param("accelerate", watch_command, marks=pytest.mark.slow),
+        pytest.param("torchrun", checkup_command, marks=pytest.mark.slow),
+    ],
+    ids=["torchrun-watch", "accelerate-checkup", "accelerate-watch", "torchrun-checkup"],
+)
 def test_every_process_ends_with_the_same_code_unkilled(tmp_path, local, launcher, command):  # noqa: F811
     ended_together(tmp_path, launcher, command(local))
 

@@ -23,7 +23,7 @@ def findings(results: list[dict]) -> list:
 
 
 # -- loss_spike reads the run's loss, as Trainer logs it over the processes ----------------------------------------
-@pytest.mark.parametrize("processes", [2, 1])
+@pytest.mark.parametrize("processes", [2, pytest.param(1, marks=pytest.mark.slow)])
 def test_a_healthy_run_is_no_loss_spike_in_two_processes_as_in_one(tmp_path, processes):
     """The practitioner's run: prompt-completion SFT, per-device batch 1, seed 1, stop_on="any". Before, process 1's
     own loss (its share of the window's label tokens, times two) went from 0.21 to 3.16 at step 24 while the logged
@@ -36,7 +36,7 @@ def test_a_healthy_run_is_no_loss_spike_in_two_processes_as_in_one(tmp_path, pro
     assert results[0]["checks"]["replicas"].startswith(replicas)
 
 
-@pytest.mark.parametrize("processes", [2, 1])
+@pytest.mark.parametrize("processes", [2, pytest.param(1, marks=pytest.mark.slow)])
 def test_an_injected_loss_jump_is_caught_at_its_step_on_every_process(tmp_path, processes):
     """Every micro-batch loss of step 30 multiplied by 20: the run's loss jumps 20x in one process and in two, and
     the watch stops every process after that step, with one finding no process owns."""
@@ -49,6 +49,7 @@ def test_an_injected_loss_jump_is_caught_at_its_step_on_every_process(tmp_path, 
     assert "[trl-clinic watch] step 30: loss_spike:" in outs[0]
 
 
+@pytest.mark.slow
 def test_a_resumed_two_process_run_with_a_short_window_is_no_loss_spike(tmp_path):
     """The practitioner's second run: 2 processes resumed from a checkpoint at step 10, window 4; before, the watch
     flagged it at step 14 (the first step whose window of 4 was full) on one process's share of the tokens."""
@@ -60,7 +61,7 @@ def test_a_resumed_two_process_run_with_a_short_window_is_no_loss_spike(tmp_path
 UNWRAPPED = {"use_cpu": False, "ddp_backend": "gloo"}  # distributed_type NO on a machine without a GPU
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+@pytest.mark.parametrize("launcher", ["torchrun", pytest.param("accelerate", marks=pytest.mark.slow)])
 def test_replicas_that_never_average_a_gradient_are_named_after_the_first_step(tmp_path, launcher):
     """TRL's FSDP2 accelerate config (or no config, under torchrun) with ddp_backend="gloo" and without use_cpu on a
     CPU: accelerate leaves the model unwrapped and each process trains its own; before, "no findings"."""
@@ -73,6 +74,7 @@ def test_replicas_that_never_average_a_gradient_are_named_after_the_first_step(t
     assert "distributed_type NO" in outs[0] and "use_cpu=True on CPU processes" in outs[0]
 
 
+@pytest.mark.slow
 def test_ddp_replicas_are_equal_after_the_first_step(tmp_path):
     results, _ = launched(tmp_path, "watch", "-1")
     assert all(r["findings"] == [] for r in results)
@@ -111,7 +113,10 @@ LAUNCHES = {  # TRL's zero2.yaml / zero3.yaml on 2 CPU processes in fp32, and th
 }
 
 
-@pytest.mark.parametrize("launch", list(LAUNCHES))
+# make test runs ZeRO-3 healthy and ZeRO-2 broken; make test-slow every launch of both
+@pytest.mark.parametrize(
+    "launch", [pytest.param(k, marks=[] if k == "zero3" else [pytest.mark.slow]) for k in LAUNCHES]
+)
 def test_a_healthy_run_under_deepspeed_zero_has_the_one_process_verdict(tmp_path, launch):
     """12 steps, window 5, stop_on="any": no finding under ZeRO-2, ZeRO-3 or in one process (per-device batch 2)."""
     where = LAUNCHES[launch]
@@ -127,7 +132,9 @@ def test_a_healthy_run_under_deepspeed_zero_has_the_one_process_verdict(tmp_path
     assert all(r["checks"]["loss_spike"].startswith("largest step loss") for r in results)
 
 
-@pytest.mark.parametrize("launch", list(LAUNCHES))
+@pytest.mark.parametrize(
+    "launch", [pytest.param(k, marks=[] if k == "zero2" else [pytest.mark.slow]) for k in LAUNCHES]
+)
 def test_a_nan_under_deepspeed_zero_stops_every_process_at_its_step(tmp_path, launch):
     """The broken twin: every micro-batch loss of step 4 multiplied by NaN (injected: what an fp16 overflow or an
     empty micro-batch's 0/0 gives), stop_on="nonfinite": every process stops after step 4 holding the same findings,

@@ -97,8 +97,7 @@ def run_checkup(
     )
     model = view.base_model
     report = Report(
-        subject=f"{type(trainer).__name__} on {type(model).__name__}"
-        f" ({parameter_count(model) / 1e6:.1f}M parameters)"
+        subject=f"{type(trainer).__name__} on {type(model).__name__} ({parameter_count(model) / 1e6:.1f}M parameters)"
     )
     start = time.perf_counter()
     with untouched(trainer, budget=view.budget):

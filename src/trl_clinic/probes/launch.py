@@ -21,7 +21,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Launch:
     processes: int  # the processes the trainer trains on (args.world_size)
-    engine: str  # "deepspeed", "fsdp", "ddp" (several processes, DistributedDataParallel) or "single"
+    engine: str  # "deepspeed", "fsdp", "ddp" (several processes, DistributedDataParallel), "unwrapped" or "single"
     mixed_precision: str  # the accelerator's: "no", "bf16", "fp16" (or another accelerate value)
     zero_stage: int | None = None  # DeepSpeed's ZeRO stage
     fsdp_version: int | None = None  # accelerate's FSDP plugin version (1 or 2)
@@ -34,6 +34,7 @@ class Launch:
             "deepspeed": f"DeepSpeed ZeRO-{self.zero_stage}",
             "fsdp": f"FSDP{self.fsdp_version or ''}",
             "ddp": "DDP",
+            "unwrapped": "no wrapper (accelerate's distributed_type NO)",
             "single": "one process",
         }[self.engine]
         parts = [name] + ([self.mixed_precision] if self.mixed_precision not in ("no", None) else [])
@@ -68,4 +69,7 @@ class Launch:
             # from_pretrained(distributed_config=...) sharded the model at load (transformers 5.23 distributed/
             # mixin.py): its DTensor shards keep the dtype it was loaded in, and no accelerate upcast runs on them
             return cls(processes, "fsdp", mixed, fsdp_version=2)
+        if processes > 1 and str(getattr(getattr(accelerator, "distributed_type", None), "value", "")) == "NO":
+            # several processes that accelerate will not wrap: each trains its own model (checkup/replicas.py)
+            return cls(processes, "unwrapped", mixed)
         return cls(processes, "ddp" if processes > 1 else "single", mixed)
