@@ -191,6 +191,7 @@ def adapt(name: str, out: Path, twin: str | None = None, seed: int = 0, processe
     ``processes``: 1 runs any launch in one process (the twins' check-ups, and quick looks)."""
     recipe, out = load(name), out.resolve()
     collection = name.split("/")[0]
+    processes = 1 if twin is not None else processes  # a twin runs in one process
     kind, family, model = recipe["kind"], recipe["family"], recipe["model"]
     settings = dict(recipe["settings"] or {})
     changes: list[Change] = []
@@ -281,6 +282,10 @@ def adapt(name: str, out: Path, twin: str | None = None, seed: int = 0, processe
     if launch["processes"] != processes:
         change("num_processes", launch["processes"], processes, "cpu")
     launch["processes"] = processes
+    if kind == "grpo":
+        keep_generation_batch(
+            config, known, launch_processes=recipe["launch"].get("processes"), here=processes, change=change
+        )
     # the data: enough rows for the first batches of every process, whatever the accumulation
     batch = int(config.get("per_device_train_batch_size", 8))
     window = batch * int(config.get("gradient_accumulation_steps", 1)) * processes
@@ -305,6 +310,21 @@ def adapt(name: str, out: Path, twin: str | None = None, seed: int = 0, processe
         twins.apply(adapted, twin, recipe)
     write(adapted, launch_settings)
     return adapted
+
+
+def keep_generation_batch(config: dict, known: dict, launch_processes: int | None, here: int, change) -> None:
+    """GRPO's generation batch (per-device batch x processes x accumulation) must be a multiple of num_generations
+    (TRL 1.16's GRPOConfig refuses it otherwise): where the author's process count made it one and this machine's does
+    not, the per-device batch takes the author's global batch over this machine's processes."""
+    batch = int(config.get("per_device_train_batch_size", known.get("per_device_train_batch_size", 8)))
+    steps = int(config.get("gradient_accumulation_steps", 1))
+    generations = int(config.get("num_generations", known.get("num_generations", 8)))
+    if not launch_processes or (batch * here * steps) % generations == 0:
+        return
+    scaled, left = divmod(batch * launch_processes, here)
+    if left == 0 and (batch * launch_processes * steps) % generations == 0:
+        change("per_device_train_batch_size", batch, scaled, "cpu", f"the author's global batch on {here} process(es)")
+        config["per_device_train_batch_size"] = scaled
 
 
 def write(adapted: Adapted, launch_settings: dict | None) -> None:

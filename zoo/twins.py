@@ -9,8 +9,8 @@ so is ``eos_label``, whose trap TRL 1.16 closes for every format the zoo's recip
 non-conversational row, and a chat template ends conversational ones).
 
 Most twins change the recipe's config, data or template; two need what no config reaches, a change to the built
-trainer (``HOOKS``, applied by ``hooked.py`` between building and checking): a model class that declares
-``accepts_loss_kwargs = False``, and a LoRA adapter loaded frozen.
+trainer (``HOOKS``, applied by ``hooked.py`` between building and checking): a ``compute_loss`` override that
+drops ``num_items_in_batch``, and a LoRA adapter loaded frozen.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ TWINS = {
     "accumulation": Twin(
         "accumulation",
         "fail",
-        "a model class that declares accepts_loss_kwargs = False (Qwen2.5-VL, Gemma 4, ... in transformers 5.23): each "
-        "micro-batch's mean loss divided by the steps, not by the window's tokens (lesson 02, TRL #2175)",
+        "a compute_loss override that does not pass num_items_in_batch on (lesson 02, TRL #2175): each micro-batch's "
+        "loss is a mean over its own tokens, not over the window's",
     ),
     "accumulation_sft_term": Twin(
         "accumulation",
@@ -144,8 +144,17 @@ def applicable(recipe: dict) -> list[str]:
 
 
 # -- the hooks: a change to the built trainer (hooked.py applies one before the check-up) ----------------------------
-def no_loss_kwargs(trainer) -> None:
-    trainer.model_accepts_loss_kwargs = False
+def own_compute_loss(trainer) -> None:
+    """A user's ``compute_loss`` override that calls the trainer's without ``num_items_in_batch``. (Setting
+    ``model_accepts_loss_kwargs = False``, lesson 02's other case, changes nothing on TRL 1.16's SFTTrainer, whose
+    ``compute_loss`` divides by ``num_items_in_batch`` itself: sft_trainer.py, "loss = per_token_loss.sum() /
+    torch.as_tensor(num_tokens)".)"""
+    compute = trainer.compute_loss
+
+    def compute_loss(model, inputs, return_outputs=False, num_items_in_batch=None):
+        return compute(model, inputs, return_outputs=return_outputs)
+
+    trainer.compute_loss = compute_loss
 
 
 def frozen_adapter(trainer) -> None:
@@ -153,12 +162,11 @@ def frozen_adapter(trainer) -> None:
     mode and its tensors frozen."""
     for config in trainer.model.peft_config.values():
         config.inference_mode = True
-    for name, parameter in trainer.model.named_parameters():
-        if "lora_" in name:
-            parameter.requires_grad_(False)
+    for parameter in trainer.model.parameters():  # the adapter and its saved modules (a reward model's score head)
+        parameter.requires_grad_(False)
 
 
-HOOKS = {"no_loss_kwargs": no_loss_kwargs, "frozen_adapter": frozen_adapter}
+HOOKS = {"own_compute_loss": own_compute_loss, "frozen_adapter": frozen_adapter}
 
 
 # -- the turn end outside the generation block ------------------------------------------------------------------------
@@ -315,7 +323,7 @@ def apply(adapted, name: str, recipe: dict) -> None:
     elif name == "accumulation_sft_term":
         change("loss_type", ["sigmoid", "sft"])
     elif name == "accumulation":
-        adapted.hook = "no_loss_kwargs"
+        adapted.hook = "own_compute_loss"
     elif name == "gradients_reach":
         adapted.hook = "frozen_adapter"
     else:
