@@ -4,8 +4,9 @@ several, pairs with an implicit or an explicit prompt), over the course's small 
 tiny vocabulary covers them and a sequence stays short.
 
 Where the format allows it, rows vary as real ones do: answers of one word and of several sentences, every fifth
-conversation with a second exchange, and every third preferred answer three times as long, so micro-batches hold
-different numbers of label tokens and an assistant turn is followed by another turn.
+conversation with a second exchange, and every third preferred answer five times as long (as the check-up's own
+tests vary them: tests/test_checkup_reported.py, ``varied_pairs``), so micro-batches hold different numbers of label
+tokens and an assistant turn is followed by another turn.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def rows(data: str, n: int, seed: int = 0, system: str | None = None) -> list[di
     if data == "prompt":
         return [{"prompt": head + _turns(p["prompt"], "")[:1], "solution": p["completion"].strip()} for p in pairs[:n]]
     prefs = [
-        {**p, "chosen": p["chosen"] * 3} if i % 3 == 0 else p for i, p in enumerate(preference_pairs(n, seed=seed))
+        {**p, "chosen": p["chosen"] * 5} if i % 3 == 0 else p for i, p in enumerate(preference_pairs(n, seed=seed))
     ]
     if data == "preference":
         return [{"prompt": p["prompt"], "chosen": p["chosen"], "rejected": p["rejected"]} for p in prefs]
