@@ -248,6 +248,23 @@ def test_prompt_in_loss_passes_todays_conversational_prompt_completion(tmp_path)
     assert "0 of 8 chat-formatted rows" in found.measured
 
 
+# SmolLM3's layout (the alignment-handbook's smollm3 SFT recipe): the generation header inside {% generation %}, so the
+# template itself trains <|im_start|>assistant\n
+HEADER_INSIDE = (
+    "{% for message in messages %}{% if message['role'] == 'assistant' %}{% generation %}"
+    "{{ '<|im_start|>assistant\n' + message['content'] + '<|im_end|>\n' }}{% endgeneration %}{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endif %}" + TAIL
+)
+
+
+def test_prompt_in_loss_reads_the_user_header_where_the_template_trains_its_generation_header(tmp_path):
+    """The probe failed the alignment-handbook's SmolLM3 SFT recipe (4 of 4 rows "train on the prompt's generation
+    header"): its template writes the header inside {% generation %}. The user's header is never trained there."""
+    found = finding(chat_trainer(tmp_path, HEADER_INSIDE), "prompt_in_loss")
+    assert (found.status, found.decided, found.value) == ("ok", "measured", 0.0), found.measured
+    assert "user header" in found.measured
+
+
 # --- accumulation on DPO and Reward -------------------------------------------------------------------------------
 
 

@@ -9,7 +9,10 @@ Measured in trl 0.24.0 + transformers 5.5.0: every row warned "Mismatch between 
 The probe does not trust how the trainer split prompt and completion: it renders the chat template's generation
 prompt itself (the tokens ``add_generation_prompt=True`` adds, ``<|im_start|>assistant\\n`` in ChatML), finds them in
 the trainer's own collated rows, and asks whether the labels train on them. That header ends every prompt, so in a
-completion-only loss it is never a target.
+completion-only loss it is never a target, unless the template itself trains it: SmolLM3's template (the
+alignment-handbook's smollm3 SFT recipe) writes ``<|im_start|>assistant\\n`` inside its ``{% generation %}`` block, so
+its assistant mask (``return_assistant_tokens_mask``) holds the header. There the probe reads the user's header
+instead (the tokens the template writes just before a user message's content), which no completion-only loss trains.
 """
 
 from __future__ import annotations
@@ -35,6 +38,50 @@ def generation_header(tokenizer) -> list[int]:
     except Exception:  # noqa: BLE001 - a template that needs other roles or fields
         return []
     return asked[len(bare) :] if asked[: len(bare)] == bare else []
+
+
+def _rendered(tokenizer, messages: list[dict], **options):
+    return tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **options)
+
+
+def header_trained_by_template(tokenizer, header: list[int]) -> bool:
+    """Whether the template's own assistant mask (``{% generation %}``) holds the generation header: the template
+    means it to be trained."""
+    try:
+        rendered = _rendered(
+            tokenizer,
+            [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+            return_assistant_tokens_mask=True,
+        )
+    except Exception:  # noqa: BLE001 - no generation markers, or a template that needs more
+        return False
+    ids, mask, width = rendered["input_ids"], rendered.get("assistant_masks") or [], len(header)
+    starts = [i for i in range(len(ids) - width + 1) if ids[i : i + width] == header]
+    return bool(starts) and len(mask) == len(ids) and all(mask[i] for i in range(starts[-1], starts[-1] + width))
+
+
+def user_header(tokenizer) -> list[int]:
+    """The tokens the template writes just before a user message's content, from its last special token on
+    (``<|im_start|>user\\n`` in ChatML); [] where none is found."""
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "QUESTION"}], tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that needs other roles or fields
+        return []
+    before = text[: text.find("QUESTION")]
+    special = [t for t in tokenizer.all_special_tokens + list(tokenizer.get_added_vocab()) if t and t in before]
+    if not special:
+        return []
+    start = max(before.rfind(t) for t in special)
+    return tokenizer(before[start:], add_special_tokens=False)["input_ids"]
+
+
+def prompt_anchor(tokenizer) -> tuple[list[int], str]:
+    """What marks the prompt in a row: the generation header, or the user's header where the template trains the
+    generation header itself."""
+    header = generation_header(tokenizer)
+    if header and header_trained_by_template(tokenizer, header):
+        return user_header(tokenizer), "user header (the template trains its generation header)"
+    return header, "generation header"
 
 
 def _completion_only(view: TrainerView) -> bool:
@@ -68,7 +115,7 @@ def trained_headers(batch: dict, header: list[int]) -> tuple[int, int]:
 def prompt_in_loss(view: TrainerView) -> Finding:
     if not _completion_only(view):
         raise Skip("the loss is not completion-only: the prompt is meant to be trained")
-    header = generation_header(view.tokenizer)
+    header, named = prompt_anchor(view.tokenizer)
     if not header:
         raise Skip("no chat template with a generation prompt to find in the rows")
     batches = first_label_batches(view)
@@ -77,7 +124,7 @@ def prompt_in_loss(view: TrainerView) -> Finding:
     if not holding:
         raise Skip("the rows hold no generation prompt of the chat template (not chat-formatted data)")
     share = trained / holding
-    measured = f"{trained} of {holding} chat-formatted rows train on the prompt's generation header"
+    measured = f"{trained} of {holding} chat-formatted rows train on the prompt's {named}"
     if not trained:
         return Finding("prompt_in_loss", "ok", measured, value=0.0, decided="measured", reason="the prompts are masked")
     entry = explain(view, "prompt_in_loss")
