@@ -207,15 +207,20 @@ def adapt(name: str, out: Path, twin: str | None = None, seed: int = 0, processe
         change("chat_template", "(the recipe's)", "set on the tiny model's tokenizer", "script")
     system = settings.pop("system_prompt", None)
     column = settings.pop("dataset_prompt_column", None)
-    if system is not None or column is not None:
+    if system is not None:
         change("system_prompt", bool(system), "the first message of every generated prompt", "script")
+    if column is not None:
+        change("dataset_prompt_column", column, "the generated rows' own prompt column", "data")
     if "no_remove_unused_columns" in settings:
         settings["remove_unused_columns"] = not settings.pop("no_remove_unused_columns")
     for key, value in settings.items():
         if key in RENAMED:
             change(key, value, f"{RENAMED[key]}: {value}", "renamed")
             key = RENAMED[key]
-        if key in ("model_name_or_path", "dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split"):
+        if key in ("model_name_or_path", "dataset_name"):
+            continue
+        if key in ("dataset_config", "dataset_train_split", "dataset_test_split"):
+            change(key, value, "the generated local dataset (one train split)", "data")
             continue
         if key not in known:
             change(key, value, None, "unknown")
