@@ -1,7 +1,7 @@
 """Run the zoo: each recipe adapted (``adapt.py``) and checked under its launch, and each of its broken twins.
 
     python zoo/run.py [NAME ...] [--twins] [--out FOLDER] [--json results.json] [--table docs/zoo.md]
-    python zoo/run.py --from results.json --table docs/zoo.md      # the table again, from a run's results
+    python zoo/run.py --from results.json [--from rerun.json] --table docs/zoo.md   # the table from runs' results
 
 A recipe passes when ``trl-clinic checkup`` under its launch exits 0 (no probe failed, none crashed); a twin is
 caught when its probe fails (or warns, for a probe that only warns) in a one-process check-up of the twin. Every
@@ -222,25 +222,43 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("zoo-output"))
     parser.add_argument("--json", type=Path, help="write every result here")
     parser.add_argument("--table", type=Path, help="write the markdown table here (docs/zoo.md)")
-    parser.add_argument("--from", dest="source", type=Path, help="read the results of an earlier run instead")
+    parser.add_argument(
+        "--from",
+        dest="sources",
+        type=Path,
+        action="append",
+        help="read the results of earlier runs instead (repeatable: a later run's result replaces an earlier one's)",
+    )
     options = parser.parse_args()
-    if options.source:
-        options.table.write_text(table(json.loads(options.source.read_text())))
+    if options.sources:
+        merged = {}
+        for source in options.sources:
+            merged.update({(r["name"], r["twin"]): r for r in json.loads(source.read_text())})
+        if options.json:
+            options.json.write_text(json.dumps(list(merged.values()), indent=2, default=str))
+        options.table.write_text(table(list(merged.values())))
         return
-    results = []
+    records = []
+
+    def record(result: Result) -> None:
+        """Keep a result, and write the JSON so far: an interrupted hour-long run keeps what it measured."""
+        records.append({**asdict(result), "failed": result.failed})
+        if options.json:
+            options.json.write_text(json.dumps(records, indent=2, default=str))
+
     for name in options.names or adapt.names():
         folder = options.out / name.replace("/", "__")
         result = check(adapt.adapt(name, folder))
-        results.append(result)
-        print(f"{name}: {result.launch}, exit {result.exit_code}, {result.seconds:.0f} s, failed {result.failed}")
+        record(result)
+        print(
+            f"{name}: {result.launch}, exit {result.exit_code}, {result.seconds:.0f} s, failed {result.failed}",
+            flush=True,
+        )
         if options.twins:
             for probe in twins.applicable(adapt.load(name)):
                 twin = check(adapt.adapt(name, folder.with_name(folder.name + f"--{probe}"), twin=probe))
-                results.append(twin)
-                print(f"  twin {probe}: {twin.verdicts.get(probe)}")
-    records = [{**asdict(r), "failed": r.failed} for r in results]
-    if options.json:
-        options.json.write_text(json.dumps(records, indent=2, default=str))
+                record(twin)
+                print(f"  twin {probe}: {twin.verdicts.get(probe)}", flush=True)
     if options.table:
         options.table.write_text(table(records))
 

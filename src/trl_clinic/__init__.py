@@ -10,7 +10,7 @@ Two rooms:
 
 How the library is laid out. ``probes/`` is the floor: the measurements on a real batch, model or run, and what
 the check-up and the watch share (the ``Finding`` record and its ``DECISIONS`` in ``probes.finding``, the label
-tokens and ``IGNORE_INDEX`` in ``probes.labels``, the ``trl-clinic checkup|watch sft|dpo|reward|grpo`` command
+tokens and ``IGNORE_INDEX`` in ``probes.labels``, the ``trl-clinic checkup|watch sft|dpo|reward|grpo|kto`` command
 shape in ``probes.command``). ``checkup/`` (probes run once on a built trainer) and ``watch/`` (a callback over a
 real run, with its ``WatchConfig`` and the catalogue of what it says) are siblings on that floor: neither imports
 the other, ``probes/`` imports neither, and none of the three imports the course. ``tests/test_rooms.py`` reads

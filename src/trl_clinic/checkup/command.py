@@ -1,4 +1,4 @@
-"""``trl-clinic checkup sft|dpo|reward|grpo``: TRL's own script builds the trainer, the check-up examines it.
+"""``trl-clinic checkup sft|dpo|reward|grpo|kto``: TRL's own script builds the trainer, the check-up examines it.
 
 The command's shape is the one the watch shares (``trl_clinic.probes.command``): the arguments after the
 trainer kind are those of ``trl sft``, parsed by the script's own ``make_parser``, and the script's own
@@ -152,7 +152,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         handle,
         "the TRL script whose trainer is checked",
         add_help=False,
-        help="run the lessons' probes on the trainer `trl sft|dpo|reward|grpo` would build; "
+        help="run the lessons' probes on the trainer `trl sft|dpo|reward|grpo|kto` would build; "
         "exit 1 on a fail, 3 on an error",
         description=__doc__.split("\n\n")[0] + "\n\nexample: trl-clinic checkup sft --config recipe.yaml --json\n"
         "(`trl-clinic checkup sft --help` lists TRL's own arguments)",

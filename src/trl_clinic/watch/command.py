@@ -1,4 +1,4 @@
-"""``trl-clinic watch sft|dpo|reward|grpo``: TRL's own script trains, for real, with ``ClinicWatch`` added.
+"""``trl-clinic watch sft|dpo|reward|grpo|kto``: TRL's own script trains, for real, with ``ClinicWatch`` added.
 
 The command's shape is the one the check-up shares (``trl_clinic.probes.command``): the arguments after the
 trainer kind are those of ``trl sft`` (a ``--config`` YAML, or flags), parsed by the script's own
@@ -88,7 +88,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         handle,
         "the TRL script to run",
         epilog=explain(),
-        help="train with `trl sft|dpo|reward|grpo` and the watch on; exit 1 when it finds something",
+        help="train with `trl sft|dpo|reward|grpo|kto` and the watch on; exit 1 when it finds something",
         description=__doc__.split("\n\n")[0] + "\n\nexample: trl-clinic watch sft --config recipe.yaml "
         "--stop-on nonfinite --report watch.html\n(`trl-clinic watch sft --help` lists TRL's own arguments)",
     )
