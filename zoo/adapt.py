@@ -287,6 +287,15 @@ def adapt(name: str, out: Path, twin: str | None = None, seed: int = 0, processe
     if launch["processes"] != processes:
         change("num_processes", launch["processes"], processes, "cpu")
     launch["processes"] = processes
+    # accelerate 1.15's FSDP plugin puts every parameter on the current accelerator to sync module states (and
+    # efficient loading turns that on): "There are currently no available devices found" on a CPU
+    fsdp = dict((launch_settings or {}).get("fsdp_config") or {})
+    for key in ("fsdp_cpu_ram_efficient_loading", "fsdp_sync_module_states"):
+        if launch["engine"] == "fsdp" and processes > 1 and fsdp.get(key):
+            change(key, True, False, "cpu", "accelerate syncs module states on an accelerator device")
+            fsdp[key] = False
+    if fsdp:
+        launch_settings = {**launch_settings, "fsdp_config": fsdp}
     if kind == "grpo":
         keep_generation_batch(
             config, known, launch_processes=recipe["launch"].get("processes"), here=processes, change=change

@@ -258,7 +258,7 @@ def main() -> None:
             for probe in twins.applicable(adapt.load(name)):
                 twin = check(adapt.adapt(name, folder.with_name(folder.name + f"--{probe}"), twin=probe))
                 record(twin)
-                print(f"  twin {probe}: {twin.verdicts.get(probe)}", flush=True)
+                print(f"  twin {probe}: {twin.verdicts.get(twins.TWINS[probe].probe)}", flush=True)
     if options.table:
         options.table.write_text(table(records))
 

@@ -47,7 +47,9 @@ from trl_clinic.checkup.view import TrainerView
 from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.labels import IGNORE_INDEX, targets
 
-TOLERANCE = {"full": 1e-3, "half": 5e-2}  # relative gradient error; lesson 02 measures <= 4e-7 fixed, >= 0.42 buggy
+# relative gradient error. fp32: lesson 02 measures <= 4e-7 fixed, >= 0.42 buggy. 16 bits: the zoo's healthy windows
+# measured 0 to 0.0099 (bf16 and fp16, accumulation 2 to 8, every recipe), its smallest broken twin 0.044 (docs/zoo.md)
+TOLERANCE = {"full": 1e-3, "half": 2e-2}
 
 
 def _rows(batch: dict) -> int:

@@ -99,6 +99,23 @@ def group_rewards(view: TrainerView) -> list[list[float]]:
     return total.view(len(rows), args.num_generations).tolist()
 
 
+def generated(trainer, rows: list[dict]) -> dict:
+    """TRL's own ``_generate_and_score_completions`` on ``rows`` (TRL >= 0.16). Under ZeRO-3 the check-up has gathered
+    the weights already (``checkup.sharded.gathered``), and TRL's own gather for generation
+    (``unwrap_model_for_generation``, ``ds3_gather_for_generation``) would nest inside it, which DeepSpeed refuses
+    ("Nested GatheredParameters contexts cannot overlap parameters"): TRL is told not to gather while it runs here, and
+    the setting is put back."""
+    args = trainer.args
+    own = getattr(args, "ds3_gather_for_generation", None)
+    if own is not None:
+        args.ds3_gather_for_generation = False
+    try:
+        return trainer._generate_and_score_completions(rows)
+    finally:
+        if own is not None:
+            args.ds3_gather_for_generation = own
+
+
 def trl_groups(view: TrainerView) -> tuple[list[bool], float | None]:
     """Whether each group's completions got equal rewards, and the share of completions cut at
     ``max_completion_length``, from one call of TRL's own ``_generate_and_score_completions`` (TRL >= 0.16)
@@ -115,7 +132,7 @@ def trl_groups(view: TrainerView) -> tuple[list[bool], float | None]:
     rows = [row for row in prompts for _ in range(generations)]
     view.model.train()  # the mode the training loop generates in
     with window(trainer, args.gradient_accumulation_steps):
-        output = trainer._generate_and_score_completions(rows)
+        output = generated(trainer, rows)
     groups = output["advantages"].detach().reshape(-1, generations)
     equal = (groups.abs().amax(dim=1) == 0).tolist()
     clipped = trainer._metrics["train"].get("completions/clipped_ratio") or [None]

@@ -17,7 +17,7 @@ import traceback
 import torch
 
 from trl_clinic.checkup.engine import Skip, probe
-from trl_clinic.checkup.grpo import refused_keyword
+from trl_clinic.checkup.grpo import generated, refused_keyword
 from trl_clinic.checkup.known_bugs import Facts, matching
 from trl_clinic.checkup.step import window
 from trl_clinic.checkup.view import TrainerView
@@ -76,7 +76,7 @@ def _steps(view: TrainerView) -> list[tuple[str, callable]]:
 
         def grpo_loss():
             if hasattr(trainer, "_generate_and_score_completions"):  # trl >= 0.16
-                inputs = trainer._generate_and_score_completions(rows)
+                inputs = generated(trainer, rows)
             else:  # 0.15 generates in _prepare_inputs, 0.14 in compute_loss
                 inputs = trainer._prepare_inputs(rows)
             trainer.compute_loss(model, inputs)
