@@ -84,7 +84,7 @@ def test_a_finding_of_one_process_is_printed_once_and_summarised(tmp_path):
     assert "[trl-clinic watch]" not in other  # the process that saw it prints nothing itself
 
 
-@pytest.mark.parametrize("masked", [MASKED, -1])
+@pytest.mark.parametrize("masked", [MASKED, pytest.param(-1, marks=pytest.mark.slow)])  # healthy: the DDP test below
 def test_the_checkup_in_two_processes_gives_the_one_process_verdict(tmp_path, masked):
     two, _ = launched(tmp_path, "checkup", str(masked))
     one, _ = launched(tmp_path, "checkup", str(masked), processes=1)
