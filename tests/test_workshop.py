@@ -131,6 +131,32 @@ def test_preflight_says_each_part_in_one_line_and_fails_on_an_era_that_did_not_r
     assert "trl_clinic.course.eras &&" in recipe and "trl_clinic.course.preflight --started" in recipe
 
 
+def test_preflight_says_what_it_runs_and_a_line_as_each_lesson_ends(tmp_path, monkeypatch, capsys):
+    """A room waits minutes on make preflight: it names its lessons first, then prints each as it ends (the same
+    line as trl-clinic run), then the line to paste."""
+    from trl_clinic.course import preflight
+    from trl_clinic.course.workbook import LessonResult
+
+    def run_lessons(lessons, out, parameters, jobs, progress_bar, on_done):
+        results = [LessonResult(path.stem, "error", 1.0, path.name, error="RuntimeError: stub") for path in lessons]
+        for result in results:
+            on_done(result)
+        return results
+
+    monkeypatch.setattr(preflight, "run_lessons", run_lessons)
+    assert preflight.main(["--out", str(tmp_path), "--notebooks", str(ROOT / "notebooks")]) == 1
+    lines = [line for line in capsys.readouterr().out.splitlines() if line]
+    assert lines[0].startswith("preflight: lessons 04, 02b, 05 on the cpu profile, ")
+    assert lines[0].endswith(" at once; a line as each ends")
+    ended = [line for line in lines if ": error in 1 s" in line]
+    assert sorted(ended) == [
+        f"{name}: error in 1 s" for name in ("02b_gradient_accumulation_ddp", "04_qwen2_padding_side", "05_grpo_sigfpe")
+    ]
+    assert lines.index(ended[-1]) < lines.index(
+        next(line for line in lines if line.startswith("TRL Clinic preflight: FAILED"))
+    )
+
+
 def test_a_wheelhouse_sends_pip_and_uv_to_that_folder_with_the_network_off(tmp_path):
     shown = make_in(
         tmp_path,

@@ -50,30 +50,13 @@ def _writable_out(value: Path) -> Path:
     return out
 
 
-def _said(result) -> None:
-    """One line per lesson as it ends: time, GPU use, and the verdict."""
-    verdict = (
-        ""
-        if result.symptom_reproduced is None
-        else (f" (symptom reproduced: {result.symptom_reproduced}, fix verified: {result.fix_verified})")
-    )
-    gpu = result.gpu or {}
-    busy = (
-        ""
-        if gpu.get("peak_gpu_memory_mib") is None
-        else f", GPU peak {gpu['peak_gpu_memory_mib']:.0f} MiB, {gpu['mean_gpu_utilisation_pct']:.0f} % busy"
-    )
-    print(f"{result.lesson}: {result.status} in {result.seconds:.0f} s{busy}{verdict}", flush=True)
-    if result.error:
-        print(f"  {result.error.splitlines()[0][:300]}", flush=True)
-
-
 def _run(args: argparse.Namespace) -> int:
     from trl_clinic.course.workbook import (
         check_parameters,
         default_jobs,
         find_lessons,
         run_lessons,
+        said,
         select,
         write_summary,
     )
@@ -88,7 +71,7 @@ def _run(args: argparse.Namespace) -> int:
     jobs = min(args.jobs or default_jobs(args.profile), len(lessons))
     print(f"== {', '.join(lessons)}" + (f" ({jobs} at once, one process each)" if jobs > 1 else ""), flush=True)
     results = run_lessons(
-        list(lessons.values()), args.out, parameters, jobs=jobs, progress_bar=not args.no_progress, on_done=_said
+        list(lessons.values()), args.out, parameters, jobs=jobs, progress_bar=not args.no_progress, on_done=said
     )
     write_summary(args.out, results, {**parameters, "jobs": jobs})
     print(f"wrote {args.out}", flush=True)

@@ -3,7 +3,8 @@
 ``make preflight`` builds the venv and every era first (from PyPI, or from a shared wheelhouse); this module then
 runs, on the cpu profile, the three cores that use what a laptop can lack: lesson 04's era cell (today's code
 beside transformers 4.51 in its side environment), lesson 02b's two processes (gloo over local sockets) and
-lesson 05's child that dies by a signal. The line says the machine, each of the three, how many eras are
+lesson 05's child that dies by a signal. It names them as it starts and prints a line as each ends (the line of
+``trl-clinic run``): a room waits minutes on it. The last line says the machine, each of the three, how many eras are
 ready, and the time since ``make preflight`` began; the exit status is 1 when anything failed.
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from trl_clinic.course.eras import era_names, era_state
 from trl_clinic.course.results import load_metrics
-from trl_clinic.course.workbook import LessonResult, default_jobs, find_lessons, run_lessons, select
+from trl_clinic.course.workbook import LessonResult, default_jobs, find_lessons, run_lessons, said, select
 
 # what each lesson is here to prove, in the line's words
 PARTS = {
@@ -66,17 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     chosen = select(find_lessons(args.notebooks), list(PARTS), cores_only=True)
     jobs = min(len(PARTS), default_jobs("cpu"))
-    results = run_lessons(list(chosen.values()), out, {"profile": "cpu", "seed": 0}, jobs=jobs, progress_bar=False)
-    said = {key: verdict(key, result, out) for key, result in zip(PARTS, sorted_by_key(results))}
+    print(f"preflight: lessons {', '.join(PARTS)} on the cpu profile, {jobs} at once; a line as each ends", flush=True)
+    results = run_lessons(
+        list(chosen.values()), out, {"profile": "cpu", "seed": 0}, jobs=jobs, progress_bar=False, on_done=said
+    )
+    words = {key: verdict(key, result, out) for key, result in zip(PARTS, sorted_by_key(results))}
     ready = sum(era_state(name)[0] for name in era_names())
-    passed = all(word == "ok" for word in said.values()) and ready == len(era_names())
+    passed = all(word == "ok" for word in words.values()) and ready == len(era_names())
     minutes, seconds = divmod(round(time.time() - started), 60)
     line = " | ".join(
         [
             f"TRL Clinic preflight: {'PASSED' if passed else 'FAILED'}",
             machine(),
             f"eras {ready}/{len(era_names())} ready",
-            *(f"{PARTS[key]}: {word}" for key, word in said.items()),
+            *(f"{PARTS[key]}: {word}" for key, word in words.items()),
             f"{minutes} min {seconds:02d} s",
         ]
     )

@@ -168,6 +168,24 @@ def default_jobs(profile: str) -> int:
     return max(1, os.cpu_count() or 1) if profile == "cpu" else 1
 
 
+def said(result: LessonResult) -> None:
+    """One line per lesson as it ends: time, GPU use, and the verdict."""
+    verdict = (
+        ""
+        if result.symptom_reproduced is None
+        else (f" (symptom reproduced: {result.symptom_reproduced}, fix verified: {result.fix_verified})")
+    )
+    gpu = result.gpu or {}
+    busy = (
+        ""
+        if gpu.get("peak_gpu_memory_mib") is None
+        else f", GPU peak {gpu['peak_gpu_memory_mib']:.0f} MiB, {gpu['mean_gpu_utilisation_pct']:.0f} % busy"
+    )
+    print(f"{result.lesson}: {result.status} in {result.seconds:.0f} s{busy}{verdict}", flush=True)
+    if result.error:
+        print(f"  {result.error.splitlines()[0][:300]}", flush=True)
+
+
 def run_lessons(
     lessons: list[Path],
     out: Path,
