@@ -106,15 +106,23 @@ def main() -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+def end() -> None:
+    """What a careful script does at its end: collect what reference cycles hold, then end the group on every process
+    (PyTorch's distributed docs, "Shutdown"). Without it gloo can abort the process at exit, "terminate called without
+    an active exception", with no watch in the script (pytorch/pytorch#190489, read 2026-12-02: a plain gloo
+    all_gather, no destroy_process_group); a ZeRO-3 launch of sft.py did so once in make test. With ``BARE_EXIT=1``
+    the script ends as users write theirs (tests/test_watch_processes.py's exit test)."""
+    if os.environ.get("BARE_EXIT"):
+        return
+    import gc
+
+    import torch.distributed
+
+    gc.collect()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 if __name__ == "__main__":
     main()
-    if not os.environ.get("BARE_EXIT"):
-        import gc
-
-        import torch.distributed
-
-        # what a careful script does at its end: collect what reference cycles hold, then end the group on every
-        # process (tests/test_watch_processes.py launches the script without it, BARE_EXIT, as users write theirs)
-        gc.collect()
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    end()

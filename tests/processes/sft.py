@@ -114,4 +114,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from run import end  # this folder's run.py: the same end as every launched script here
+
     main()
+    end()
