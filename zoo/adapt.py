@@ -289,12 +289,12 @@ def adapt(name: str, out: Path, twin: str | None = None, seed: int = 0, processe
     launch["processes"] = processes
     # accelerate 1.15's FSDP plugin puts every parameter on the current accelerator to sync module states (and
     # efficient loading turns that on): "There are currently no available devices found" on a CPU
-    fsdp = dict((launch_settings or {}).get("fsdp_config") or {})
-    for key in ("fsdp_cpu_ram_efficient_loading", "fsdp_sync_module_states"):
-        if launch["engine"] == "fsdp" and processes > 1 and fsdp.get(key):
-            change(key, True, False, "cpu", "accelerate syncs module states on an accelerator device")
-            fsdp[key] = False
-    if fsdp:
+    if launch["engine"] == "fsdp" and processes > 1 and (launch_settings or {}).get("fsdp_config"):
+        fsdp = dict(launch_settings["fsdp_config"])
+        for key in ("fsdp_cpu_ram_efficient_loading", "fsdp_sync_module_states"):
+            if fsdp.get(key):
+                change(key, True, False, "cpu", "accelerate syncs module states on an accelerator device")
+                fsdp[key] = False
         launch_settings = {**launch_settings, "fsdp_config": fsdp}
     if kind == "grpo":
         keep_generation_batch(

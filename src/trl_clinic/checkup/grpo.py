@@ -105,15 +105,15 @@ def generated(trainer, rows: list[dict]) -> dict:
     (``unwrap_model_for_generation``, ``ds3_gather_for_generation``) would nest inside it, which DeepSpeed refuses
     ("Nested GatheredParameters contexts cannot overlap parameters"): TRL is told not to gather while it runs here, and
     the setting is put back."""
-    args = trainer.args
-    own = getattr(args, "ds3_gather_for_generation", None)
+    settings = vars(trainer.args)  # past a frozen TrainingArguments' __setattr__, as checkup.step.window writes
+    own = settings.get("ds3_gather_for_generation")
     if own is not None:
-        args.ds3_gather_for_generation = False
+        settings["ds3_gather_for_generation"] = False
     try:
         return trainer._generate_and_score_completions(rows)
     finally:
         if own is not None:
-            args.ds3_gather_for_generation = own
+            settings["ds3_gather_for_generation"] = own
 
 
 def trl_groups(view: TrainerView) -> tuple[list[bool], float | None]:
