@@ -29,7 +29,7 @@ OFFLINE_TARGETS := workbook test test-slow seeds executed preflight
 $(OFFLINE_TARGETS): export HF_HUB_OFFLINE := 1
 $(OFFLINE_TARGETS): export HF_DATASETS_OFFLINE := 1
 
-.PHONY: workbook test test-slow seeds browser lab smoke preflight hide-solutions solutions notebooks executed deck clean \
+.PHONY: workbook test test-slow seeds browser lab smoke preflight hide-solutions solutions generated notebooks executed deck clean \
 	eras eras-for-workbook gpu-kit gpu-rehearsal
 
 # The exact versions the lessons measure are requirements-lock.txt, a pinned requirements file of the whole
@@ -73,7 +73,7 @@ workbook: $(STAMP) eras-for-workbook
 # session run they share (the workbook, era 01's scripts) runs once (xdist 3.8's loadgroup ignores its groups
 # on pytest 9.2: its node-id suffix is not read). The workbook runs its lessons one at a time beside the other worker.
 test: $(STAMP) browser
-	$(BIN)/ruff check src tests sources benchmarks tools zoo && $(BIN)/ruff format --check src tests sources benchmarks tools zoo
+	$(BIN)/ruff check src tests benchmarks tools zoo && $(BIN)/ruff format --check src tests benchmarks tools zoo
 	$(BIN)/python -m trl_clinic.course.eras --background --log .eras/test-build.log $(TEST_ERAS)
 	$(BIN)/python -m pytest -v -m "not slow" -n auto --dist loadfile --no-loadscope-reorder --durations=20
 
@@ -116,7 +116,7 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks $(LAB_FLAGS) $(LAB_ARGS)
 
 # A learner's check the day before a workshop (docs/workshop.md): the venv, `trl-clinic doctor`, then the fastest core
-# (by its measured cpu seconds in lessons.yaml) on the cpu profile, into outputs/smoke (which `make clean` removes).
+# (by its measured cpu seconds in its lesson.yaml) on the cpu profile, into outputs/smoke (which `make clean` removes).
 FASTEST_CORE = from trl_clinic.course.lessons import lessons; \
   print(min((l for l in lessons().values() if l.is_core and l.seconds["cpu"]), key=lambda l: l.seconds["cpu"]).key)
 smoke: $(STAMP)
@@ -144,23 +144,21 @@ export UV_FIND_LINKS := $(abspath $(WHEELHOUSE))
 endif
 
 # During a workshop the worked solutions stay out of the learners' notebooks/ until the facilitator opens them:
-# `make hide-solutions` takes notebooks/solutions/ and sources/solutions/ out of the working tree (git's sparse
-# checkout: nothing is deleted, `git status` stays clean), `make solutions` brings them back.
-SOLUTIONS := /notebooks/solutions/ /sources/solutions/
+# `make hide-solutions` takes notebooks/solutions/ and each lesson folder's solution.py out of the working tree (git's
+# sparse checkout: nothing is deleted, `git status` stays clean), `make solutions` brings them back.
+SOLUTIONS := /notebooks/solutions/ /src/trl_clinic/course/lessons/*/solution.py
 hide-solutions:
 	git sparse-checkout set --no-cone '/*' $(addprefix !,$(SOLUTIONS))
 	@echo "solutions hidden; \`make solutions\` brings them back"
 solutions:
 	git sparse-checkout disable
 
-# Each notebook's source is sources/<same path>.py (percent format: cores at the top, deeper/ and solutions/
-# below); this rebuilds notebooks/<same path>.ipynb from it, keeping cell ids (--update) and clearing outputs (a
-# test checks that the two agree and that no output is committed). jupytext.toml pairs the two trees.
-SOURCES = $(shell find sources -name '*.py' | sort)
-notebooks: $(STAMP)
-	@for source in $(SOURCES); do target=notebooks/$${source#sources/}; target=$${target%.py}.ipynb; \
-	  mkdir -p $$(dirname $$target) && $(BIN)/jupytext --quiet --update --to ipynb -o $$target $$source || exit 1; done
-	$(BIN)/jupyter nbconvert --log-level WARN --clear-output --inplace $(patsubst sources/%.py,notebooks/%.ipynb,$(SOURCES))
+# What is made from the lessons' folders (src/trl_clinic/course/lessons/lesson_NN_<topic>/), by one command
+# (trl_clinic.course.generate): notebooks/ from each core.py, deeper.py and solution.py (cell ids kept, outputs
+# cleared), README.md's table of failures and docs/cheatsheet.md's entries from each lesson.yaml and card.md, and the
+# presenter's deck. Tests check that each agrees with its folder and that no notebook carries outputs.
+generated notebooks: $(STAMP)
+	$(BIN)/python -m trl_clinic.course.generate
 
 # Executed copies of every core and deep dive (cpu profile, seed 0) where GitHub renders them, with their
 # outputs and figures: docs/executed/ mirrors notebooks/ (a test checks each copy's code cells against its source).
@@ -170,8 +168,8 @@ executed: $(STAMP) eras-for-workbook
 	$(BIN)/trl-clinic run --profile cpu --seed 0 --out $(EXECUTED_RUN) --no-progress
 	$(BIN)/python -m trl_clinic.course.executed $(EXECUTED_RUN) docs/executed
 
-# The presenter's deck, one slide per core (symptom, mechanism figure, fix, check) from lessons.yaml, the cheat
-# sheet and the executed copies' figures: docs/deck.html, offline in any browser (tests/test_deck.py opens it).
+# The presenter's deck alone, one slide per core (symptom, mechanism figure, fix, check) from each lesson's folder
+# and the executed copies' figures: docs/deck.html, offline in any browser (tests/test_deck.py opens it).
 deck: $(STAMP)
 	$(BIN)/python -m trl_clinic.course.deck
 
@@ -179,8 +177,9 @@ clean:
 	rm -rf $(OUT) outputs
 
 # --- Eras: side environments with the library versions where each bug lived (trl_clinic.course.eras) ---
-# src/trl_clinic/course/eras/requirements/NAME.txt pins one era (package data: a wheel install builds its eras
-# in the cache folder on first use); `make eras` builds each into .eras/NAME/ with uv, once per content of
+# eras/NAME.txt in a lesson's folder pins one era (src/trl_clinic/course/eras/requirements/ holds those no lesson
+# owns; package data: a wheel install builds its eras in the cache folder on first use); `make eras` builds each
+# into .eras/NAME/ with uv, once per content of
 # its file (a stamp holds the file's SHA-256; a failed build leaves none), and reuses it after.
 # ERAS="02-transformers-4.45 04-transformers-4.51" picks some (default: every one).
 # torch==2.13.0 comes from the wheel pip would install (here a local CPU build that uv cannot see).

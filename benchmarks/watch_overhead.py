@@ -87,7 +87,7 @@ class StepClock(TrainerCallback):
 
 
 def cases(tokenizer, out: Path) -> dict:
-    """name -> (what it is, a function building a fresh trainer); sizes from lessons.yaml's cpu profile."""
+    """name -> (what it is, a function building a fresh trainer); sizes from lesson.yaml's cpu profile."""
     from peft import LoraConfig
 
     common = {"logging_steps": 1}

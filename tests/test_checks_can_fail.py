@@ -3,8 +3,9 @@ other run, reports the checks that run breaks as failed, and each threshold sits
 
 The ``checks`` cells of each notebook (tag ``checks``) are read from its percent-format source and run on
 their own, so they can use nothing but the numbers. The numbers of a real cpu run at seed 0 are kept in
-``tests/fixtures/numbers/<key>.json`` (refresh them with ``python tests/fixtures/refresh.py OUT`` after a
-``trl-clinic run --profile cpu --seed 0``). ``tests/mutations/<key>.py`` holds, for that lesson:
+the lesson's folder, ``numbers.json`` and ``numbers_deeper.json`` (refresh them with
+``python tools/refresh_numbers.py OUT`` after a ``trl-clinic run --profile cpu --seed 0``). ``mutations.py``
+(a deep dive's: ``mutations_deeper.py``) in the lesson's folder holds, for that lesson:
 
 * ``OTHER_RUN``: for each group, a function that puts the other run's complete numbers where the group reads
   its own (``"symptom"``: the fixed run's numbers in place of the bad run's; ``"fix"``: the bad run's in place
@@ -27,7 +28,6 @@ import importlib.util
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import jupytext
@@ -37,15 +37,19 @@ from trl_clinic.course.lessons import lessons
 from trl_clinic.course.results import Check, above, below, from_json_safe, injected, measured, recreated
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT / "tests" / "fixtures" / "numbers"
-MUTATIONS_DIR = ROOT / "tests" / "mutations"
-LESSONS = {key: lesson for key, lesson in lessons().items() if (MUTATIONS_DIR / f"{key}.py").exists()}
+LESSONS = lessons()
+
+
+def in_folder(key: str, stem: str, suffix: str) -> Path:
+    """A file of the lesson's folder: ``mutations.py``/``numbers.json`` for a core, ``..._deeper`` for a deep dive."""
+    lesson = LESSONS[key]
+    return lesson.folder / f"{stem}{'' if lesson.is_core else '_deeper'}{suffix}"
 
 
 def lesson_checks(key: str):
     """The notebook's ``checks`` function, defined with nothing but math and the check kinds at hand (the
     cells tagged ``checks``, in order: a long list of claims may span several short cells)."""
-    source = ROOT / "sources" / f"{LESSONS[key].notebook}.py"
+    source = LESSONS[key].source
     cells = [cell for cell in jupytext.read(source).cells if "checks" in cell.metadata.get("tags", [])]
     assert cells, f"{source.name} has no cell tagged 'checks'"
     namespace = {
@@ -66,19 +70,15 @@ def mutations(key: str) -> dict:
 
 
 def table(key: str):
-    """The module tests/mutations/<key>.py: MUTATIONS, and gpu_shape (the cpu numbers in the gpu profile's shape)."""
-    sys.path.insert(0, str(MUTATIONS_DIR))
-    try:
-        spec = importlib.util.spec_from_file_location(f"mutations_{key.replace('-', '_')}", MUTATIONS_DIR / f"{key}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(MUTATIONS_DIR))
-    return module
+    """The lesson folder's mutations module: MUTATIONS, and gpu_shape (the cpu numbers in the gpu profile's shape)."""
+    lesson = LESSONS[key]
+    return importlib.import_module(
+        f"trl_clinic.course.lessons.{lesson.folder.name}.{in_folder(key, 'mutations', '').name}"
+    )
 
 
 def baseline(key: str) -> dict:
-    return from_json_safe(json.loads((FIXTURES / f"{key}.json").read_text()))
+    return from_json_safe(json.loads(in_folder(key, "numbers", ".json").read_text()))
 
 
 def verdict(key: str, numbers: dict) -> dict[str, Check]:
@@ -95,10 +95,10 @@ def named(part, names) -> set[str]:
 
 
 def test_every_lesson_has_its_mutations_and_fixture():
-    """Each notebook in lessons.yaml: a mutation table and the numbers of a real run."""
+    """Each notebook: a mutation table and the numbers of a real run, in its lesson's folder."""
     for key in lessons():
-        assert (MUTATIONS_DIR / f"{key}.py").exists(), f"no tests/mutations/{key}.py"
-        assert (FIXTURES / f"{key}.json").exists(), f"no tests/fixtures/numbers/{key}.json"
+        for path in (in_folder(key, "mutations", ".py"), in_folder(key, "numbers", ".json")):
+            assert path.is_file(), f"lesson {key}: no {path.name} in {path.parent.name}/"
 
 
 @pytest.mark.parametrize("key", LESSONS)
@@ -127,7 +127,9 @@ def is_shared(key: str, name: str) -> bool:
 def test_each_lesson_mutates_whole_runs(key):
     """OTHER_RUN for both groups; one-field mutations only for the checks both runs share, each with a reason."""
     other = getattr(table(key), "OTHER_RUN", None)
-    assert other is not None and set(other) == {"symptom", "fix"}, f"tests/mutations/{key}.py: OTHER_RUN per group"
+    assert other is not None and set(other) == {"symptom", "fix"}, (
+        f"lesson {key}: its mutations module needs OTHER_RUN per group"
+    )
     names = verdict(key, baseline(key))
     for part, reason in shared(key).items():
         assert sum(part in name for name in names) == 1, f"SHARED {part!r} must name exactly one check of {key}"
@@ -218,8 +220,7 @@ def test_every_threshold_sits_between_the_runs_with_the_argued_margin(key):
 @pytest.mark.parametrize("key", LESSONS)
 def test_threshold_checks_are_written_as_comparisons(key):
     """A check that compares a number with a constant is written below()/above(), so its margin is tested."""
-    source = ROOT / "sources" / f"{LESSONS[key].notebook}.py"
-    cells = [cell for cell in jupytext.read(source).cells if "checks" in cell.metadata.get("tags", [])]
+    cells = [cell for cell in jupytext.read(LESSONS[key].source).cells if "checks" in cell.metadata.get("tags", [])]
     bare = []
     for cell in cells:
         for node in ast.walk(ast.parse(cell.source)):
@@ -254,7 +255,7 @@ def test_the_checks_hold_on_numbers_of_the_gpu_shape(key):
     """The gpu sizes have never run on a GPU here, so each notebook's checks are run on the cpu run's
     numbers reshaped to the gpu profile's sizes (longer sweeps, other batch sizes, more steps): a check that
     indexes the cpu shape, or a threshold argued for the cpu sizes only, fails here first."""
-    assert hasattr(table(key), "gpu_shape"), f"tests/mutations/{key}.py has no gpu_shape(numbers, sizes)"
+    assert hasattr(table(key), "gpu_shape"), f"lesson {key}: its mutations module has no gpu_shape(numbers, sizes)"
     gpu = table(key).gpu_shape(copy.deepcopy(baseline(key)), dict(lessons()[key].sizes("gpu")))
     checks = verdict(key, gpu)
     assert all(check.passed for check in checks.values()), [name for name, c in checks.items() if not c.passed]

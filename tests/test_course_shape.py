@@ -1,9 +1,9 @@
 """Every lesson is a short core a learner finishes, and a deep dive that keeps the evidence (CONTRIBUTING.md,
-"A lesson"). Measured on the percent-format sources under ``sources/``, as a learner meets them.
+"A lesson"). Measured on the percent-format sources in each lesson's folder, as a learner meets them.
 
 A core (``notebooks/NN_*.ipynb``):
 * opens in about 120 words or fewer: a title, **You will learn** (3 bullets), **You should know** (one line),
-  **Time** (the measured cpu run from lessons.yaml, 60 s or less, and the working time);
+  **Time** (the measured cpu run from lesson.yaml, 60 s or less, and the working time);
 * shows the symptom as a user meets it by its third code cell (tag ``symptom``), draws the mechanism (tag
   ``mechanism``), gives the fix as the lines a user changes (tag ``fix``), a portable check of 15 lines or
   fewer (tag ``portable-check``) beside the ``checkup`` probe that does the same, and one bad-vs-fixed figure
@@ -12,8 +12,8 @@ A core (``notebooks/NN_*.ipynb``):
   ``exercise``), and a worked-solutions notebook at ``notebooks/solutions/<core>.ipynb``;
 * about 900 words of prose or fewer, 18 code cells or fewer (median about 6 lines, none over 25), about six
   version numbers or fewer in the prose, the hosted install line counted as the project's before-stop hook counts it;
-* calls into its companion (``trl_clinic.course.companions.*``) of eight helpers or fewer, so that the trainer
-  configuration behind each symptom is written in the notebook, not hidden behind a helper;
+* calls into its companion (``companion.py`` in the lesson's folder) of eight helpers or fewer, so that the
+  trainer configuration behind each symptom is written in the notebook, not hidden behind a helper;
 * ends with its checks, introduced in one sentence, collapsed in JupyterLab, and
   ``conclude`` (which says "all checks passed", or that the lesson is incomplete).
 A deep dive (``notebooks/deeper/NN_*.ipynb``) opens with one line on what its core showed (a link to the core),
@@ -50,7 +50,7 @@ VERSION = re.compile(r"\b\d+\.\d+(?:\.\d+)?\b")  # as the project's before-stop 
 
 
 def source(lesson) -> Path:
-    return ROOT / "sources" / f"{lesson.notebook}.py"
+    return lesson.source
 
 
 def cells(lesson):
@@ -119,9 +119,9 @@ def test_the_opening_is_short_and_says_what_you_learn_need_and_spend(key):
     )
     time_line = re.sub(r"\s+", " ", text[text.index("**Time**") :])
     seconds = lesson.seconds["cpu"]
-    assert seconds is not None and seconds <= CORE_SECONDS, f"{lesson.stem}: its cpu run is {seconds} s (lessons.yaml)"
+    assert seconds is not None and seconds <= CORE_SECONDS, f"{lesson.stem}: its cpu run is {seconds} s (lesson.yaml)"
     assert f"{seconds} s" in time_line and "minutes" in time_line, (
-        f"{lesson.stem}: the Time line gives the measured run ({seconds} s, lessons.yaml) and the working time"
+        f"{lesson.stem}: the Time line gives the measured run ({seconds} s, lesson.yaml) and the working time"
     )
 
 
@@ -157,14 +157,19 @@ def test_the_core_is_short(key):
 
 
 COMPANION_HELPERS = 8
-COMPANIONS = "trl_clinic.course.companions"
+LESSONS = "trl_clinic.course.lessons.lesson_"
+
+
+def is_companion(module: str | None) -> bool:
+    """A lesson's companion module: ``trl_clinic.course.lessons.lesson_NN_<topic>.companion`` (or ``_deeper``)."""
+    return (module or "").startswith(LESSONS) and module.rsplit(".", 1)[-1].startswith("companion")
 
 
 def companion_helpers(cells: list[str]) -> list[str]:
     """The companion helpers the code cells use, in order, each once: ``companion.NAME`` on a module imported from
-    ``trl_clinic.course.companions`` (constants in capitals are data, not helpers) and every name imported from one
-    of its modules. A helper used again counts once: the learner reads what it does once, and the arguments that
-    change (07's ``reward_trainer(run, pairs, dtype, name, **user_settings)``) are written at each call."""
+    a lesson's folder (constants in capitals are data, not helpers) and every name imported from a companion. A
+    helper used again counts once: the learner reads what it does once, and the arguments that change
+    (07's ``reward_trainer(run, pairs, dtype, name, **user_settings)``) are written at each call."""
     trees = [
         ast.parse("\n".join(line for line in cell.splitlines() if not line.lstrip().startswith(("%", "!"))))
         for cell in cells
@@ -172,12 +177,16 @@ def companion_helpers(cells: list[str]) -> list[str]:
     nodes = [node for tree in trees for node in ast.walk(tree)]
     modules, names = set(), set()
     for node in nodes:
-        if isinstance(node, ast.ImportFrom) and node.module == COMPANIONS:
-            modules |= {alias.asname or alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(f"{COMPANIONS}."):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith(LESSONS)
+            and not is_companion(node.module)
+        ):
+            modules |= {alias.asname or alias.name for alias in node.names if alias.name.startswith("companion")}
+        elif isinstance(node, ast.ImportFrom) and is_companion(node.module):
             names |= {alias.asname or alias.name for alias in node.names}
         elif isinstance(node, ast.Import):
-            modules |= {alias.asname for alias in node.names if alias.name.startswith(COMPANIONS) and alias.asname}
+            modules |= {alias.asname for alias in node.names if is_companion(alias.name) and alias.asname}
     used = []
     for node in nodes:
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
@@ -201,8 +210,8 @@ def test_a_core_leans_on_few_companion_helpers(key):
 
 def test_the_helper_count_sees_modules_names_and_repeats():
     cells = [
-        "from trl_clinic.course.companions import lesson_01_padding_free as companion\n"
-        "from trl_clinic.course.companions.lesson_03_reward_nan import keep_log\n"
+        "from trl_clinic.course.lessons.lesson_01_padding_free import companion as companion\n"
+        "from trl_clinic.course.lessons.lesson_03_reward_nan.companion import keep_log\n"
         "a = companion.prepare(run, companion.ERA_OLD)\nb = list(map(companion.show_logs, [a]))",
         "%matplotlib inline\nkeep_log(a)\nkeep_log(b)\ncompanion.prepare(run)\nfrom trl_clinic.course import data",
         "data.preference_pairs(4)",

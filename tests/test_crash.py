@@ -99,7 +99,7 @@ def test_bisection_when_nothing_fails_or_the_minimal_fails():
 
 
 def test_walk_config_applies_the_fix_each_error_names_until_accepted():
-    from trl_clinic.course.companions.lesson_05_grpo_crash import walk_config
+    from trl_clinic.course.lessons.lesson_05_grpo_crash.companion import walk_config
 
     def build(config):
         if "old" in config:
@@ -122,7 +122,7 @@ def test_todays_grpo_config_sizes_the_generation_batch_from_batch_and_accumulati
     """The rule lesson 05 prints, read from the installed grpo_config.py and measured: 4 x 4 holds 16 generations."""
     from trl import GRPOConfig
 
-    from trl_clinic.course.companions.lesson_05_grpo_crash import rule_lines
+    from trl_clinic.course.lessons.lesson_05_grpo_crash.companion import rule_lines
 
     lines = rule_lines()
     assert any("generation_batch_size = self.per_device_train_batch_size" in line for line in lines)

@@ -1,4 +1,4 @@
-"""The presenter's deck: one slide per core from lessons.yaml, the cheat sheet and the executed copies' figures,
+"""The presenter's deck: one slide per core from lesson.yaml, the cheat sheet and the executed copies' figures,
 opened offline in a real headless Chromium (Debian's, as the report's and JupyterLab's tests use)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 
 def test_the_committed_deck_is_what_its_sources_make():
-    """docs/deck.html is `make deck`'s output for today's lessons.yaml, cheat sheet and figures."""
+    """docs/deck.html is `make deck`'s output for today's lesson.yaml, cheat sheet and figures."""
     assert (ROOT / deck.DECK).read_text() == deck.deck(ROOT), "run `make deck`"
 
 

@@ -5,9 +5,10 @@ A file of its own so that pytest-xdist (`--dist loadfile`) runs the deep dives o
 """
 
 import pytest
-from test_eras import ROOT, attention_across, era_result, reported_in
+from test_eras import attention_across, era_result, reported_in
 from test_notebooks import NOTEBOOKS, assert_passed, run_workbook
 
+from trl_clinic.course.lessons import lessons
 from trl_clinic.course.workbook import is_deep_dive
 
 DEEP_DIVES = {name: path for name, path in NOTEBOOKS.items() if is_deep_dive(path)}
@@ -33,9 +34,7 @@ def test_the_runner_exits_zero_when_every_deep_dive_passed(deep_dives):
 def test_01_the_deep_dive_s_padding_free_run_on_transformers_4_55(deep_dives):
     """trl 0.21 as SFTTrainer builds it on sdpa: a mask of ones and no position_ids; transformers 4.55 isolates the
     packed sequences only without the cache (use_cache=True turns the block mask off), and the loss still grows."""
-    later = era_result(
-        deep_dives[0] / "01_padding_free_high_loss_deeper" / "then", "then_01_padding_free", "01-transformers-4.55"
-    )
+    later = era_result(deep_dives[0] / "01_padding_free_high_loss_deeper" / "then", "then_01", "01-transformers-4.55")
     assert later["collator"]["attention_mask_all_ones"] and not later["collator"]["has_position_ids"]
     for implementation in ("eager", "sdpa"):
         isolated = later["isolated"][implementation]
@@ -51,9 +50,9 @@ def test_01_the_deep_dive_s_padding_free_run_on_transformers_4_55(deep_dives):
 @pytest.mark.era
 def test_05_the_report_s_grpo_config_is_accepted_and_trains_on_trl_0_14(deep_dives):
     """The deep dive's TRL 0.14.0 run of the report's GRPOConfig as written, which is the core's."""
-    result = era_result(deep_dives[0] / "05_grpo_sigfpe_deeper" / "then", "then_05_grpo_config", "01-trl-0.14")
+    result = era_result(deep_dives[0] / "05_grpo_sigfpe_deeper" / "then", "then_05", "01-trl-0.14")
     assert result["era_versions"]["trl"] == "0.14.0"
-    assert result["reported"] == reported_in(ROOT / "sources" / "05_grpo_sigfpe.py")
+    assert result["reported"] == reported_in(lessons()["05"].source)
     assert result["config_accepted_as_written"] is True and result["error"] is None
     assert result["config_as_read"]["num_generations"] == 16
     assert result["optimizer_steps"] == 1

@@ -25,6 +25,7 @@ import pytest
 
 from trl_clinic.course import eras
 from trl_clinic.course.eras import build as eras_build
+from trl_clinic.course.lessons import lessons
 from trl_clinic.course.paths import repo_root
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +63,7 @@ def era_result(folder: Path, script: str, era: str) -> dict:
 
 
 def attention_across(result: dict, case: str) -> int:
-    """then_01_padding_free's attention pattern for ``case``: how many allowed (query, key) entries of the packed row
+    """Lesson 01's era script's attention pattern for ``case``: how many allowed (query, key) entries of the packed row
     join two different sequences (0 when the mask is block-diagonal)."""
     owner = [i for i, n in enumerate(result["mask_lengths"]) for _ in range(n)]
     pattern = result["attention_pattern"][case]
@@ -71,7 +72,7 @@ def attention_across(result: dict, case: str) -> int:
 
 # --- the era files ----------------------------------------------------------------------------------
 
-ERA_FILES = sorted(eras.requirements_dir().glob("*.txt"))
+ERA_FILES = sorted(eras.requirements_files().values())
 
 
 def test_the_issue_s_eras_are_defined():
@@ -95,8 +96,8 @@ def test_an_era_pins_torch_and_the_four_libraries_and_says_who_uses_it(path):
     assert pins.get("torch") == "2.13.0"
     assert set(LIBRARIES) <= set(pins), f"{path.name} must pin {', '.join(LIBRARIES)}"
     header = " ".join(line for line in lines if line.startswith("#"))
-    # a lesson's era names its lesson and then_ script; an era of the check-up alone names its era test's script
-    used = (re.search(r"[Ll]esson", header) and "then_" in header) or "checkup_eras/run.py" in header
+    # a lesson's era names its lesson and era script (then.py); an era of the check-up alone names its test's script
+    used = (re.search(r"[Ll]esson", header) and "then.py" in header) or "checkup_eras/run.py" in header
     assert used, f"{path.name}: say which lesson and script use it"
 
 
@@ -120,9 +121,10 @@ def test_the_eras_module_imports_without_torch():
 def test_era_scripts_ship_with_the_package_and_do_not_import_trl_clinic():
     from setuptools import find_packages
 
-    assert "trl_clinic.course.then" in find_packages(ROOT / "src")
-    scripts = sorted(eras.THEN_DIR.glob("then_*.py"))
-    assert {"then_02_accumulation", "then_04_padding_side"} <= {path.stem for path in scripts}
+    packages = find_packages(ROOT / "src")
+    scripts = sorted(Path(lessons()["01"].folder).parent.glob("lesson_*/then.py"))
+    assert {"lesson_02_accumulation", "lesson_04_padding_side"} <= {path.parent.name for path in scripts}
+    assert all(f"trl_clinic.course.lessons.{path.parent.name}" in packages for path in scripts)
     for path in scripts:
         source = path.read_text()
         assert not re.search(r"^\s*(from|import) trl_clinic", source, re.M), f"{path.name} imports trl_clinic"
@@ -237,11 +239,11 @@ def test_the_local_torch_wheel_is_found_inside_a_jupyter_kernel_too(monkeypatch)
 
 
 def test_a_missing_era_is_skipped_with_the_make_command_and_never_raises(fake_root, tmp_path):
-    run = eras.run_in_era("99-test", "then_02_accumulation", {}, tmp_path / "work", root=fake_root)
+    run = eras.run_in_era("99-test", "then_02", {}, tmp_path / "work", root=fake_root)
     assert run.status == "skipped" and run.skipped and not run.finished
     assert run.message == "skipped: era 99-test is not installed, run `make eras`"
     assert run.result is None and run.to_metrics()["status"] == "skipped"
-    unknown = eras.run_in_era("no-such-era", "then_02_accumulation", {}, tmp_path / "work", root=fake_root)
+    unknown = eras.run_in_era("no-such-era", "then_02", {}, tmp_path / "work", root=fake_root)
     assert unknown.skipped and "not defined" in unknown.message
 
 
@@ -259,7 +261,8 @@ def wheel_install(tmp_path, monkeypatch):
     uv.write_text(FAKE_UV.format(python=sys.executable))
     uv.chmod(uv.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setattr(paths, "checkout", lambda: None)
-    monkeypatch.setattr(spec, "PACKAGED", packaged)
+    monkeypatch.setattr(spec, "SHARED", packaged)
+    monkeypatch.setattr(spec, "LESSONS", tmp_path / "no-lessons")
     monkeypatch.setattr(eras_build, "uv_command", lambda: [str(uv)])
     monkeypatch.setattr(eras_build, "local_torch_links", lambda version: None)
     monkeypatch.setattr(eras_build, "PROBE_IMPORTS", ("json",))
@@ -290,7 +293,7 @@ def test_outside_a_checkout_an_era_that_cannot_be_built_is_skipped_with_what_the
     text even inside a Jupyter kernel (ipykernel sets FORCE_COLOR=1, and uv then colours its errors)."""
     monkeypatch.setenv("FORCE_COLOR", "1")
     (wheel_install / "package" / "99-test.txt").write_text("# test era\nFAIL\n")
-    run = eras.run_in_era("99-test", "then_02_accumulation", {}, wheel_install / "work")
+    run = eras.run_in_era("99-test", "then_02", {}, wheel_install / "work")
     assert run.skipped and run.message.startswith("skipped: era 99-test could not be built here: uv pip install failed")
     assert run.message.endswith("error: no such release") and "\x1b" not in run.message
     assert "make eras" not in run.message and eras.era_python("99-test") is None
@@ -377,7 +380,7 @@ def test_02_accumulation_on_transformers_4_45_and_today_s_recreation_agree(tmp_p
     from trl_clinic.course import handshake
 
     spec = handshake.accumulation_spec(tmp_path)
-    run = eras.run_in_era("02-transformers-4.45", "then_02_accumulation", spec, tmp_path)
+    run = eras.run_in_era("02-transformers-4.45", "then_02", spec, tmp_path)
     assert run.finished, f"{run.message}\n{run.stderr}"
     result = run.result
     assert result["era_versions"]["transformers"] == "4.45.2" and result["era_versions"]["trl"] == "0.11.4"
@@ -396,9 +399,9 @@ def test_02_accumulation_on_transformers_4_45_and_today_s_recreation_agree(tmp_p
 
 
 def then_04(era: str, versions: tuple[str, str], tmp_path: Path) -> dict:
-    """then_04_padding_side's result in one of lesson 04's eras, after checking the era's versions."""
+    """Lesson 04's era script's result in one of its eras, after checking the era's versions."""
     need_era(era)
-    run = eras.run_in_era(era, "then_04_padding_side", {}, tmp_path)
+    run = eras.run_in_era(era, "then_04", {}, tmp_path)
     assert run.finished, f"{run.message}\n{run.stderr}"
     assert (run.result["era_versions"]["transformers"], run.result["era_versions"]["trl"]) == versions
     return run.result
@@ -462,7 +465,7 @@ def test_04_a_right_padded_forward_with_the_cache_raises_the_same_error_on_trans
 def test_04_an_unexpected_error_is_never_counted_as_past_the_check():
     """Only the guard's ValueError, the missing flash kernel's NameError or no error at all are recognised;
     anything else (a NameError of another name, a TypeError) is ``other``, never a run that got past the guard."""
-    spec = importlib.util.spec_from_file_location("then_04", eras.THEN_DIR / "then_04_padding_side.py")
+    spec = importlib.util.spec_from_file_location("then_04", eras.then_script("then_04"))
     then = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(then)
 
@@ -495,12 +498,12 @@ def reported_in(source: Path) -> dict:
 
 
 def lesson_05_reported() -> dict:
-    return reported_in(ROOT / "sources" / "05_grpo_sigfpe.py")
+    return reported_in(lessons()["05"].source)
 
 
 def test_05_the_deep_dive_quotes_the_same_config_as_the_core():
     """The era runs the core's ``reported``; the deep dive walks its own copy through today's TRL: the same."""
-    assert reported_in(ROOT / "sources" / "deeper" / "05_grpo_sigfpe_deeper.py") == lesson_05_reported()
+    assert reported_in(lessons()["05-deeper"].source) == lesson_05_reported()
 
 
 BACKGROUND_MAIN = textwrap.dedent("""\
@@ -545,7 +548,7 @@ def test_every_re_creation_inside_an_era_is_named_in_stand_ins_and_labelled_wher
 
     for name, sentence in IN_ERAS.items():
         script, function = name.split(".")
-        spec = importlib.util.spec_from_file_location(script, eras.THEN_DIR / f"{script}.py")
+        spec = importlib.util.spec_from_file_location(script, eras.then_script(script))
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         assert sentence.startswith("RE-CREATED") and "RE-CREATED" in getattr(module, function).__doc__

@@ -156,7 +156,7 @@ def test_lesson_02s_gpu_model_loads_and_takes_an_accumulated_step_on_cpu(smollm2
 def test_lesson_02s_gpu_core_model_shows_the_bug_and_the_fix_on_cpu(tmp_path):
     """Lesson 02's core on the gpu profile builds Qwen2.5-VL at the "small" shape: the class still declares no loss
     kwargs there, batch 1 x 2 misses batch 2 on a short and a long answer, and the core's one-line fix matches it."""
-    from trl_clinic.course.companions.lesson_02_accumulation import FirstStep, vision_language_model_maker
+    from trl_clinic.course.lessons.lesson_02_accumulation.companion import FirstStep, vision_language_model_maker
 
     gpu_sizes = find_lesson("02").sizes("gpu")
     make_model, tokenizer = vision_language_model_maker(gpu_sizes.model_size)
@@ -174,8 +174,8 @@ def test_lesson_03s_gpu_reward_model_goes_non_finite_in_fp16_and_not_in_float32(
     passage: its tokenizer, its head, and one step of the report's non-fused AdamW, tried on CPU (batch 1 x
     accumulation 2 and no passage for the step, or fp16 on a CPU takes tens of seconds): the fp16 head goes
     non-finite, the float32 one does not."""
-    from trl_clinic.course.companions.lesson_03_reward_nan import preference_data, reward_trainer
     from trl_clinic.course.lessons import Sizes
+    from trl_clinic.course.lessons.lesson_03_reward_nan.companion import preference_data, reward_trainer
 
     run = start_run("03", "cpu", 0, tmp_path / "out")
     gpu_sizes = find_lesson("03").sizes("gpu")

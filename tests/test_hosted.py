@@ -25,7 +25,7 @@ ERA = "01-trl-0.14"
 
 def test_every_lesson_s_first_cell_and_the_readme_say_what_pyproject_says():
     """`python -m trl_clinic.course.hosted` has been run for the current [project.urls] (and `make notebooks`)."""
-    for path in hosted.lesson_sources(ROOT):
+    for path in hosted.lesson_sources():
         text = path.read_text()
         assert hosted.with_install_line(text, ROOT) == text, f"{path.name}: run python -m trl_clinic.course.hosted"
     for lesson in lessons().values():

@@ -7,7 +7,7 @@ folder is the copy's ``outputs/<notebook>`` and the real checkout stays untouche
 ``src`` comes first on the kernel's PYTHONPATH: the kernel runs the copied package, not the editable
 install's.
 
-The fastest lesson (by its measured cpu time in lessons.yaml) runs in ``make test``: once from the
+The fastest lesson (by its measured cpu time in lesson.yaml) runs in ``make test``: once from the
 repository root, and once through JupyterLab's own UI in headless Chromium (the kernel in the
 notebook's folder, as a learner runs it). Every lesson runs from its own folder in ``make test-slow``
 (marker ``slow``).
@@ -36,7 +36,7 @@ from trl_clinic.course.lessons import lessons
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = {lesson.stem: Path("notebooks") / f"{lesson.notebook}.ipynb" for lesson in lessons().values()}
-# the core with the shortest measured cpu time (lessons.yaml), so the learner's path costs least in `make test`
+# the core with the shortest measured cpu time (lesson.yaml), so the learner's path costs least in `make test`
 FASTEST = min(
     (lesson for lesson in lessons().values() if lesson.is_core), key=lambda lesson: lesson.seconds["cpu"]
 ).stem

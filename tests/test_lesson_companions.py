@@ -9,18 +9,20 @@ from pathlib import Path
 
 import pytest
 
-SOURCES = Path(__file__).resolve().parents[1] / "sources"
-COMPANIONS = "trl_clinic.course.companions"
+from trl_clinic.course.lessons import text_sources
+
+LESSONS = "trl_clinic.course.lessons"
 
 
 def companion_names(source: Path) -> set[tuple[str, str]]:
     """(companion module, name) for every ``alias.name`` a lesson's source reads from a companion it imports."""
     tree = ast.parse(source.read_text())
     aliases = {
-        alias.asname or alias.name: f"{COMPANIONS}.{alias.name}"
+        alias.asname or alias.name: f"{node.module}.{alias.name}"
         for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module == COMPANIONS
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(f"{LESSONS}.lesson_")
         for alias in node.names
+        if alias.name.startswith("companion")
     }
     return {
         (aliases[node.value.id], node.attr)
@@ -29,7 +31,7 @@ def companion_names(source: Path) -> set[tuple[str, str]]:
     }
 
 
-@pytest.mark.parametrize("source", sorted(SOURCES.rglob("*.py")), ids=lambda path: str(path.relative_to(SOURCES)))
+@pytest.mark.parametrize("source", text_sources(), ids=lambda path: f"{path.parent.name}/{path.name}")
 def test_every_companion_name_a_lesson_uses_exists(source):
     missing = sorted(
         f"{module}.{name}"
@@ -41,13 +43,13 @@ def test_every_companion_name_a_lesson_uses_exists(source):
 
 def test_a_source_that_calls_a_lost_name_is_caught(tmp_path):
     lesson = tmp_path / "lesson.py"
-    lesson.write_text("from trl_clinic.course.companions import padding_side as companion\ncompanion.nowhere()\n")
-    assert companion_names(lesson) == {(f"{COMPANIONS}.padding_side", "nowhere")}
+    lesson.write_text(f"from {LESSONS}.lesson_09_topic import companion as topic\ntopic.nowhere()\n")
+    assert companion_names(lesson) == {(f"{LESSONS}.lesson_09_topic.companion", "nowhere")}
 
 
 def test_the_command_runs_without_an_installed_script(monkeypatch, tmp_path):
     """On the GPU machine the package runs from its source on PYTHONPATH: no console script beside the Python."""
-    from trl_clinic.course.companions import lesson_06_checkup_tour as checkup_tour
+    from trl_clinic.course.lessons.lesson_06_checkup_tour import companion as checkup_tour
 
     python = tmp_path / "bin" / "python"  # outside the venv: its packages come from PYTHONPATH, as there
     python.parent.mkdir()

@@ -1,4 +1,5 @@
-"""The lesson table (lessons.yaml): complete, consistent, and sized for what each lesson's checks assume.
+"""The lesson table (each folder's lesson.yaml, and profiles.yaml): complete, consistent, and sized for what each
+lesson's checks assume.
 
 The gpu profile has rarely run on a GPU, so what its sizes must satisfy is checked here, on any machine.
 """
@@ -14,7 +15,7 @@ SHAPES = [(key, profile) for key in TABLE for profile in CONCRETE_PROFILES]
 
 
 def test_every_notebook_has_a_lesson_entry_and_back(notebooks):
-    """lessons.yaml puts each deep dive after its core; the runner lists the cores first, then the deep dives."""
+    """Each deep dive comes after its core; the runner lists the cores first, then the deep dives."""
     assert sorted(lesson.stem for lesson in TABLE.values()) == sorted(notebooks)
     cores = [lesson.stem for lesson in TABLE.values() if lesson.is_core]
     assert list(notebooks)[: len(cores)] == cores

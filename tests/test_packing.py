@@ -1,5 +1,5 @@
 from trl_clinic.course import data
-from trl_clinic.course.companions.lesson_01_padding_free import FAMILY_CONFIGS, family_probe
+from trl_clinic.course.lessons.lesson_01_padding_free.companion import FAMILY_CONFIGS, family_probe
 from trl_clinic.course.models import make_causal_lm
 from trl_clinic.probes.packing import pack, packed_vs_separate
 

@@ -1,7 +1,7 @@
 """Every core's exercises have worked solutions, as a runnable notebook at the lesson's own sizes, and every
 solution still gives the answer it claims.
 
-A core's solutions live in ``notebooks/solutions/<core>.ipynb`` (source: ``sources/solutions/<core>.py``): a
+A core's solutions live in ``notebooks/solutions/<core>.ipynb`` (source: ``solution.py`` in the lesson's folder): a
 ``parameters`` cell as the lessons have, then one section per numbered exercise (``## Exercise N``), each ending
 with an assertion of the claim its answer makes. Papermill runs them here on the cpu profile, as a learner would.
 """
@@ -13,7 +13,7 @@ import jupytext
 import papermill
 import pytest
 
-from trl_clinic.course.lessons import lessons
+from trl_clinic.course.lessons import SOLUTION, lessons
 
 ROOT = Path(__file__).resolve().parents[1]
 CORES = {key: lesson for key, lesson in lessons().items() if lesson.is_core}
@@ -22,14 +22,14 @@ CORES = {key: lesson for key, lesson in lessons().items() if lesson.is_core}
 def exercise_count(lesson) -> int:
     [cell] = [
         cell.source
-        for cell in jupytext.read(ROOT / "sources" / f"{lesson.notebook}.py").cells
+        for cell in jupytext.read(lesson.source).cells
         if cell.cell_type == "markdown" and re.search(r"^#+ .*Exercises", cell.source, re.M)
     ]
     return len(re.findall(r"^\d+\. ", cell, re.M))
 
 
 def solution_source(lesson) -> Path:
-    return ROOT / "sources" / "solutions" / f"{lesson.stem}.py"
+    return lesson.folder / SOLUTION
 
 
 @pytest.mark.parametrize("key", CORES)

@@ -1,6 +1,6 @@
 """Ready for a workshop: `make lab` starts at once, as root too, with the eras building beside it (a room
 of learners must not wait a minute for five side environments), and the facilitator's guide covers every
-lesson with the run times measured for it (lessons.yaml)."""
+lesson with the run times measured for it (lesson.yaml)."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_the_facilitators_guide_covers_every_lesson_with_its_measured_time():
         section = section[: section.find("\n### ", 1) if "\n### " in section[1:] else len(section)]
         measured = lesson.seconds["cpu"]
         assert re.search(rf"\bcpu[^\n]*\b{measured} s\b", section), (
-            f"lesson {key}: docs/workshop.md must give the measured cpu run time ({measured} s, lessons.yaml)"
+            f"lesson {key}: docs/workshop.md must give the measured cpu run time ({measured} s, lesson.yaml)"
         )
         for part in ("Objectives", "Prerequisites", "Reading time", "Discussion", "Where learners get stuck"):
             assert part in section, f"lesson {key}: docs/workshop.md has no {part!r}"
@@ -171,15 +171,16 @@ def test_a_wheelhouse_sends_pip_and_uv_to_that_folder_with_the_network_off(tmp_p
 
 def test_solutions_leave_the_learners_tree_and_come_back(tmp_path):
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
-    for path in ("notebooks/01.ipynb", "notebooks/solutions/01.ipynb", "sources/01.py", "sources/solutions/01.py"):
+    lesson = "src/trl_clinic/course/lessons/lesson_01_topic"
+    for path in ("notebooks/01.ipynb", "notebooks/solutions/01.ipynb", f"{lesson}/core.py", f"{lesson}/solution.py"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("{}")
     for command in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "a course"]):
         subprocess.run([*git, *command], cwd=tmp_path, check=True)
     hidden = make_in(tmp_path, "hide-solutions")
     assert hidden.returncode == 0, hidden.stderr
-    assert not (tmp_path / "notebooks" / "solutions").exists() and not (tmp_path / "sources" / "solutions").exists()
-    assert (tmp_path / "notebooks" / "01.ipynb").exists() and (tmp_path / "sources" / "01.py").exists()
+    assert not (tmp_path / "notebooks" / "solutions").exists() and not (tmp_path / lesson / "solution.py").exists()
+    assert (tmp_path / "notebooks" / "01.ipynb").exists() and (tmp_path / lesson / "core.py").exists()
     status = subprocess.run(["git", "status", "--porcelain"], cwd=tmp_path, capture_output=True, text=True)
     assert status.stdout == ""  # nothing deleted: the learner's clone stays clean
     assert make_in(tmp_path, "solutions").returncode == 0

@@ -79,7 +79,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    """Each lesson, its parameters, and what every profile will run (from lessons.yaml)."""
+    """Each lesson, its parameters, and what every profile will run (from each lesson's lesson.yaml)."""
     from trl_clinic.course.lessons import CONCRETE_PROFILES, describe_shape, find_lesson
     from trl_clinic.course.workbook import find_lessons, notebook_parameters
 
@@ -119,7 +119,7 @@ def parser() -> argparse.ArgumentParser:
         choices=_Profiles(),
         default="auto",
         metavar="PROFILE",
-        help="a profile of lessons.yaml: auto (gpu when CUDA is present), cpu or gpu",
+        help="a profile of profiles.yaml: auto (gpu when CUDA is present), cpu or gpu",
     )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--out", type=Path, default=Path("workbook-output"))

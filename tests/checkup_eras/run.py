@@ -54,7 +54,7 @@ def model(
     hidden_size: int = 32,
 ):
     """A tiny random model of ``family`` with its weights in ``dtype``; ``fa2_set``: loaded eager, then told it is
-    FlashAttention-2, as lesson 04's era script does on transformers 4.51.3 (``then_04_padding_side.py``: the
+    FlashAttention-2, as lesson 04's era script does on transformers 4.51.3 (``lesson_04_padding_side/then.py``: the
     right-padding guard runs before any kernel); ``reward_head``: a sequence-classification model with one output
     (the ``score`` head a reward model trains) instead of a language model."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig, Qwen2Config

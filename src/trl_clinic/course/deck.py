@@ -1,7 +1,7 @@
 """The presenter's deck: one slide per core (symptom, mechanism figure, fix, check), one HTML file that opens
 offline in any browser (``make deck``, ``docs/deck.html``).
 
-Nothing on a slide is written here: the title and report come from ``lessons.yaml``, the figure named by the
+Nothing on a slide is written here: the title and report come from the lesson's ``lesson.yaml``, the figure named by the
 lesson's ``figure`` key from the executed copies (``docs/executed/figures/<notebook>/``, linked by a relative
 path so the file stays small and the figures stay the measured ones), and the symptom, fix and check from the
 cheat sheet's entry for the lesson (``docs/cheatsheet.md``: its "Seen in the logs", "Fix" and "Check" lines).
@@ -93,7 +93,7 @@ def part(entry: dict[str, str], label: str, key: str) -> str:
 
 def slide(lesson: Lesson, entry: dict[str, str], root: Path) -> str:
     if lesson.figure is None:
-        raise ValueError(f"lessons.yaml: lesson {lesson.key} names no figure for the deck")
+        raise ValueError(f"{lesson.folder.name}/lesson.yaml: lesson {lesson.key} names no figure for the deck")
     figure = FIGURES / lesson.stem / lesson.figure
     if not (root / figure).is_file():
         raise FileNotFoundError(f"lesson {lesson.key}'s figure {figure} is missing: `make executed` writes it")
@@ -106,12 +106,12 @@ def slide(lesson: Lesson, entry: dict[str, str], root: Path) -> str:
         f'<div class="parts">{parts}</div>'
         f'<figure><img src="{src}" alt="lesson {lesson.key}: {lesson.figure}"></figure>'
         f"<footer>notebooks/{lesson.notebook}.ipynb · {lesson.seconds['cpu']} s on the cpu profile "
-        f"(lessons.yaml) · figure: docs/{src}</footer></section>"
+        f"(lesson.yaml) · figure: docs/{src}</footer></section>"
     )
 
 
 def deck(root: Path) -> str:
-    """The whole deck as one HTML document, for the cores in lessons.yaml's order."""
+    """The whole deck as one HTML document, for the cores in key order."""
     entries = cheatsheet_entries((root / CHEATSHEET).read_text())
     cores = [lesson for lesson in lessons().values() if lesson.is_core]
     missing = [lesson.key for lesson in cores if lesson.key not in entries]

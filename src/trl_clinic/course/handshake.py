@@ -125,7 +125,7 @@ def accumulation_spec(
     seed: int = 0,
     attn_implementation: str = "eager",
 ) -> dict:
-    """The spec of ``then_02_accumulation.py``: writes ``then_02_weights.pt`` into ``workdir``.
+    """The spec of lesson 02's era script (its ``then.py``): writes ``then_02_weights.pt`` into ``workdir``.
 
     ``model``: today's model whose initial weights both sides use (default: ``tiny_llama_config`` built
     from ``seed``). ``examples``: token ids (default: ``accumulation_examples``). ``accumulation``:

@@ -5,7 +5,7 @@ One variable decides both: ``[project.urls] Repository`` in ``pyproject.toml``. 
 ``%pip install "trl-clinic[course] @ git+URL"`` and, for a GitHub repository, the README links each lesson
 to Colab (its ``main`` branch); unset, the line installs the wheel that ``uv build`` makes, uploaded beside
 the notebook, and the README says how to get the links. ``python -m trl_clinic.course.hosted`` writes the
-line into every lesson's first cell (``sources/``; then ``make notebooks``) and the README's block between
+line into every lesson's first cell (its text source; then ``make notebooks``) and the README's block between
 its two markers; ``tests/test_hosted.py`` checks that they say what the variable says. A lesson needs
 nothing else beside itself: the era files are package data, the eras build in the cache folder on first
 use, and SmolLM2's weights are fetched there (``paths``, ``eras``, ``models``).
@@ -106,8 +106,9 @@ def with_install_line(source: str, root: Path) -> str:
     return source[:start] + "\n".join(cell) + "\n" + source[end:]
 
 
-def lesson_sources(root: Path) -> list[Path]:
-    return [root / "sources" / f"{lesson.notebook}.py" for lesson in lessons().values()]
+def lesson_sources() -> list[Path]:
+    """Every core's and deep dive's text source, in its lesson's folder."""
+    return [lesson.source for lesson in lessons().values()]
 
 
 def with_readme_block(readme: str, root: Path) -> str:
@@ -118,7 +119,7 @@ def with_readme_block(readme: str, root: Path) -> str:
 def update(root: Path) -> list[Path]:
     """Write the install line into every lesson's source and the block into the README; the files changed."""
     changed = []
-    targets = [(path, with_install_line) for path in lesson_sources(root)] + [(root / "README.md", with_readme_block)]
+    targets = [(path, with_install_line) for path in lesson_sources()] + [(root / "README.md", with_readme_block)]
     for path, write in targets:
         text = path.read_text()
         new = write(text, root)

@@ -2,7 +2,7 @@
 
 Papermill injects whatever the caller passes, so a typo must fail loudly here, in the notebook's
 second cell, rather than produce a silently different run. Everything about the run's shape comes
-from the profile (``lessons.yaml``), so a notebook never asks which device it is on.
+from the profile (the lesson's ``lesson.yaml``), so a notebook never asks which device it is on.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Choosing a profile: the learner's ``profile`` parameter turned into "cpu" or "gpu".
 
-What each profile means (device, precision, attention, sizes) is data in ``lessons.yaml``; this
-module only decides which one applies, without importing torch.
+What each profile means (device, precision, attention, sizes) is data in ``lessons/profiles.yaml`` and each
+lesson's ``lesson.yaml``; this module only decides which one applies, without importing torch.
 """
 
 from __future__ import annotations

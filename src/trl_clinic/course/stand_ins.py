@@ -23,7 +23,7 @@ RECREATED, INJECTED = "recreated", "injected"
 # Re-creations that run inside an era, whose script cannot import this package: named here with what they stand
 # for, and labelled the same way where they are defined.
 IN_ERAS = {
-    "then_04_padding_side.as_flash_attention_2": "RE-CREATED: a Qwen2 loaded with eager attention, then told it is "
+    "then_04.as_flash_attention_2": "RE-CREATED: a Qwen2 loaded with eager attention, then told it is "
     "FlashAttention-2 (its config; on transformers <= 4.47 also the model's field and its layers' class), as loading "
     "it with FlashAttention-2 on a GPU leaves it; the old code then runs for real up to the first flash kernel call, "
     "which needs flash-attn and a CUDA GPU (lesson 04's era checks are `recreated`).",

@@ -60,7 +60,7 @@ def is_deep_dive(path: Path) -> bool:
 
 
 def select(lessons: dict[str, Path], wanted: list[str], cores_only: bool = False) -> dict[str, Path]:
-    """Pick lessons by number ("02": its core and its deep dive), by key in ``lessons.yaml`` ("02-deeper": the deep
+    """Pick lessons by number ("02": its core and its deep dive), by key ("02-deeper": the deep
     dive alone, as ``trl-clinic list`` names it) or full name; an unknown one is an error that lists the known.
     ``cores_only``: leave the deep dives out (a workshop's run)."""
     if cores_only:
@@ -218,7 +218,7 @@ def run_lessons(
 
 
 def longest_first(lessons: list[Path], profile: str) -> list[Path]:
-    """The lessons by their measured seconds (lessons.yaml), longest first: started last, the longest lesson
+    """The lessons by their measured seconds (lesson.yaml), longest first: started last, the longest lesson
     would run alone on one core at the end (lesson 05 did, 311 s for 496 s of lessons at --jobs 2).
     The cpu seconds stand in where the profile's were not measured (gpu so far, or "auto"); a lesson
     measured under neither keeps its place after the others."""

@@ -4,11 +4,12 @@ Three lessons show their failure through a re-creation on today's stack, because
 fixed or removed the old code. An *era* lets a lesson run the real old code beside it. Three jobs, one
 module each:
 
-* ``spec``: finding and reading eras. ``requirements/<name>.txt`` in this package pins one era (old
+* ``spec``: finding and reading eras. ``eras/<name>.txt`` in a lesson's folder pins one era (old
   transformers, trl, peft, accelerate, torch 2.13.0 and what the old versions forgot to declare); its
-  header says which lesson uses it. ``era_state`` says whether ``.eras/<name>/`` is built from it.
-* ``runner``: ``run_in_era(name, script, spec, workdir)`` runs a standalone script of
-  ``trl_clinic/course/then/`` with the era's interpreter and returns its JSON result; a missing era is
+  header says which lesson uses it (``requirements/`` here holds the eras no lesson owns). ``era_state`` says
+  whether ``.eras/<name>/`` is built from it.
+* ``runner``: ``run_in_era(name, "then_<key>", spec, workdir)`` runs lesson <key>'s standalone era script
+  (``then.py`` in its folder) with the era's interpreter and returns its JSON result; a missing era is
   ``skipped``, a broken script ``failed``; nothing raises into the notebook.
 * ``build``: ``make eras`` (``python -m trl_clinic.course.eras [NAME ...]``) builds ``.eras/<name>/``
   with uv, once: a stamp records the SHA-256 of the requirements file, so an era is rebuilt only when
@@ -16,7 +17,7 @@ module each:
   ``make lab`` and ``make test`` start before the build ends.
 
 The contract of an era script (they cannot import ``trl_clinic``: its code needs today's libraries):
-``python then_XX.py SPEC.json RESULT.json``; the spec is a JSON object written by the notebook (paths
+``python then.py SPEC.json RESULT.json``; the spec is a JSON object written by the notebook (paths
 in it are absolute), the result a JSON object the script writes before it exits 0. Large arrays (a
 gradient) go to a ``.pt`` file whose path the spec names; ``trl_clinic.course.handshake`` builds the specs
 and reads those files on today's side.
@@ -29,7 +30,7 @@ Nothing in this package imports torch.
 """
 
 from trl_clinic.course.eras.build import EraBuildError, build_era, local_torch_links, uv_command, wait_for_builds
-from trl_clinic.course.eras.runner import THEN_DIR, EraRun, run_in_era, then_script
+from trl_clinic.course.eras.runner import EraRun, run_in_era, then_script
 from trl_clinic.course.eras.spec import (
     CHILD_ENV,
     STAMP,
@@ -41,14 +42,13 @@ from trl_clinic.course.eras.spec import (
     era_versions,
     read_stamp,
     requirements_digest,
-    requirements_dir,
     requirements_file,
+    requirements_files,
 )
 
 __all__ = [
     "CHILD_ENV",
     "STAMP",
-    "THEN_DIR",
     "EraBuildError",
     "EraRun",
     "build_era",
@@ -61,7 +61,7 @@ __all__ = [
     "local_torch_links",
     "read_stamp",
     "requirements_digest",
-    "requirements_dir",
+    "requirements_files",
     "requirements_file",
     "run_in_era",
     "then_script",

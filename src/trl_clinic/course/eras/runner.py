@@ -1,4 +1,4 @@
-"""Running a script of ``trl_clinic/course/then/`` in an era and reading its JSON result.
+"""Running a lesson's era script (``then.py`` in its folder) in an era and reading its JSON result.
 
 ``run_in_era(name, script, spec, workdir)`` runs the script with the era's interpreter, through
 ``trl_clinic.course.child.run_child``, offline and without GPUs (``spec.CHILD_ENV``). An era that is not
@@ -12,6 +12,7 @@ era is skipped with what the build said, and the lesson reports that part as not
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +20,8 @@ from pathlib import Path
 from trl_clinic.course.child import run_child
 from trl_clinic.course.eras.build import EraBuildError, build_era, wait_for_builds
 from trl_clinic.course.eras.spec import CHILD_ENV, builds_on_demand, era_dir, era_state, era_versions, python_in
+from trl_clinic.course.lessons import FOLDER, THEN, folders
 from trl_clinic.course.paths import repo_root
-
-THEN_DIR = Path(__file__).resolve().parents[1] / "then"
 
 
 @dataclass
@@ -68,13 +68,14 @@ class EraRun:
 
 
 def then_script(script: str | Path) -> Path:
-    """A script of ``trl_clinic/course/then/`` by name (``"then_02_accumulation"``), or any path to a .py file."""
+    """A lesson's era script by name, ``"then_<key>"`` (``"then_02"``: ``then.py`` in lesson 02's folder), or any
+    path to a .py file."""
     path = Path(script)
-    if path.suffix != ".py":
-        path = THEN_DIR / f"{path.name}.py"
-    elif not path.is_absolute() and not path.exists():
-        path = THEN_DIR / path.name
-    return path
+    if path.suffix == ".py":
+        return path
+    found = re.fullmatch(r"then_([0-9]+[a-z]?)", path.name)
+    folder = next((f for f in folders() if found and FOLDER.fullmatch(f.name).group(1) == found.group(1)), None)
+    return folder / THEN if folder else path.with_suffix(".py")
 
 
 def build_on_first_use(era: str) -> tuple[bool, str]:
@@ -98,7 +99,7 @@ def run_in_era(
     An era still being built in the background (``make lab``) is waited for, up to ``timeout``.
     """
     path = then_script(script)
-    name = path.stem
+    name = Path(script).stem  # then_02, or a path's file name
     try:
         ready, why = era_state(era, root)
         if not ready and wait_for_builds(root or repo_root(), timeout):

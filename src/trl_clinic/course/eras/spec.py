@@ -1,6 +1,8 @@
 """Finding and reading eras: which the course defines, where each is built, and whether it is ready.
 
-``requirements/<name>.txt`` beside this module pins one era (package data: a wheel install has them too);
+``eras/<name>.txt`` in a lesson's folder pins one of that lesson's eras, and ``requirements/<name>.txt`` beside
+this module one that no lesson owns (the check-up's era tests'); both are package data, so a wheel install has
+them too;
 ``.eras/<name>/`` under the root (``paths.repo_root``: the checkout, or the cache folder outside one) is its
 virtual environment, with a stamp (``.stamp.json``) that records the SHA-256 of the requirements file it was
 built from and the versions its libraries report. An era is ready when its stamp matches its file and its
@@ -19,7 +21,8 @@ from pathlib import Path
 from trl_clinic.course import paths
 from trl_clinic.course.paths import ROOT_ENV, repo_root
 
-PACKAGED = Path(__file__).resolve().parent / "requirements"  # the course's era files
+SHARED = Path(__file__).resolve().parent / "requirements"  # era files no lesson owns
+LESSONS = Path(__file__).resolve().parents[1] / "lessons"  # each lesson's own: lessons/lesson_*/eras/*.txt
 REQUIREMENTS_DIR = "eras"  # a fake checkout's era files, under the root it is given as
 ERAS_DIR = ".eras"
 STAMP = ".stamp.json"
@@ -48,20 +51,38 @@ def builds_on_demand(root: Path | None = None) -> bool:
     return root is None and not os.environ.get(ROOT_ENV) and paths.checkout() is None
 
 
-def requirements_dir(root: Path | None = None) -> Path:
-    """Where the era files are: the package's, unless a root is given (``root``, ``$TRL_CLINIC_ROOT``)."""
+def packaged_files() -> list[Path]:
+    """The course's era files: every lesson folder's ``eras/*.txt`` and the shared ``requirements/*.txt``."""
+    return sorted([*LESSONS.glob("lesson_*/eras/*.txt"), *SHARED.glob("*.txt")], key=lambda path: path.stem)
+
+
+def requirements_files(root: Path | None = None) -> dict[str, Path]:
+    """Era name -> its pinned requirements file: the package's, unless a root is given (``root``,
+    ``$TRL_CLINIC_ROOT``: a fake checkout keeps its own in ``eras/``). Two files of one name are an error: an
+    era's name is its folder under ``.eras/``."""
     if root is None and not os.environ.get(ROOT_ENV):
-        return PACKAGED
-    return (root or repo_root()) / REQUIREMENTS_DIR
+        found = packaged_files()
+    else:
+        found = sorted(((root or repo_root()) / REQUIREMENTS_DIR).glob("*.txt"))
+    files = {path.stem: path for path in found}
+    if len(files) != len(found):
+        twice = sorted({path.stem for path in found if [p.stem for p in found].count(path.stem) > 1})
+        raise ValueError(f"era files of the same name in two places: {twice} (an era's name must be unique)")
+    return files
 
 
 def era_names(root: Path | None = None) -> list[str]:
-    """Every era the course defines (``requirements/*.txt``), sorted."""
-    return sorted(path.stem for path in requirements_dir(root).glob("*.txt"))
+    """Every era the course defines, sorted."""
+    return sorted(requirements_files(root))
 
 
 def requirements_file(name: str, root: Path | None = None) -> Path:
-    return requirements_dir(root) / f"{name}.txt"
+    """The era's requirements file; for an unknown era, where a shared one would be (it does not exist)."""
+    files = requirements_files(root)
+    if name in files:
+        return files[name]
+    shared = SHARED if root is None and not os.environ.get(ROOT_ENV) else (root or repo_root()) / REQUIREMENTS_DIR
+    return shared / f"{name}.txt"
 
 
 def era_dir(name: str, root: Path | None = None) -> Path:
@@ -90,7 +111,7 @@ def era_state(name: str, root: Path | None = None) -> tuple[bool, str]:
     requirements = requirements_file(name, root)
     if not requirements.is_file():
         known = ", ".join(era_names(root)) or "none"
-        return False, f"era {name} is not defined: no {requirements.name} in {requirements.parent} (eras: {known})"
+        return False, f"era {name} is not defined: no era file {requirements.name} (eras: {known})"
     remedy = "it builds on a lesson's first use" if builds_on_demand(root) else "run `make eras`"
     stamp = read_stamp(name, root)
     if stamp is None:

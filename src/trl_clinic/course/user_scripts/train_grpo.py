@@ -2,7 +2,7 @@
 
 The lesson runs it from a shell (the symptom) and through its portable check (``subprocess``), as a
 user runs their own ``train.py``: a fresh Python process, so that a native crash ends this process and
-not the notebook's kernel. ``SPEC.json`` (written by ``companions.lesson_05_grpo_crash.user_spec``) gives
+not the notebook's kernel. ``SPEC.json`` (written by ``lessons.lesson_05_grpo_crash.companion.user_spec``) gives
 the ``GRPOConfig`` arguments, the policy's folder (model and tokenizer), the reward function's name in
 ``trl_clinic.course.data``, the torch threads, where to write the trainer's log history, and
 ``h20_stand_in``: attach ``stand_ins.InjectedH20Fault``, the fault injected on purpose that stands in

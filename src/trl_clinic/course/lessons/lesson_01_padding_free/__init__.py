@@ -1,0 +1,1 @@
+"""Lesson 01: Padding-free training gives an abnormally high loss."""

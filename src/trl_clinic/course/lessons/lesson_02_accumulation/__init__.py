@@ -1,0 +1,1 @@
+"""Lesson 02: Gradient accumulation trains worse than the same batch."""

@@ -1,0 +1,1 @@
+"""Lesson 02b: Gradient accumulation across processes (DDP)."""

@@ -1,0 +1,1 @@
+"""Lesson 04: Qwen2 + FlashAttention-2: right padding breaks DPO evaluation."""

@@ -1,0 +1,1 @@
+"""Lesson 05: GRPOTrainer dies with "Floating point exception (core dumped)"."""

@@ -1,0 +1,1 @@
+"""Lesson 06: Check your own trainer before it trains."""
