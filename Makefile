@@ -125,11 +125,16 @@ smoke: $(STAMP)
 	  $(BIN)/trl-clinic run $$lesson --cores --profile cpu --out outputs/smoke --no-progress && echo "smoke test passed"
 
 # The day before a workshop, on each learner's machine (docs/workshop.md): the venv and every era (from PyPI, or
-# from a shared wheelhouse: WHEELHOUSE=path), then, on the cpu profile, the three cores that use what a laptop can
-# lack: 04's era cell, 02b's two processes, 05's crashing child (trl_clinic.course.preflight). It ends in one line
-# to paste to the facilitator, with the minutes since it began; exit status 1 when anything failed.
+# from a shared wheelhouse: WHEELHOUSE=path), then the worked solutions hidden (a room works the exercises first;
+# ROOM_SOLUTIONS=shown keeps them, `make solutions` brings them back; outside a git clone there is nothing to hide),
+# then, on the cpu profile, the three cores that use what a laptop can lack: 04's era cell, 02b's two processes, 05's
+# crashing child (trl_clinic.course.preflight). It ends in one line to paste to the facilitator, which says whether
+# the solutions are hidden and the minutes since it began; exit status 1 when anything failed.
+ROOM_SOLUTIONS ?= hidden
 preflight:
 	@started=$$(date +%s) && $(MAKE) --no-print-directory $(STAMP) && $(BIN)/python -m trl_clinic.course.eras && \
+	  { [ "$(ROOM_SOLUTIONS)" = shown ] || ! git rev-parse --is-inside-work-tree >/dev/null 2>&1 || \
+	    $(MAKE) --no-print-directory hide-solutions; } && \
 	  $(BIN)/python -m trl_clinic.course.preflight --started $$started
 
 # An offline room: WHEELHOUSE=path (built the day before: docs/workshop.md) makes pip and uv install the venv and

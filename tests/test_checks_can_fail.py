@@ -1,9 +1,9 @@
 """Every check can fail, for the reason it names: each notebook's ``checks`` function, fed the numbers of the
 other run, reports the checks that run breaks as failed, and each threshold sits between the two runs.
 
-The ``checks`` cells of each notebook (tag ``checks``) are read from its percent-format source and run on
-their own, so they can use nothing but the numbers. The numbers of a real cpu run at seed 0 are kept in
-the lesson's folder, ``numbers.json`` and ``numbers_deeper.json`` (refresh them with
+Each lesson's checks live in its folder (``checks.py``; a deep dive's ``checks_deeper.py``), which imports
+nothing but math and the check kinds, so they can use nothing but the numbers. The numbers of a real cpu run at
+seed 0 are kept in the lesson's folder, ``numbers.json`` and ``numbers_deeper.json`` (refresh them with
 ``python tools/refresh_numbers.py OUT`` after a ``trl-clinic run --profile cpu --seed 0``). ``mutations.py``
 (a deep dive's: ``mutations_deeper.py``) in the lesson's folder holds, for that lesson:
 
@@ -30,11 +30,11 @@ import math
 import re
 from pathlib import Path
 
-import jupytext
 import pytest
 
+from trl_clinic.course import results
 from trl_clinic.course.lessons import lessons
-from trl_clinic.course.results import Check, above, below, from_json_safe, injected, measured, recreated
+from trl_clinic.course.results import Check, from_json_safe
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = lessons()
@@ -47,22 +47,12 @@ def in_folder(key: str, stem: str, suffix: str) -> Path:
 
 
 def lesson_checks(key: str):
-    """The notebook's ``checks`` function, defined with nothing but math and the check kinds at hand (the
-    cells tagged ``checks``, in order: a long list of claims may span several short cells)."""
-    source = LESSONS[key].source
-    cells = [cell for cell in jupytext.read(source).cells if "checks" in cell.metadata.get("tags", [])]
-    assert cells, f"{source.name} has no cell tagged 'checks'"
-    namespace = {
-        "math": math,
-        "measured": measured,
-        "recreated": recreated,
-        "injected": injected,
-        "below": below,
-        "above": above,
-    }
-    for cell in cells:
-        exec(cell.source, namespace)
-    return namespace["checks"]
+    """The lesson's ``checks`` function, from its folder's checks module (``checks.py``, ``checks_deeper.py``)."""
+    return checks_module(key).checks
+
+
+def checks_module(key: str):
+    return results.lesson_checks(key)
 
 
 def mutations(key: str) -> dict:
@@ -220,22 +210,31 @@ def test_every_threshold_sits_between_the_runs_with_the_argued_margin(key):
 @pytest.mark.parametrize("key", LESSONS)
 def test_threshold_checks_are_written_as_comparisons(key):
     """A check that compares a number with a constant is written below()/above(), so its margin is tested."""
-    cells = [cell for cell in jupytext.read(LESSONS[key].source).cells if "checks" in cell.metadata.get("tags", [])]
+    tree = ast.parse(Path(checks_module(key).__file__).read_text())
     bare = []
-    for cell in cells:
-        for node in ast.walk(ast.parse(cell.source)):
-            if (
-                isinstance(node, ast.Call)
-                and getattr(node.func, "id", None) in ("measured", "recreated", "injected")
-                and node.args
-                and isinstance(node.args[0], ast.Compare)
-                and any(
-                    isinstance(c, ast.Constant) and isinstance(c.value, (int, float)) for c in ast.walk(node.args[0])
-                )
-                and any(isinstance(op, (ast.Lt, ast.Gt, ast.LtE, ast.GtE)) for op in node.args[0].ops)
-            ):
-                bare.append(ast.unparse(node)[:100])
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) in ("measured", "recreated", "injected")
+            and node.args
+            and isinstance(node.args[0], ast.Compare)
+            and any(isinstance(c, ast.Constant) and isinstance(c.value, (int, float)) for c in ast.walk(node.args[0]))
+            and any(isinstance(op, (ast.Lt, ast.Gt, ast.LtE, ast.GtE)) for op in node.args[0].ops)
+        ):
+            bare.append(ast.unparse(node)[:100])
     assert not bare, f"lesson {key}: threshold checks not written as below()/above(): {bare}"
+
+
+@pytest.mark.parametrize("key", LESSONS)
+def test_the_checks_see_nothing_but_the_numbers(key):
+    """A checks module imports math and the check kinds, nothing else (no torch, no companion, no notebook state):
+    what it checks is what the notebook recorded, and a test can hand it any run's numbers."""
+    tree = ast.parse(Path(checks_module(key).__file__).read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported <= {"math", "trl_clinic.course.results", "__future__"}, f"lesson {key} imports {sorted(imported)}"
+    assert callable(getattr(checks_module(key), "summary", None)), f"lesson {key}: its checks module has no summary()"
+    assert isinstance(checks_module(key).summary(baseline(key)), str)
 
 
 @pytest.mark.parametrize("key", [key for key in LESSONS if "then" in baseline(key)])

@@ -152,9 +152,19 @@ def test_preflight_says_what_it_runs_and_a_line_as_each_lesson_ends(tmp_path, mo
     assert sorted(ended) == [
         f"{name}: error in 1 s" for name in ("02b_gradient_accumulation_ddp", "04_qwen2_padding_side", "05_grpo_sigfpe")
     ]
-    assert lines.index(ended[-1]) < lines.index(
-        next(line for line in lines if line.startswith("TRL Clinic preflight: FAILED"))
-    )
+    pasted = next(line for line in lines if line.startswith("TRL Clinic preflight: FAILED"))
+    assert lines.index(ended[-1]) < lines.index(pasted)
+    shown = (ROOT / "notebooks" / "solutions").is_dir()
+    assert f"| solutions {'shown' if shown else 'hidden'} |" in pasted
+
+
+def test_a_room_s_preflight_hides_the_solutions_unless_told_to_show_them():
+    """make preflight hides the worked solutions in a git clone (the room works the exercises first) before its
+    lessons run; ROOM_SOLUTIONS=shown keeps them."""
+    recipe = re.search(r"^preflight:\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert "hide-solutions" in recipe and '[ "$(ROOM_SOLUTIONS)" = shown ]' in recipe
+    assert recipe.index("hide-solutions") < recipe.index("trl_clinic.course.preflight")
+    assert re.search(r"^ROOM_SOLUTIONS \?= hidden$", (ROOT / "Makefile").read_text(), re.M)
 
 
 def test_a_wheelhouse_sends_pip_and_uv_to_that_folder_with_the_network_off(tmp_path):

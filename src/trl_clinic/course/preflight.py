@@ -5,7 +5,8 @@ runs, on the cpu profile, the three cores that use what a laptop can lack: lesso
 beside transformers 4.51 in its side environment), lesson 02b's two processes (gloo over local sockets) and
 lesson 05's child that dies by a signal. It names them as it starts and prints a line as each ends (the line of
 ``trl-clinic run``): a room waits minutes on it. The last line says the machine, each of the three, how many eras are
-ready, and the time since ``make preflight`` began; the exit status is 1 when anything failed.
+ready, whether the worked solutions are hidden (``make preflight`` hides them unless ``ROOM_SOLUTIONS=shown``), and the
+time since ``make preflight`` began; the exit status is 1 when anything failed.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             f"TRL Clinic preflight: {'PASSED' if passed else 'FAILED'}",
             machine(),
             f"eras {ready}/{len(era_names())} ready",
+            f"solutions {'shown' if (args.notebooks / 'solutions').is_dir() else 'hidden'}",
             *(f"{PARTS[key]}: {word}" for key, word in words.items()),
             f"{minutes} min {seconds:02d} s",
         ]

@@ -1,15 +1,20 @@
 """A lesson's verdict: the numbers it measured and the claims they were checked against.
 
 Every notebook ends by writing ``metrics.json`` (read by the tests and the workbook report) and then
-asserting its checks, so the file records the truth even when a check fails. Each check says its
+asserting its checks, so the file records the truth even when a check fails. A lesson's checks live in its folder
+(``checks.py``; a deep dive's ``checks_deeper.py``): ``checks(numbers)`` and ``summary(numbers)`` see nothing but the
+numbers the notebook recorded, and the notebook's last cell hands them over with ``check(run, numbers)``, which
+shows the learner one line per group. Each check says its
 kind: ``measured`` on today's real code path, ``recreated`` through an old behaviour re-created on
 today's stack, or ``injected`` through a fault put there on purpose (``trl_clinic.course.stand_ins``).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,3 +211,35 @@ def conclude(metrics: dict, output_dir: str | Path) -> None:
 
 def load_metrics(output_dir: str | Path) -> dict:
     return json.loads((Path(output_dir) / METRICS_FILE).read_text())
+
+
+def lesson_checks(lesson: str):
+    """The module of lesson ``lesson``'s checks: ``checks.py`` in its folder (``checks_deeper.py`` for a deep dive),
+    with ``checks(numbers)`` and ``summary(numbers)``."""
+    from trl_clinic.course.lessons import lessons
+
+    entry = lessons()[lesson]
+    name = "checks" if entry.is_core else "checks_deeper"
+    return importlib.import_module(f"{__package__}.lessons.{entry.folder.name}.{name}")
+
+
+def group_line(group: str, checks: dict) -> str:
+    """One line per check group for the learner: how many passed, how they were decided, and which failed."""
+    failed = [name for name, check in checks.items() if not check["passed"]]
+    kinds = sorted({check["kind"] for check in checks.values()})
+    line = f"{group}: {len(checks) - len(failed)} of {len(checks)} checks passed ({', '.join(kinds) or 'none'})"
+    return line + (f"; failed: {'; '.join(failed)}" if failed else "")
+
+
+def check(run: Run, numbers: dict, eras: list[dict] | None = None) -> None:
+    """A notebook's last call: its recorded ``numbers`` checked by its lesson's checks, ``metrics.json`` written with
+    the summary those numbers give, the summary and one line per group shown, then ``conclude``: a failed check
+    stops the run (papermill, the workbook) with the names of the checks that failed. It returns nothing, so the
+    cell shows no more than those lines (the metrics are in ``metrics.json``)."""
+    module = lesson_checks(run.lesson)
+    summary = module.summary(stored(numbers))
+    metrics = save_metrics(run, run.lesson, numbers, module.checks, eras, summary=summary)
+    print(textwrap.fill(summary, width=116))
+    for group in ("symptom", "fix"):
+        print(group_line(group, metrics["checks"][group]))
+    conclude(metrics, run.output_dir)

@@ -87,7 +87,8 @@ class Run:
         }
 
     def describe(self) -> str:
-        """One line a learner reads at the top of a lesson: the lesson, its profile, seed and output folder. The
+        """One line a learner reads at the top of a lesson (under 120 characters for every lesson's default folder):
+        the lesson, its profile (precision, attention kernel), seed and output folder. The
         environment (every library's version, the device, the sizes) is kept in ``metrics.json`` and the report,
         not on the screen. On the gpu profile a second line says whether that profile was verified on a GPU."""
         where = self.output_dir
@@ -95,7 +96,7 @@ class Run:
         if where.is_absolute() and where.is_relative_to(root):
             where = where.relative_to(root)  # the folder as the learner sees it in the file browser
         line = (
-            f"lesson {self.lesson}: {self.profile} profile ({self.precision}, {self.attention} attention), "
+            f"lesson {self.lesson}: {self.profile} profile ({self.precision}, {self.attention}), "
             f"seed {self.seed}; outputs in {where}"
         )
         return line if self.profile != "gpu" else f"{line}\n{gpu_profile_note(repo_root())}"

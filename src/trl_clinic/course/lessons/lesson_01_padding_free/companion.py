@@ -186,6 +186,30 @@ def era_numbers(then: eras.EraRun) -> dict:
     return numbers
 
 
+def record(
+    run: Run, then: eras.EraRun, today: dict, portable: dict[str, list[float]], counts: dict[str, int], probe: str
+) -> dict:
+    """The core's numbers for its checks (the lesson's checks.py): each run's loss by batch size (the era's for the
+    run without the fix, ``today``'s for the one with it), its portable check (OPT, the Llama) and its cross-sequence
+    cells (``counts``, from ``show_masks``), the check-up's verdict on OPT (``probe``) and the era's own numbers."""
+    then_numbers = era_numbers(then)
+    runs = {
+        "without_fix": {
+            "losses": then_numbers.pop("losses", None),
+            "portable": portable["OPT"],
+            "foreign_cells": counts.get("TRL 0.14 + transformers 4.48.3"),
+        },
+        "with_fix": {"losses": today, "portable": portable["Llama"], "foreign_cells": counts["today's transformers"]},
+    }
+    return {
+        "precision": run.precision,
+        "attention": run.attention,
+        "runs": runs,
+        "checkup_opt": probe,
+        "then": then_numbers,
+    }
+
+
 # ---- the mechanism: which key each query may attend to ------------------------------------------------
 
 
@@ -449,6 +473,48 @@ def verdicts(probes: dict[str, dict]) -> dict[str, dict]:
     """The probes cut to what the checks read (the per-sequence losses are only needed on the way)."""
     keep = ("isolated", "max_relative_difference", "attention", "ratio")
     return {name: {k: v for k, v in r.items() if k in keep} for name, r in probes.items()}
+
+
+def record_runs(
+    loss_ratio: dict[str, dict],
+    grad_ratio: dict[str, dict],
+    training: dict[str, dict],
+    gap: dict[str, float],
+    remedies: dict[str, dict],
+    probes: dict[str, dict],
+    families: dict[str, dict],
+    kernels: dict[str, str],
+    era: dict,
+) -> dict[str, dict]:
+    """The deep dive's two runs for its checks (the lesson's checks_deeper.py): OPT's (``without_fix``) and the
+    Llama's (``with_fix``) ratios, training, gap and remedies, each keyed by run; the probes split into the
+    contaminating ones (a mask of ones, a cache; OPT, Falcon, Bloom, MPT) and the isolated ones; the kernel a model
+    instance and a model path got; and the era's train-mode differences (``era``, from ``era_numbers``)."""
+    probe_values, family_values = verdicts(probes), verdicts(families)
+    rows = era.get("differences", {}).values()
+    runs = {
+        name: {
+            "loss_ratio": loss_ratio[name],
+            "grad_ratio": grad_ratio[name],
+            "training": training[name],
+            "gap": gap[name],
+            "remedies": remedies[name],
+        }
+        for name in ("without_fix", "with_fix")
+    }
+    runs["without_fix"] |= {
+        "probes": {k: v for k, v in probe_values.items() if k.startswith("+")},
+        "families": {f: family_values[f] for f in ("opt", "falcon", "bloom", "mpt")},
+        "kernel": kernels["model instance"],
+        "era_difference": min((r["train, config use_cache=True, no mask"] for r in rows), default=None),
+    }
+    runs["with_fix"] |= {
+        "probes": {k: v for k, v in probe_values.items() if not k.startswith("+")},
+        "families": {f: family_values[f] for f in ("llama", "qwen2")},
+        "kernel": kernels["model path"],
+        "era_difference": max((r["train, use_cache=False, no mask"] for r in rows), default=None),
+    }
+    return runs
 
 
 def plot_families(run: Run, probes: dict[str, dict]) -> None:

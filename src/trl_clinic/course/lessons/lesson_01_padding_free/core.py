@@ -19,7 +19,7 @@
 #
 # **You should know**: TRL's `SFTTrainer`; what an attention mask does.
 #
-# **Time**: 30 s to run on the cpu profile; about 25 minutes to work through.
+# **Time**: 30 s to run on the cpu [profile](../README.md#words-the-lessons-use); about 25 minutes to work through.
 #
 # > **Hosted** (Colab, Kaggle, no clone): upload the wheel `uv build` makes, then run `%pip install "./trl_clinic-0.1.0-py3-none-any.whl[course]"` first.
 
@@ -29,12 +29,14 @@ seed = 0
 output_dir = None  # None: outputs/01_padding_free_high_loss at the repository root
 
 # %%
+import trl_clinic.course  # first: the lessons' offline mode, and two optional libraries' warnings kept quiet
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
 from trl_clinic.course.lessons.lesson_01_padding_free import companion
 from trl_clinic.course.models import make_causal_lm
 from trl_clinic.course.parameters import start_run
+from trl_clinic.course.results import check
 
 run = start_run("01", profile, seed, output_dir)
 # the copy-task examples; the report's libraries loading in the background on them (an era: a side environment
@@ -97,8 +99,9 @@ counts = companion.show_masks(run, old, checkpoint, lengths)  # the era's patter
 # + assert trainer.model.config._attn_implementation == "flash_attention_2"   # read it on the built model
 # ```
 #
-# The same lines on today's TRL, with the kernel this profile picked (`run.attention`: sdpa on a CPU,
-# FlashAttention on a GPU that has it):
+# On the cpu profile both runs use sdpa, so the flag changes nothing here: the upgrade changed the loss (today's
+# sdpa reads the boundaries, as above). On the gpu profile the flag brings FlashAttention: there it is the fix.
+# The same lines on today's TRL, with this profile's kernel:
 
 # %%
 tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -107,7 +110,7 @@ tokenizer = AutoTokenizer.from_pretrained(checkpoint)
 def sft_trainer(batch_size: int, padding_free: bool, model=str(checkpoint)) -> SFTTrainer:
     """Today's SFTTrainer on the same model and examples, at learning rate 0 (the weights never change)."""
     args = SFTConfig(**run.trainer_kwargs(f"batch-{batch_size}-{padding_free}", progress=False),
-                     model_init_kwargs={"attn_implementation": run.attention,  # the fix: the flag reaches the model
+                     model_init_kwargs={"attn_implementation": run.attention,  # the flag reaches the model
                                         # FlashAttention takes half-precision weights; sdpa and eager keep fp32
                                         "dtype": "bfloat16" if run.attention.startswith("flash") else "float32"},
                      padding_free=padding_free, max_length=None, completion_only_loss=True,
@@ -156,7 +159,7 @@ for name, (first, *later) in portable.items():
     print(f"{name}: first sequence {first:.1e} (rounding), later ones up to {max(later):.1e}")
 
 # %% [markdown]
-# The check-up's `packing` probe runs the same comparison on the OPT trainer, with the trainer's own collator:
+# The [check-up](../README.md#words-the-lessons-use)'s `packing` [probe](../README.md#words-the-lessons-use) runs the same comparison on the OPT trainer, with the trainer's own collator:
 
 # %%
 from trl_clinic import checkup
@@ -212,57 +215,7 @@ eager_llama = AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementati
 #
 # The claims above, asserted on this run's numbers.
 
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def old_checks(n: dict, equal: float) -> tuple[dict, dict]:
-    """The run without the fix on the real TRL 0.14.0 + transformers 4.48.3, where its side environment ran
-    (absent when skipped)."""
-    if n["then"]["status"] != "finished":
-        return {}, {}
-    bad, good = n["runs"]["without_fix"], n["runs"]["with_fix"]
-    ratio = bad["losses"]["ratio"]
-    symptom = {"TRL 0.14 + transformers 4.48.3: padding-free logs over 2x the padded loss at the largest batch":
-               measured(above(ratio[-1], 2)),
-               "TRL 0.14 + transformers 4.48.3: the ratio grows over 1.05x from each batch size to the next":
-               measured(above(min(b / a for a, b in zip(ratio, ratio[1:])), 1.05)),
-               "TRL 0.14's padding-free collator sends position_ids and no attention mask": measured(
-                   n["then"]["collator"]["has_position_ids"] and not n["then"]["collator"]["has_attention_mask"]),
-               "transformers 4.48.3 lets tokens attend across sequence boundaries (a count of cells)": measured(
-                   bad["foreign_cells"] != 0)}
-    fix = {"today's padded loss at batch 1 equals TRL 0.14's (same weights and examples)": measured(
-        below(abs(good["losses"]["padded"][0] / bad["losses"]["padded"][0] - 1), equal))}
-    return symptom, fix
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def checks(n: dict) -> tuple[dict, dict]:
-    """The run without the fix (symptom) and the run with it (fix) measured the same way, as functions of the
-    numbers alone: each run's loss by batch size, its packed row's mask and its portable check."""
-    bad, good = n["runs"]["without_fix"], n["runs"]["with_fix"]
-    # fp32 on CPU: the two paths differ by float rounding (1e-7); bf16 on a GPU: up to about 1e-2 (8 bits of mantissa)
-    equal = 1e-4 if n["precision"] == "fp32" else 2e-2
-    first, *later = good["portable"]
-    symptom = {"portable check flags OPT: a later sequence differs from alone by over 1e-2":
-               measured(above(max(bad["portable"][1:]), 1e-2))}
-    fix = {"today's SFTTrainer: padding-free equals padded at every batch size above 1 (same weights)": measured(
-               below(max(abs(r - 1) for r in good["losses"]["ratio"][1:]), equal)),
-           "today's packed row is block-diagonal (a count of cross-sequence cells: 0)": measured(
-               good["foreign_cells"] == 0),
-           "portable check: the Llama's later sequences differ no more than rounding": measured(
-               below(max(later), 10 * first + equal))}
-    old_symptom, old_fix = old_checks(n, equal)
-    return {**symptom, **old_symptom}, {**fix, **old_fix}
-
-
 # %% jupyter={"source_hidden": true}
-from trl_clinic.course.results import above, below, conclude, measured, save_metrics
-
-then_numbers = companion.era_numbers(old)
-runs = {"without_fix": {"losses": then_numbers.pop("losses", None), "portable": portable["OPT"],
-                        "foreign_cells": counts.get("TRL 0.14 + transformers 4.48.3")},
-        "with_fix": {"losses": today, "portable": portable["Llama"], "foreign_cells": counts["today's transformers"]}}
-numbers = {"precision": run.precision, "attention": run.attention, "runs": runs, "checkup_opt": probe, "then": then_numbers}
-ratio = f"{old.result['loss_by_batch_size']['ratio'][-1]:.1f}x padded on TRL 0.14 + transformers 4.48.3, " if old.finished else ""
-summary = (f"At batch {today['batch_sizes'][-1]}, padding-free logged {ratio}{today['ratio'][-1]:.3f}x today "
-           f"({today['attention']}), on the same weights; OPT's packed sequences still see each other on today's sdpa.")
-metrics = save_metrics(run, "01", numbers, checks, summary=summary, eras=[old.to_metrics()])
-conclude(metrics, run.output_dir)
+numbers = companion.record(run, old, today, portable, counts, probe)
+era_records = [old.to_metrics()]  # the era's run: finished, skipped or failed
+check(run, numbers, eras=era_records)

@@ -31,6 +31,7 @@ seed = 0
 output_dir = None  # None: outputs/01_padding_free_high_loss_deeper at the repository root
 
 # %%
+import trl_clinic.course  # first: the lessons' offline mode, and two optional libraries' warnings kept quiet
 from transformers import AutoModelForCausalLM
 from trl import SFTConfig, SFTTrainer
 
@@ -38,6 +39,7 @@ from trl_clinic.course import data
 from trl_clinic.course.lessons.lesson_01_padding_free import companion
 from trl_clinic.course.models import attention_implementation, model_maker
 from trl_clinic.course.parameters import start_run
+from trl_clinic.course.results import check
 from trl_clinic.course.tokenizer import build_tokenizer
 from trl_clinic.probes.packing import packed_vs_separate
 
@@ -260,91 +262,10 @@ companion.plot_throughput(run, speed, run.attention)
 #
 # The claims above, asserted on this run's numbers.
 
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def sweep_checks(bad: dict, good: dict, largest: int, equal: float) -> tuple[dict, dict]:
-    """The probes and the two models at learning rate 0: the run without the fix (a mask of ones or a cache on
-    the Llama's row, the families that ignore position_ids, OPT) and the run with it, measured the same way."""
-    loss, grad = bad["loss_ratio"], bad["grad_ratio"]
-    worst = max(loss, key=lambda name: loss[name][-1])
-    symptom = {
-        "probe flags a packed Llama row sent with a mask of ones or run with use_cache=True (over 1e-4)": measured(
-            above(min(p["max_relative_difference"] for p in bad["probes"].values()), 1e-4)),
-        "probe flags OPT, Falcon, Bloom and MPT with today's padding-free inputs (over 1e-4)": measured(
-            above(min(f["max_relative_difference"] for f in bad["families"].values()), 1e-4)),
-        "OPT: padding-free/padded loss grows over 1.02x from the smallest batch to the largest in every setting":
-            measured(above(min(r[-1] / r[0] for r in loss.values()), 1.02)),
-        f"OPT: padding-free/padded loss over 1.05x at batch {largest} in every setting": measured(
-            above(min(r[-1] for r in loss.values()), 1.05)),
-        f"OPT: over 1.5x at batch {largest} where it hurts most": measured(above(loss[worst][-1], 1.5)),
-        f"OPT: grad norm over 1.5x padded at batch {largest} in every setting": measured(
-            above(min(g[-1] for g in grad.values()), 1.5))}
-    fix = {"probe finds the Llama's packed row isolated with position_ids, no mask, no cache (under 1e-4)": measured(
-               below(max(p["max_relative_difference"] for p in good["probes"].values()), 1e-4)),
-           "probe finds Llama and Qwen2 isolated across families (under 1e-4)": measured(
-               below(max(f["max_relative_difference"] for f in good["families"].values()), 1e-4)),
-           "Llama: padding-free equals padded at every batch size in every setting (same weights)": measured(
-               below(max(abs(r - 1) for rs in good["loss_ratio"].values() for r in rs), equal))}
-    return symptom, fix
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def training_checks(bad: dict, good: dict, tolerance: float) -> tuple[dict, dict]:
-    """The short trainings, the remedies and the flag, on each run."""
-    padded, free, remedies = bad["training"]["padded"], bad["training"]["padding-free"], bad["remedies"]
-    symptom = {
-        "OPT training: the padding-free grad norm at step 1 (same weights) is over 2x padded": measured(
-            above(free["grad_norm"][0] / padded["grad_norm"][0], 2)),
-        "OPT training: the padding-free run's last steps log over 1.02x the padded loss": measured(
-            above(free["final_loss"] / padded["final_loss"], 1.02)),
-        "remedies short of attention leave OPT's loss over 1.05x padded": measured(
-            above(min(r["over_padded"] for r in remedies.values()), 1.05)),
-        "model_init_kwargs is ignored for a model instance": measured(bad["kernel"] != "eager")}
-    fix = {"Llama on today's padding-free path follows padded step by step": measured(below(good["gap"], tolerance)),
-           "every remedy leaves the Llama's padding-free loss equal to padded": measured(
-               below(max(abs(r["over_padded"] - 1) for r in good["remedies"].values()), tolerance)),
-           "model_init_kwargs applies for a model path": measured(good["kernel"] == "eager")}
-    return symptom, fix
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def checks(n: dict) -> tuple[dict, dict]:
-    """Today's checks on the run without the fix and the run with it, and those of TRL 0.21.0 + transformers
-    4.55.4 where its side environment ran."""
-    bad, good = n["runs"]["without_fix"], n["runs"]["with_fix"]
-    # fp32: the two paths differ by rounding (1e-7 at lr 0, 1e-6 after 20 steps); bf16 autocast on a GPU: a mean loss
-    # rounds by 4e-3 (8 bits of mantissa) at lr 0, and two trainings drift apart by a few 1e-2 over 60 steps
-    equal, tolerance = (1e-4, 1e-3) if n["precision"] == "fp32" else (2e-2, 5e-2)
-    (symptom, fix), (trained_symptom, trained_fix) = sweep_checks(bad, good, n["batch_sizes"][-1], equal), training_checks(
-        bad, good, tolerance)
-    symptom, fix = {**symptom, **trained_symptom}, {**fix, **trained_fix}
-    if n["then"]["status"] == "finished":
-        symptom["transformers 4.55.4: a packed row is contaminated in train mode with the config's cache (over 1e-4)"] = (
-            measured(above(bad["era_difference"], 1e-4)))
-        fix["transformers 4.55.4: use_cache=False keeps packed sequences apart (under 1e-4)"] = measured(
-            below(good["era_difference"], 1e-4))
-    return symptom, fix
-
-
 # %% jupyter={"source_hidden": true}
-from trl_clinic.course.results import above, below, conclude, measured, save_metrics
-
-probe_values, family_values = companion.verdicts(probes), companion.verdicts(families)
 era = companion.era_numbers(late)
-rows = era.get("differences", {}).values()
-runs = {name: {"loss_ratio": loss_ratio[name], "grad_ratio": grad_ratio[name], "training": training[name], "gap": gap[name],
-               "remedies": remedies[name]} for name in models}
-runs["without_fix"] |= {"probes": {k: v for k, v in probe_values.items() if k.startswith("+")},
-                        "families": {f: family_values[f] for f in ("opt", "falcon", "bloom", "mpt")},
-                        "kernel": kernels["model instance"],
-                        "era_difference": min((r["train, config use_cache=True, no mask"] for r in rows), default=None)}
-runs["with_fix"] |= {"probes": {k: v for k, v in probe_values.items() if not k.startswith("+")},
-                     "families": {f: family_values[f] for f in ("llama", "qwen2")}, "kernel": kernels["model path"],
-                     "era_difference": max((r["train, use_cache=False, no mask"] for r in rows), default=None)}
+runs = companion.record_runs(loss_ratio, grad_ratio, training, gap, remedies, probes, families, kernels, era)
 numbers = {"precision": run.precision, "attention": run.attention, "batch_sizes": sizes.batch_sizes, "runs": runs,
            "sweep": sweep, "held_out_before": before, "fa2": fa2, "throughput": speed, "then": era}
-summary = (f"OPT through today's SFTTrainer(padding_free=True): {loss_ratio['without_fix'][worst][-1]:.2f}x the padded loss at batch "
-           f"{sizes.batch_sizes[-1]} ({worst}); no remedy short of attention brought it back to padded. Padding-free ran "
-           f"{speed['padding-free']['tokens_per_second'] / speed['padded']['tokens_per_second']:.2f}x the padded real tokens/s "
-           f"({run.attention}, {run.device.type}).")
-metrics = save_metrics(run, "01-deeper", numbers, checks, summary=summary, eras=[late.to_metrics()])
-conclude(metrics, run.output_dir)
+era_records = [late.to_metrics()]  # the era's run: finished, skipped or failed
+check(run, numbers, eras=era_records)

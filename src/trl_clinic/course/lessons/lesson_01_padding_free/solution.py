@@ -18,6 +18,7 @@ seed = 0
 output_dir = None  # None: outputs/01_padding_free_high_loss at the repository root
 
 # %%
+import trl_clinic.course  # first: the lessons' offline mode, and two optional libraries' warnings kept quiet
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer

@@ -10,7 +10,6 @@ first shows that it gives the real transformers 4.45.2 gradient); a custom ``com
 from __future__ import annotations
 
 import re
-import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -156,62 +155,6 @@ def train_curve(
     trainer.train()
     recorder.save(Path(run.output_dir) / f"history_{name.replace(' ', '_')}.json")
     return recorder
-
-
-def largest_rise(recorder: StepRecorder) -> dict[str, float]:
-    """Section 7: the step where a run's logged training loss rises most, and what the run logged around it.
-
-    The loss logged at step s is computed on step s's window with the weights after update s - 1, so a rise
-    is either a harder window or an update that made the model worse. The window's size (tokens per step, from
-    the ``num_tokens`` TRL 1.16 logs, a running sum of attention-mask tokens) and the gradient norm the Trainer
-    logs (before clipping) tell the two apart.
-    """
-    rows = {row["step"]: row for row in recorder.history if "loss" in row}
-    steps = sorted(rows)
-    rise_at = max(steps[1:-1], key=lambda step: rows[step]["loss"] - rows[step - 1]["loss"])
-    tokens = {step: rows[step]["num_tokens"] - rows.get(step - 1, {"num_tokens": 0})["num_tokens"] for step in steps}
-    return {
-        "step": rise_at,
-        "loss_before": rows[rise_at - 1]["loss"],
-        "loss": rows[rise_at]["loss"],
-        "loss_after": rows[rise_at + 1]["loss"],
-        "grad_norm": rows[rise_at]["grad_norm"],
-        "median_grad_norm": statistics.median(rows[step]["grad_norm"] for step in steps),
-        "learning_rate_before": rows[rise_at - 1]["learning_rate"],
-        "window_tokens": tokens[rise_at],
-        "previous_window_tokens": tokens[rise_at - 1],
-        "min_window_tokens": min(tokens.values()),
-        "max_window_tokens": max(tokens.values()),
-    }
-
-
-JUMP = 0.5  # nats: a rise of the logged loss from one step to the next that counts as a jump
-
-
-def describe_rise(rise: dict[str, float]) -> str:
-    """Section 7: the largest rise of ``largest_rise``, in sentences written from the run's numbers."""
-    step, jump = rise["step"], rise["loss"] - rise["loss_before"]
-    windows = (rise["previous_window_tokens"], rise["window_tokens"])
-    lines = [
-        f"largest rise of the logged loss: step {step}, {rise['loss_before']:.2f} -> {rise['loss']:.2f} "
-        f"(+{jump:.2f}), then {rise['loss_after']:.2f}; gradient norm there {rise['grad_norm']:.1f} (median of "
-        f"the run {rise['median_grad_norm']:.1f}); learning rate logged the step before "
-        f"{rise['learning_rate_before']:.1e}",
-        f"tokens in the windows of steps {step - 1} and {step}: {windows[0]:.0f} and {windows[1]:.0f} (all windows "
-        f"of the run: {rise['min_window_tokens']:.0f} to {rise['max_window_tokens']:.0f})",
-    ]
-    ordinary = rise["min_window_tokens"] < min(windows) and max(windows) < rise["max_window_tokens"]
-    if jump < JUMP:
-        lines.append(f"no jump in this run: no step raised the logged loss by {JUMP} nats or more")
-    elif ordinary and rise["grad_norm"] > 10 * rise["median_grad_norm"]:
-        lines.append(
-            f"a jump with windows of ordinary size and a gradient norm "
-            f"{rise['grad_norm'] / rise['median_grad_norm']:.0f}x the median: the update before it made the "
-            "model worse; the samples are not the cause"
-        )
-    else:
-        lines.append("a jump that these logs do not explain: look at the samples of those windows")
-    return "\n".join(lines)
 
 
 def plot_runs(curves: dict[str, StepRecorder], n: int, output_dir: Path) -> Path:

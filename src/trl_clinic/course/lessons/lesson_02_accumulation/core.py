@@ -16,11 +16,11 @@
 # **You will learn**
 # * why adding per-micro-batch means reweights tokens;
 # * the line that makes the trainer count tokens again;
-# * a 13-line check of your own trainer, beside the `checkup` probe.
+# * a 13-line check of your own trainer, beside the `checkup` [probe](../README.md#words-the-lessons-use).
 #
 # **You should know**: `SFTTrainer`'s `gradient_accumulation_steps`; `-100` labels carry no loss.
 #
-# **Time**: 21 s to run on the cpu profile; about 25 minutes to work through.
+# **Time**: 21 s to run on the cpu [profile](../README.md#words-the-lessons-use); about 25 minutes to work through.
 #
 # > **Hosted** (Colab, Kaggle, no clone): upload the wheel `uv build` makes, then run `%pip install "./trl_clinic-0.1.0-py3-none-any.whl[course]"` first.
 
@@ -30,13 +30,14 @@ seed = 0
 output_dir = None  # None: outputs/02_gradient_accumulation_loss at the repository root
 
 # %%
+import trl_clinic.course  # first: the lessons' offline mode, and two optional libraries' warnings kept quiet
 from trl import SFTConfig, SFTTrainer
 
 from trl_clinic import checkup
 from trl_clinic.course import data
 from trl_clinic.course.lessons.lesson_02_accumulation import companion
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import above, below, conclude, measured, save_metrics
+from trl_clinic.course.results import check
 from trl_clinic.probes.gradients import cosine, relative_error
 
 run = start_run("02", profile, seed, output_dir)
@@ -193,7 +194,7 @@ for row in sweep:
     print(f"1 x {row['accumulation']:>2}: without the fix {row['without_fix']:.2f}, with it {row['with_fix']:.1e}")
 
 # %% [markdown]
-# The check-up's `accumulation` probe runs the same test on a few micro-batches, without stepping the optimizer:
+# The [check-up](../README.md#words-the-lessons-use)'s `accumulation` probe runs the same test on a few micro-batches, without stepping the optimizer:
 
 # %%
 reports = {name: checkup(steps.trainer(1, N, fixed=fix), only=["accumulation"], show=not fix)  # the failing table
@@ -259,64 +260,16 @@ custom = None  # accumulation_error(lambda b, k: steps.trainer(b, k, fixed=True,
 # %% [markdown]
 # ## Checks
 #
-# The claims above, asserted on this run's numbers and written to `metrics.json`.
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def bad_checks(n: dict) -> dict:
-    """Without the fix (``runs["without_fix"]``): the symptom, its mechanism by hand, training, the checks that flag it."""
-    bad, good = n["runs"]["without_fix"], n["runs"]["with_fix"]
-    return {
-        "Qwen2.5-VL declares no loss kwargs": measured(not n["model"]["accepts_loss_kwargs"]),
-        "without the fix the Trainer counts no tokens for it": measured(not bad["trainer_counts_tokens"]),
-        "batch 1 x N misses batch N's gradient (relative error > 1e-2)": measured(above(bad["relative_error"], 1e-2)),
-        "batch 1 x N's gradient points elsewhere (1 - cosine > 1e-2)": measured(above(1 - bad["cosine"], 1e-2)),
-        "batch 1 x N's gradient is the mean of per-row means by hand (< 1e-4)":
-            measured(below(bad["vs_mean_of_means"], 1e-4)),
-        "trained without the fix, the held-out loss ends over 1.1x the fixed run's":
-            measured(above(bad["held_out"][-1] / good["held_out"][-1], 1.1)),
-        "the portable check flags the trainer without the fix at every other count (> 1e-2)":
-            measured(above(min(bad["sweep"]), 1e-2)),
-        "the checkup probe fails the trainer without the fix": measured("fail" in bad["probe"]),
-    }
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def good_checks(n: dict) -> dict:
-    """With the fix (``runs["with_fix"]``): batch 1 x N is batch N, and the portable check and the probe say so."""
-    good = n["runs"]["with_fix"]
-    return {
-        "batch N's gradient is the mean over all label tokens by hand (< 1e-4)":
-            measured(below(n["big_vs_token_mean"], 1e-4)),
-        "with the fix batch 1 x N matches batch N (< 1e-4)": measured(below(good["relative_error"], 1e-4)),
-        "the portable check passes the trainer with the fix at every other count (< 1e-4)":
-            measured(below(max(good["sweep"]), 1e-4)),
-        "the checkup probe passes the trainer with the fix": measured(good["probe"] == ["ok"]),
-    }
-
-
-def checks(n: dict) -> tuple[dict, dict]:
-    """The claims above as functions of the numbers alone (a test swaps the two runs and expects each group to fail)."""
-    return bad_checks(n), good_checks(n)
-
+# The claims above, asserted on this run's numbers.
 
 # %% jupyter={"source_hidden": true}
-gradients = {"without_fix": (acc_gradient, accumulated, acc_log), "with_fix": (fixed_gradient, fixed, fixed_log)}
+# each run (curves' keys: without_fix, with_fix) against batch N's gradient, the objectives by hand, its curve and checks
 runs = {name: {"trainer_counts_tokens": bool(trainer.model_accepts_loss_kwargs), "grad_norm": log["grad_norm"],
                "relative_error": relative_error(gradient, big_gradient), "cosine": cosine(gradient, big_gradient),
-               "vs_mean_of_means": relative_error(gradient, by_hand["mean_of_means"]),
-               "held_out": curves[name]["held_out"], "held_out_steps": curves[name]["steps"],
-               "sweep": [row[name] for row in sweep], "probe": probe[name]}
-        for name, (gradient, trainer, log) in gradients.items()}
+               "vs_mean_of_means": relative_error(gradient, by_hand["mean_of_means"]), "held_out": curves[name]["held_out"],
+               "held_out_steps": curves[name]["steps"], "sweep": [row[name] for row in sweep], "probe": probe[name]}
+        for name, gradient, trainer, log in zip(curves, (acc_gradient, fixed_gradient), (accumulated, fixed), (acc_log, fixed_log))}
 numbers = {"model": {"class": type(big.model).__name__, "accepts_loss_kwargs": bool(type(big.model).accepts_loss_kwargs)},
-           "accumulation": N, "window_label_tokens": counts, "big_grad_norm": big_log["grad_norm"],
-           "big_vs_token_mean": relative_error(big_gradient, by_hand["token_mean"]),
-           "sweep_accumulation": [row["accumulation"] for row in sweep], "runs": runs}
-bad, good = runs["without_fix"], runs["with_fix"]
-summary = (f"Today's SFTTrainer on {numbers['model']['class']} (it declares no loss kwargs): batch 1 x {N} missed "
-           f"batch {N}'s gradient by {bad['relative_error']:.0%} (cosine {bad['cosine']:.2f}), exactly the mean of "
-           f"per-row means, which weighs a short answer's tokens {max(counts) / min(counts):.0f}x a long one's; trained "
-           f"{sizes.train_steps} steps it ended at held-out loss {bad['held_out'][-1]:.2f} against "
-           f"{good['held_out'][-1]:.2f} with trainer.model_accepts_loss_kwargs = True, which matched batch {N} to "
-           f"{good['relative_error']:.0e}.")
-metrics = save_metrics(run, "02", numbers, checks, summary=summary)
-conclude(metrics, run.output_dir)
+           "accumulation": N, "window_label_tokens": counts, "sweep_accumulation": [row["accumulation"] for row in sweep],
+           "big_grad_norm": big_log["grad_norm"], "big_vs_token_mean": relative_error(big_gradient, by_hand["token_mean"]), "runs": runs}
+check(run, numbers)

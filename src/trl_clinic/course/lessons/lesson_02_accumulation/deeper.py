@@ -20,8 +20,7 @@
 #    checked against the real 4.45.2 in section 1) and a custom `compute_loss` that drops the count;
 # 4. what that custom loss logs, and what `loss_is_scaled_for_ga` changes;
 # 5. why packed rows suffer less;
-# 6. the report's two settings trained to the end;
-# 7. a loss jump that has nothing to do with accumulation.
+# 6. the report's two settings trained to the end.
 #
 # > **Hosted** (Colab, Kaggle, no clone): upload the wheel `uv build` makes, then run `%pip install "./trl_clinic-0.1.0-py3-none-any.whl[course]"` first.
 
@@ -31,12 +30,14 @@ seed = 0
 output_dir = None  # None: outputs/02_gradient_accumulation_loss_deeper at the repository root
 
 # %%
+import textwrap
+
 from trl_clinic.course import data, eras, handshake
 from trl_clinic.course.lessons.lesson_02_accumulation import companion_deeper as companion
 from trl_clinic.course.lessons.lesson_02_accumulation.companion import FirstStep
 from trl_clinic.course.models import model_maker
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import above, below, conclude, injected, measured, recreated, save_metrics
+from trl_clinic.course.results import check
 from trl_clinic.course.runtime import progress
 from trl_clinic.course.stand_ins import MeanPerMicroBatchSFTTrainer
 from trl_clinic.probes.gradients import relative_error
@@ -124,7 +125,7 @@ no_loss_kwargs = companion.models_without_loss_kwargs()
 top_level = sorted({c for classes in no_loss_kwargs.values() for c in classes if c.endswith(("ForConditionalGeneration", "ForCausalLM"))})
 print(f"{sum(map(len, no_loss_kwargs.values()))} classes in {len(no_loss_kwargs)} modeling files set "
       f"accepts_loss_kwargs = False; the ones a fine-tune passes to a trainer ({len(top_level)}):")
-print(", ".join(top_level))
+print(textwrap.fill(", ".join(top_level), width=116))  # folded to the screen
 
 # %% [markdown]
 # ## 3. Every accumulation count, three paths
@@ -204,7 +205,7 @@ print(f"longest sample {spread['longest_sample_tokens']} tokens, packed rows of 
 packed_big, _ = packed_steps.run_step(N, 1, packing=True, order="random")
 packed = {path: {"packed": relative_error(packed_steps.run_step(1, N, path, packing=True, order="random")[0], packed_big),
                  "single": errors[path][sizes.accumulation_sweep.index(N)]} for path in ("old", "today")}
-print(f"first step at 1 x {N} vs {N}, packed rows against one sample per micro-batch: old arithmetic "
+print(f"first step at 1 x {N} vs {N}, packed rows against one sample per micro-batch:\n  old arithmetic "
       f"{packed['old']['packed']:.1e} against {packed['old']['single']:.2f} "
       f"({packed['old']['single'] / packed['old']['packed']:.0f}x less), today {packed['today']['packed']:.1e}")
 
@@ -251,119 +252,14 @@ print(f"lowest short/long ratio (short answers learned best relative to long one
 figure_path = companion.plot_runs(curves, N, run.output_dir)
 
 # %% [markdown]
-# ## 7. A loss jump that is not accumulation
-#
-# On some seeds the big batch's logged loss jumps once early in training, and today's with it, at the same
-# step and by the same amount: they are the same computation. The loss logged at a step is computed on that
-# step's window with the weights after the previous update, so a jump is either a harder window or an update
-# that made the model worse. The run's own logs tell which:
-
-# %%
-rise = companion.largest_rise(curves["big batch"])
-print(companion.describe_rise(rise))
-
-# %% [markdown]
-# Windows of ordinary size with a gradient norm far above its median point at the update, not the samples.
-# Such a jump has nothing to do with accumulation: the big batch accumulates nothing.
-
-# %% [markdown]
 # ## Checks
 #
-# The claims above, asserted on this run's numbers and written to `metrics.json`.
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def era_checks(n: dict) -> tuple[dict, dict]:
-    """The real transformers 4.45.2 / TRL 0.11.4 against today's Trainer on the same spec (absent when the era was
-    skipped): ``runs["old"]`` is the real 4.45.2 SFTTrainer (and today's re-creation of it), ``runs["today"]`` today's."""
-    then = n["then"]
-    if then["status"] != "finished":
-        return {}, {}
-    old, today = then["runs"]["old"], then["runs"]["today"]
-    symptom = {
-        "on transformers 4.45.2, SFTTrainer's gradient is the mean of per-micro-batch means (< 1e-5)":
-            measured(below(old["vs_mean_of_means"], 1e-5)),
-        "on transformers 4.45.2, it misses the full-batch gradient (> 1e-2)": measured(above(old["vs_full_batch"], 1e-2)),
-        "today's re-creation gives the real 4.45.2 gradient (< 1e-5)": recreated(below(old["vs_real_sft_trainer"], 1e-5)),
-    }
-    fix = {"today's Trainer gives the full-batch gradient computed on transformers 4.45.2 (< 1e-5)":
-           measured(below(today["vs_full_batch"], 1e-5))}
-    return symptom, fix
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def old_path_checks(n: dict) -> dict:
-    """The old arithmetic (re-created), padded and packed, and the custom compute_loss (a fault set by hand)."""
-    old, custom, spread, packed = n["sweep"]["old"], n["sweep"]["custom"], n["label_spread"], n["packed"]["old"]
-    return {
-        "old arithmetic misses the big-batch gradient at every count (> 1e-2)":
-            recreated(above(min(r["relative_error"] for r in old), 1e-2)),
-        "old arithmetic points another way at every count (1 - cosine > 1e-2)":
-            recreated(above(min(1 - r["cosine"] for r in old), 1e-2)),
-        "custom mean-per-micro-batch loss misses it at every count (> 1e-2)":
-            injected(above(min(r["relative_error"] for r in custom), 1e-2)),
-        "custom loss gradient is k times the old path's (< 1e-5)":
-            injected(below(max(r["vs_count_times_old"] for r in custom), 1e-5)),
-        "custom loss reports k times the old path's training loss (within 1e-4)": injected(below(max(
-            abs(c["reported_loss"] / o["reported_loss"] / c["accumulation"] - 1) for c, o in zip(custom, old)), 1e-4)),
-        "declared loss_is_scaled_for_ga=False gives the old path's gradient (< 1e-5)":
-            injected(below(n["vs_old"]["declared"]["relative_error"], 1e-5)),
-        "packed rows hold more even label counts than single samples (spread at most half)": measured(below(
-            spread["packed"]["coefficient_of_variation"] / spread["padded"]["coefficient_of_variation"], 0.5)),
-        "packing cuts the old arithmetic's gradient error by over 0.5 (from about 1)":
-            recreated(above(packed["single"] - packed["packed"], 0.5)),
-        "on packed rows the old arithmetic still misses the big batch (> 1e-4)": recreated(above(packed["packed"], 1e-4)),
-    }
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def run_checks(n: dict) -> dict:
-    """The old arithmetic trained to the end (re-created): another logged loss, another model."""
-    held_out, short_long, big = n["held_out_loss"], n["held_out_short_long_ratio"], "big batch"
-    return {
-        "old arithmetic logs another training loss than the big batch (gap > 1e-2)":
-            recreated(above(n["train_loss_gap"]["old"], 1e-2)),
-        "old arithmetic ends with a held-out loss over 1.1x the big batch's":
-            recreated(above(held_out["old"]["all"] / held_out[big]["all"], 1.1)),
-        "old arithmetic favours short answers (short/long held-out ratio under 0.9x the big batch's)":
-            recreated(below(short_long["old"] / short_long[big], 0.9)),
-    }
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def fix_checks(n: dict) -> dict:
-    """Today's num_items_in_batch on a model that accepts loss kwargs: batch 1 x k is batch k, step after step."""
-    held_out, spread = n["held_out_loss"], n["label_spread"]
-    return {
-        "num_items_in_batch matches the big batch at every count (< 1e-4)":
-            measured(below(max(r["relative_error"] for r in n["sweep"]["today"]), 1e-4)),
-        "no sample was cut by packing (the longest fits a packed row)":
-            measured(spread["longest_sample_tokens"] <= spread["packing_length"]),
-        "num_items_in_batch matches the big batch on packed rows too (< 1e-4)":
-            measured(below(n["packed"]["today"]["packed"], 1e-4)),
-        "batch 1 x N logs the big batch's training loss at every step (within 1e-3)":
-            measured(below(n["train_loss_gap"]["today"], 1e-3)),
-        "batch 1 x N ends with the big batch's held-out loss (within 1e-3)":
-            measured(below(abs(held_out["today"]["all"] / held_out["big batch"]["all"] - 1), 1e-3)),
-    }
-
-
-def checks(n: dict) -> tuple[dict, dict]:
-    """The claims above as functions of the numbers alone (a test swaps today's path with the old ones and expects
-    each group to fail)."""
-    era_symptom, era_fix = era_checks(n)
-    return {**era_symptom, **old_path_checks(n), **run_checks(n)}, {**fix_checks(n), **era_fix}
-
+# The claims above, asserted on this run's numbers.
 
 # %% jupyter={"source_hidden": true}
 numbers = {"then": then_numbers, "sweep": sweep, "vs_old": vs_old, "old_reported_loss": old_loss, "label_spread": spread,
            "packed": packed, "held_out_loss": held_out, "held_out_short_long_ratio": short_long,
            "train_loss_gap": train_gap, "curve_accumulation": N, "curve_steps": sizes.curve_steps,
-           "largest_loss_rise": rise, "models_without_loss_kwargs": no_loss_kwargs, "top_level_without_loss_kwargs": top_level}
-real_too = "; the real transformers 4.45.2 gave the same gradient" if then.finished else ""
-summary = (f"Batch 1 x {N} with the pre-4.46 per-micro-batch mean (recreated{real_too}) missed the batch-{N} gradient "
-           f"by {packed['old']['single']:.0%} and after {sizes.curve_steps} steps ended with held-out loss "
-           f"{held_out['old']['all']:.3f} against {held_out['big batch']['all']:.3f}; a custom compute_loss that drops "
-           f"num_items_in_batch gave the old gradient {N} times longer; {len(top_level)} model classes of today's "
-           f"transformers declare no loss kwargs.")
-metrics = save_metrics(run, "02-deeper", numbers, checks, summary=summary, eras=[then.to_metrics()])
-conclude(metrics, run.output_dir)
+           "models_without_loss_kwargs": no_loss_kwargs, "top_level_without_loss_kwargs": top_level}
+era_records = [then.to_metrics()]  # the era's run: finished, skipped or failed
+check(run, numbers, eras=era_records)

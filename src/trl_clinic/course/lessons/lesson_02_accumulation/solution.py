@@ -18,6 +18,7 @@ seed = 0
 output_dir = None  # None: outputs/02_gradient_accumulation_loss at the repository root
 
 # %%
+import trl_clinic.course  # first: the lessons' offline mode, and two optional libraries' warnings kept quiet
 from trl import SFTTrainer
 
 from trl_clinic.course import data

@@ -20,7 +20,7 @@
 #
 # **You should know**: lesson 02 ([02_gradient_accumulation_loss.ipynb](02_gradient_accumulation_loss.ipynb)); DDP averages gradients over processes.
 #
-# **Time**: 25 s to run on the cpu profile; about 20 minutes to work through.
+# **Time**: 25 s to run on the cpu [profile](../README.md#words-the-lessons-use); about 20 minutes to work through.
 #
 # > **Hosted** (Colab, Kaggle, no clone): upload the wheel `uv build` makes, then run `%pip install "./trl_clinic-0.1.0-py3-none-any.whl[course]"` first.
 
@@ -30,12 +30,13 @@ seed = 0
 output_dir = None  # None: outputs/02b_gradient_accumulation_ddp at the repository root
 
 # %%
+import trl_clinic.course  # first: the lessons' offline mode, and two optional libraries' warnings kept quiet
 from trl import SFTConfig
 
 from trl_clinic.course import child
 from trl_clinic.course.lessons.lesson_02b_accumulation_ddp import companion
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import above, below, conclude, measured, save_metrics
+from trl_clinic.course.results import check
 from trl_clinic.probes.gradients import relative_error
 
 run = start_run("02b", profile, seed, output_dir)
@@ -140,7 +141,7 @@ def first_gradient(trainer):
 
 # %% [markdown]
 # Here on the one-process trainer, against the gradients the processes produced: it is section 1's comparison
-# again, through these lines. The check-up's `accumulation` probe (`checkup(trainer, only=["accumulation"])`, run
+# again, through these lines. The [check-up](../README.md#words-the-lessons-use)'s `accumulation` [probe](../README.md#words-the-lessons-use) (`checkup(trainer, only=["accumulation"])`, run
 # in each process before training, at accumulation k) flags the setting from the config:
 
 # %%
@@ -193,44 +194,12 @@ two_per_process = {**spec, "batch_size": 2}
 # %% [markdown]
 # ## Checks
 #
-# The claims above, asserted on this run's numbers and written to `metrics.json`.
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def checks(n: dict) -> tuple[dict, dict]:
-    """The claims above as functions of the numbers alone: the symptom's read the per-process run, the fix's the
-    run that counts across processes (a test swaps the two runs and expects each group to fail)."""
-    bad, good = n["runs"]["per-process"], n["runs"]["across processes"]
-    unequal = [len({sum(c) for c in per_rank}) > 1 for per_rank in n["label_counts"].values()]
-    symptom = {
-        "the processes saw different numbers of label tokens at every accumulation count": measured(all(unequal)),
-        "per-process num_items_in_batch misses the big batch at every count (> 1e-2)":
-            measured(above(min(r["relative_error"] for r in bad["comparison"]), 1e-2)),
-        "the per-process gradient is (S0/N0 + S1/N1) / W by hand (< 1e-4)": measured(below(bad["by_hand"], 1e-4)),
-        "the checkup probe warns on the per-process trainer": measured("warn" in bad["probe"]),
-    }
-    fix = {
-        "the reference saw as many label tokens as the processes together": measured(n["same_samples"]),
-        "the portable check's one-process gradient is the reference (< 1e-6)":
-            measured(below(n["portable_vs_reference"], 1e-6)),
-        "counts across processes match the big batch at every count (< 1e-4)":
-            measured(below(max(r["relative_error"] for r in good["comparison"]), 1e-4)),
-        "the checkup probe passes the trainer that counts across processes": measured(good["probe"] == ["ok"]),
-    }
-    return symptom, fix
-
+# The claims above, asserted on this run's numbers.
 
 # %% jupyter={"source_hidden": true}
-same_samples = companion.same_label_tokens(counts, references)
 runs = {setting: {"comparison": comparison[setting], "by_hand": by_hand[setting],
                   "probe": [status for status, _ in launched.result["probe"][setting]]} for setting in SETTINGS}
 numbers = {"backend": world["backend"], "processes": world["processes"], "ran_as": launched.result["ran_as"],
-           "label_counts": counts, "window_tokens": tokens, "runs": runs, "same_samples": same_samples,
+           "label_counts": counts, "window_tokens": tokens, "runs": runs, "same_samples": companion.same_label_tokens(counts, references),
            "portable": portable, "portable_vs_reference": same_reference, "default_across": default}
-worst, fixed_error = max(errors := [r["relative_error"] for r in comparison["per-process"]]), max(
-    r["relative_error"] for r in comparison["across processes"])
-summary = (f"On {world['processes']} processes over {world['backend']}, per-process num_items_in_batch "
-           f"(average_tokens_across_devices=False) was up to {worst:.0%} off one process with the whole batch, exactly "
-           f"the per-process weighting (by hand {by_hand['per-process']:.0e}); average_tokens_across_devices=True "
-           f"matched to {fixed_error:.0e}.")
-metrics = save_metrics(run, "02b", numbers, checks, summary=summary)
-conclude(metrics, run.output_dir)
+check(run, numbers)

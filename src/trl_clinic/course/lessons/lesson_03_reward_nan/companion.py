@@ -160,6 +160,26 @@ def first_nonfinite_step(values: list[float]) -> int | None:
     return next((step for step, value in enumerate(values, start=1) if not math.isfinite(value)), None)
 
 
+def record(
+    trainer: RewardTrainer, log: StepRecorder, dtype: torch.dtype, one_step: dict, accuracy: float, after_one_step: dict
+) -> dict:
+    """One run's numbers for the checks (the lesson's checks.py): its log and raw losses, the Trainer's NaN filter
+    replayed on them, ``one_step`` (the AdamW-step table, by dtype name), its held-out ``accuracy`` and what the
+    checks found around one step (``after_one_step``, by dtype)."""
+    raw_losses, args = log.series("raw_loss")[1], trainer.args
+    replayed = replay_nan_filter(raw_losses, args.gradient_accumulation_steps, args.logging_steps)
+    return {
+        "dtype": str(dtype),
+        "logged_loss": log.series("loss")[1],
+        "logged_grad_norm": log.series("grad_norm")[1],
+        "raw_loss": raw_losses,
+        "replayed_logs": replayed,
+        "one_adam_step": one_step[str(dtype).removeprefix("torch.")],
+        "eval_accuracy": accuracy,
+        **after_one_step[dtype],
+    }
+
+
 def plot_bad_vs_fixed(report: StepRecorder, fixed: StepRecorder, accuracy: dict[str, float], output_dir: Path) -> Path:
     """The core's figure: what the log said, and what the model returned at every step, fp16 against float32."""
     steps, raw = report.series("raw_loss")

@@ -20,7 +20,7 @@
 #
 # **You should know**: `RewardTrainer` with a peft `LoraConfig`; AdamW's `m`, `v`, `eps`.
 #
-# **Time**: 34 s to run on the cpu profile; about 25 minutes to work through.
+# **Time**: 34 s to run on the cpu [profile](../README.md#words-the-lessons-use); about 25 minutes to work through.
 #
 # > **Hosted** (Colab, Kaggle, no clone): upload the wheel `uv build` makes, then run `%pip install "./trl_clinic-0.1.0-py3-none-any.whl[course]"` first.
 
@@ -34,13 +34,11 @@ import math
 
 import torch
 
-from IPython.display import Markdown, display
-
 from trl_clinic import checkup
 from trl_clinic.course.lessons.lesson_03_reward_nan.companion import (first_nonfinite_step, keep_log, plot_bad_vs_fixed,
-                                                      preference_data, reward_trainer)
+                                                      preference_data, record, reward_trainer)
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import above, below, conclude, measured, save_metrics
+from trl_clinic.course.results import check
 from trl_clinic.probes.recording import quiet
 
 run = start_run("03", profile, seed, output_dir)
@@ -133,7 +131,7 @@ def check_trainable(model: torch.nn.Module) -> list[str]:
 
 # %% [markdown]
 # One optimizer step of the report's trainer and of the same trainer with float32 weights; before each trains,
-# the check-up's probes `fp16_adamw` and `reward_head` ask the same questions (its table shows the fp16 one):
+# the [check-up](../README.md#words-the-lessons-use)'s [probes](../README.md#words-the-lessons-use) `fp16_adamw` and `reward_head` ask the same questions (its table shows the fp16 one):
 
 # %%
 after_one_step = {}
@@ -228,84 +226,9 @@ no_head = reward_trainer(run, pairs, torch.float16, "no-head", task_type="SEQ_CL
 #
 # The claims above, asserted on this run's numbers.
 
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def finite(value: float) -> float:
-    """The value when finite, else NaN (which passes no comparison): "a huge finite number" is never inf."""
-    return value if math.isfinite(value) else math.nan
-
-
-def log_checks(bad: dict) -> dict:
-    """The report's run (fp16 weights): its log, and the raw loss under it."""
-    logged, raw = bad["logged_loss"], bad["raw_loss"]
-    replay_error = max((abs(p - q) / abs(p) if p else abs(q) for p, q in zip(bad["replayed_logs"], logged)),
-                       default=math.nan) if len(bad["replayed_logs"]) == len(logged) else math.nan
-    return {
-        "the first logged loss is a huge finite number (> 1e30)": measured(above(finite(logged[0]), 1e30)),
-        "every later logged loss is exactly 0": measured(len(logged) > 1 and all(v == 0.0 for v in logged[1:])),
-        "the logged grad norm is NaN at every log": measured(bool(bad["logged_grad_norm"])
-                                                             and all(math.isnan(v) for v in bad["logged_grad_norm"])),
-        "the raw loss is finite at step 1 and non-finite at every later step": measured(
-            len(raw) > 1 and math.isfinite(raw[0]) and not any(math.isfinite(v) for v in raw[1:])),
-        "the NaN filter's arithmetic, replayed on the raw losses, gives every logged number (within 1e-2)":
-            measured(below(replay_error, 1e-2)),
-    }
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def symptom_checks(n: dict) -> dict:
-    """The report's run: its log (above), one AdamW step on its dtype, and what the checks say around one step."""
-    bad = n["runs"]["without_fix"]
-    step = bad["one_adam_step"]
-    return {
-        **log_checks(bad),
-        "one AdamW step on the run's dtype: inf where v underflows, NaN where m does too, finite at g=1e-2":
-            measured(math.isfinite(step["0.01"]) and math.isinf(step["0.001"])
-                     and math.isnan(step["1e-07"]) and math.isnan(step["0"])),
-        "after one step check_trainable flags the fp16 score head, non-finite, and nothing else": measured(
-            bool(bad["check_trainable"]) and all("score" in p and " inf, " in p and "float16" in p
-                                                 for p in bad["check_trainable"])),
-        "the check-up's fp16_adamw probe fails on the report's trainer": measured(bad["checkup"]["fp16_adamw"] == "fail"),
-    }
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def fix_checks(n: dict) -> dict:
-    """The same run and checks with float32 weights: finite, learning, and clean to both checks."""
-    fixed = n["runs"]["with_fix"]
-    return {
-        "the fixed run's raw loss is finite at every step": measured(
-            bool(fixed["raw_loss"]) and all(math.isfinite(v) for v in fixed["raw_loss"])),
-        "the fixed run ranks held-out pairs above chance (accuracy > 0.6)": measured(above(fixed["eval_accuracy"], 0.6)),
-        "after one step check_trainable finds nothing": measured(fixed["check_trainable"] == []),
-        "the check-up's fp16_adamw and reward_head probes are ok on the fixed trainer":
-            measured(fixed["checkup"] == {"fp16_adamw": "ok", "reward_head": "ok"}),
-    }
-
-
-def checks(n: dict) -> tuple[dict, dict]:
-    """The symptom and its mechanism, then the fix; every check on today's real code path."""
-    return symptom_checks(n), fix_checks(n)
-
-
 # %% jupyter={"source_hidden": true}
-from trl_clinic.probes.recording import replay_nan_filter  # the Trainer's filter, micro-batch by micro-batch
-
-
-def record(trainer, log, dtype: torch.dtype, name: str) -> dict:
-    """One run's numbers: its log and raw losses, the filter replayed, one AdamW step and the checks after one."""
-    raw_losses, args = log.series("raw_loss")[1], trainer.args
-    replayed = replay_nan_filter(raw_losses, args.gradient_accumulation_steps, args.logging_steps)
-    return {"dtype": str(dtype), "logged_loss": log.series("loss")[1], "logged_grad_norm": log.series("grad_norm")[1],
-            "raw_loss": raw_losses, "replayed_logs": replayed, "one_adam_step": one_step_table[str(dtype)[6:]],
-            "eval_accuracy": accuracy[name], **after_one_step[dtype]}
-
-
-numbers = {"runs": {"without_fix": record(report, report_log, torch.float16, "fp16 (report)"),
-                    "with_fix": record(fixed, fixed_log, torch.float32, "float32 (fixed)")}}
-logged = numbers["runs"]["without_fix"]["logged_loss"]
-summary = (f"fp16 weights with the non-fused AdamW logged loss {logged[0]:.2g}, grad norm NaN, then {logged[-1]:g}: "
-           f"the raw loss was NaN from step {first_bad}, after one AdamW step turned the fp16 score head non-finite. "
-           f"float32 weights stayed finite and ranked {accuracy['float32 (fixed)']:.0%} of held-out pairs right.")
-metrics = save_metrics(run, "03", numbers, checks, summary=summary)
-display(Markdown(summary))
-conclude(metrics, run.output_dir)
+numbers = {"runs": {"without_fix": record(report, report_log, torch.float16, one_step_table, accuracy["fp16 (report)"],
+                                          after_one_step),
+                    "with_fix": record(fixed, fixed_log, torch.float32, one_step_table, accuracy["float32 (fixed)"],
+                                       after_one_step)}}
+check(run, numbers)

@@ -28,13 +28,12 @@ import math
 import textwrap
 
 import torch
-from IPython.display import Markdown, display
 
 from trl_clinic.course.lessons.lesson_03_reward_nan.companion import (FirstGradient, accumulation_run, adam_state,
                                                       head_report, load_outcome, plot_deeper, preference_data,
                                                       reward_trainer, save_checkpoints)
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import above, below, conclude, measured, save_metrics
+from trl_clinic.course.results import check
 from trl_clinic.probes.nonfinite import NonFiniteProbe
 from trl_clinic.probes.recording import StepRecorder, quiet
 
@@ -291,109 +290,7 @@ plot_deeper({k: runs["fp16"]["sweep"][k] for k in sizes.accumulation_sweep}, acc
 #
 # The claims above, asserted on this run's numbers.
 
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def finite(value: float) -> float:
-    """The value when finite, else NaN (which passes no comparison)."""
-    return value if value is not None and math.isfinite(value) else math.nan
-
-
-def today_checks(n: dict) -> dict:
-    """What today's stack does with the report's settings: the optimizer default and the dtype spellings."""
-    bad, spellings = n["runs"]["without_fix"], n["spellings"]
-    step = bad["one_step"]
-    return {
-        "transformers' default optimizer is the fused AdamW": measured(n["default_optim"] == "adamw_torch_fused"),
-        "the fused default hides it: one fused step keeps the weight finite where the non-fused one does not, and "
-        "the fused run stays finite": measured(
-            all(math.isfinite(v) for v in step["fused"].values())
-            and not any(math.isfinite(v) for v in step["non_fused"].values())
-            and bool(bad["fused_raw_loss"]) and all(math.isfinite(v) for v in bad["fused_raw_loss"])),
-        "legacy torch_dtype is ignored (the weights stay fp32)": measured(
-            "float32" in spellings["{'torch_dtype': 'float16'} on checkpoint-float32"]),
-        "'half' is rejected": measured(spellings["{'dtype': 'half'} on checkpoint-float32"].startswith("ValueError")),
-        "dtype='float16', or 'auto' on an fp16 checkpoint, gives fp16 trainable weights": measured(
-            all("float16" in outcome for outcome in bad["spellings"].values())),
-    }
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def mechanism_checks(n: dict) -> dict:
-    """The first bad tensor, AdamW's state, the spread through clipping."""
-    bad = n["runs"]["without_fix"]
-    adam, probe = bad["adam"], bad["probe"]
-    return {
-        "the first bad tensor is the fp16 score head, made so by the update of step 1":
-            measured(probe["where"] == "weight" and probe["step"] == 1 and bool(probe["tensors"])
-                     and all("score" in name for name in probe["tensors"])),
-        "v is 0 exactly for the weights whose |g| is below the v threshold (no mismatch)":
-            measured(below(adam["mismatches"], 0.5)),
-        "the update made exactly those weights non-finite: inf where m survived, NaN where it underflowed too":
-            measured(bool(adam["inf_weights"] + adam["nan_weights"]) and adam["inf_where_only_v_underflowed"]
-                     and adam["nan_where_m_underflowed_too"]),
-        "the NaN spread to every trainable tensor": measured(
-            bool(bad["poisoned"]["non_finite"]) and bad["poisoned"]["non_finite"] == bad["poisoned"]["tensors"]),
-    }
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def log_checks(n: dict) -> dict:
-    """The NaN filter's arithmetic, accumulation, mixed precision and the frozen head."""
-    bad = n["runs"]["without_fix"]
-    sweep = bad["sweep"]
-    counts = sorted(sweep, key=int)
-    errors = [abs(p - g) / abs(p) if p else abs(g) for row in sweep.values()
-              for p, g in zip(row["replayed"], row["logged"])]
-    ratios = [sweep[b]["logged"][0] / sweep[a]["logged"][0] if sweep[a]["logged"][0] else math.nan
-              for a, b in zip(counts, counts[1:])]
-    return {
-        "the NaN filter's replay gives every logged number (within 1e-2)": measured(below(max(errors), 1e-2)),
-        "the run breaks at every accumulation count: accumulation does not cause the NaN":
-            measured(all(row["first_nonfinite_step"] is not None for row in sweep.values())),
-        "more accumulation inflates the first logged loss (over 1e3x each step of the sweep)":
-            measured(above(min(ratios), 1e3)),
-        "at accumulation 32 the log is a huge finite number (> 1e30)": measured(above(finite(sweep["32"]["logged"][0]), 1e30)),
-        "torch's gradient scaler refuses to unscale fp16 gradients":
-            measured(bad["amp"]["grad_scaler"] == "ValueError: Attempting to unscale FP16 gradients."),
-        "fp16=True does not rescue fp16 weights (an error or a non-finite loss)": measured(
-            bad["amp"]["outcome"] != "trained" or not all(math.isfinite(v) for v in bad["amp"]["raw_loss"])),
-        "without SEQ_CLS the head is frozen and not saved": measured(
-            not bad["head"]["head_trainable"] and not bad["head"]["score_saved"]),
-        "without SEQ_CLS a reload under another seed changes the rewards (> 1e-3)":
-            measured(above(bad["head"]["reload_max_reward_change"], 1e-3)),
-    }
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def fix_checks(n: dict) -> dict:
-    """The fix, float32 weights and SEQ_CLS: the same runs finite, the head trained, saved and reloaded."""
-    fixed = n["runs"]["with_fix"]
-    return {
-        "float32 weights stay finite at every accumulation count": measured(
-            bool(fixed["sweep"]) and all(row["first_nonfinite_step"] is None for row in fixed["sweep"].values())),
-        "fp16=True over float32 weights trains, every raw loss finite": measured(
-            fixed["amp"]["outcome"] == "trained" and bool(fixed["amp"]["raw_loss"])
-            and all(math.isfinite(v) for v in fixed["amp"]["raw_loss"])),
-        "with SEQ_CLS the head is trained and saved": measured(fixed["head"]["head_trainable"]
-                                                               and fixed["head"]["score_saved"]),
-        "the fixed reload reproduces the rewards (within 1e-4)": measured(
-            below(fixed["head"]["reload_max_reward_change"], 1e-4)),
-    }
-
-
-def checks(n: dict) -> tuple[dict, dict]:
-    """Today's settings, the mechanism and the log; then the fix. All on the real code path."""
-    return ({**today_checks(n), **mechanism_checks(n), **log_checks(n)}, fix_checks(n))
-
-
 # %% jupyter={"source_hidden": true}
 numbers = {"default_optim": default_optim, "spellings": spellings, "eval_accuracy": accuracy,
            "runs": {"without_fix": runs["fp16"], "with_fix": runs["float32"]}}
-sweep, adam = runs["fp16"]["sweep"], runs["fp16"]["adam"]
-summary = (f"Today's default fused AdamW kept fp16 weights finite; the non-fused one made {adam['inf_weights']} inf and "
-           f"{adam['nan_weights']} NaN weights of the fp16 score head in one step, exactly where its |g| fell below the "
-           "v threshold. The NaN filter logged "
-           + ", ".join(f"{sweep[k]['logged'][0]:.2g} (accumulation {k})" for k in sorted(sweep))
-           + " for the same NaN run; float32 weights stayed finite. Without SEQ_CLS the head stayed random and unsaved.")
-metrics = save_metrics(run, "03-deeper", numbers, checks, summary=summary)
-display(Markdown(summary))
-conclude(metrics, run.output_dir)
+check(run, numbers)

@@ -130,14 +130,48 @@ def show_scenarios(era: EraRun, names: list[str] | None = None, group: str = "sc
         SHOWN.add(kernel)
 
 
-def show_pairs(era: EraRun, pairs: list[str]) -> None:
-    """Each failing run of the era beside the same run with the fix (``PAIRS``)."""
-    show_scenarios(era, [name for pair in pairs for name in PAIRS[pair]])
+# the runs of the fix table, each a failing run and the same run with the fix (PAIRS), in a few words
+FIX_ROWS = {
+    "evaluate": "evaluate(), DPOConfig defaults",
+    "train_step": "train(), its first step",
+    "train_checkpointing": "train(gradient_checkpointing=True), then evaluate()",
+    "model_path": "evaluate(), a model path (policy; reference)",
+    "explicit_ref": "evaluate(), ref_model=<path> (policy; reference)",
+}
+SHORT = {"guard": "ValueError", "missing_flash_kernel": "past the check *", "finished": "finishes"}
+
+
+def brief_said(outcome: dict) -> str:
+    """One outcome in a table cell: the ValueError, past the check, or the other error's type; with what followed
+    it (then evaluate(), the reference model's forward) after a semicolon."""
+    words = [SHORT.get(outcome["verdict"], outcome.get("error_type") or "other error")]
+    words += [brief_said(outcome[step]) for step in ("then_evaluate", "reference_forward") if step in outcome]
+    return "; ".join(words)
 
 
 def show_fixes(era: EraRun) -> None:
-    """Each failing run beside the same run with the fix."""
-    show_pairs(era, ["evaluate", "train_step", "train_checkpointing", "model_path", "explicit_ref"])
+    """Each failing run beside the same run with the fix, as one small table (the fix is the only change), and the
+    missing kernel's error once under it."""
+    if not era.finished:
+        print(f"not run ({era.status})")
+        return
+    runs = era.result["scenarios"]
+    rows = [(FIX_ROWS[pair], *(brief_said(runs[name]) for name in PAIRS[pair])) for pair in FIX_ROWS]
+    head = (
+        f"TRL {era.versions.get('trl')}, transformers {era.versions.get('transformers')}",
+        "without the fix",
+        "with the fix",
+    )
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(3)]
+    for row in [head, tuple("-" * width for width in widths), *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    kernel = next(
+        (o["error"] for o in runs.values() if isinstance(o, dict) and o.get("verdict") == "missing_flash_kernel"), None
+    )
+    if kernel:  # the missing kernel's error once on a learner's screen
+        note = "the error shown above" if kernel in SHOWN else KERNEL_NOTE.format(error=kernel)[2:]
+        print(textwrap.fill(f"* then stopped at the first flash kernel call: {note}", 116, subsequent_indent="    "))
+        SHOWN.add(kernel)
 
 
 def show_cache_audit(era: EraRun) -> None:
@@ -291,10 +325,10 @@ def tiny_gpt2(run: Run, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
 
 def core_numbers(
     report: EraRun, grid: dict, generation: dict, lengths: list[int], portable: dict, checkup_found, dpo_padding: dict
-) -> tuple[dict, str]:
-    """The core's numbers: each side (right padding and the era's failing runs without the fix; left padding, the
-    era's runs with it and today's DPO evaluation with it) with the same fields, and DPO's batches; and the
-    report's sentences written from them (``summary``)."""
+) -> dict:
+    """The core's numbers for its checks (the lesson's checks.py): each side (right padding and the era's failing
+    runs without the fix; left padding, the era's runs with it and today's DPO evaluation with it) with the same
+    fields, and DPO's batches."""
     record = era_record(report)
     bad_era, fixed_era = era_sides(record)
     today = {
@@ -325,7 +359,7 @@ def core_numbers(
         },
         "shift": {s: generation[s]["first_token_logit_shift"] for s in ("left", "right")},
     }
-    return numbers, summary(numbers)
+    return numbers
 
 
 @contextlib.contextmanager
@@ -567,34 +601,6 @@ def print_scoring(scoring: dict) -> None:
         print(f"{name}: " + ", ".join(f"{mode} {diff:.1e}" for mode, diff in diffs.items()) + " (nats)")
 
 
-def summary(n: dict) -> str:
-    """Core: the report's sentences, written from this run's numbers."""
-    sentences = []
-    report, bad, fixed = n["then"], n["runs"]["without_fix"], n["runs"]["with_fix"]
-    if report["status"] == "finished":
-        on = f"On transformers {report['transformers']} + TRL {report['trl']}"
-        raised = bad["era"]["evaluate"]["verdict"] == "guard"
-        passed = fixed["era"]["evaluate"]["verdict"] in ("missing_flash_kernel", "finished")
-        cached = bad["dpo_eval"]["policy"]
-        sentences.append(
-            f"{on}, DPOTrainer.evaluate() on a Qwen2 told it is FlashAttention-2 "
-            + ("raised" if raised else "did not raise")
-            + " the padding_side='right' ValueError, and with model.config.use_cache=False it "
-            + ("got past the check" if passed else "did not get past it")
-            + f"; on a plain Qwen2 the same evaluation built a KV cache for {cached['right_padded_with_cache']} of "
-            f"{cached['right_padded']} right-padded policy forwards."
-        )
-    else:
-        sentences.append("The report's versions did not run (run `make eras`).")
-    today = fixed["dpo_eval"]["policy"]
-    sentences.append(
-        f"Today SmolLM2's batched generate() changed {bad['generation']['changed']}/{n['prompts']} answers with right "
-        f"padding and {fixed['generation']['changed']}/{n['prompts']} with left; DPO evaluation made "
-        f"{today['right_padded']} right-padded policy forwards, {today['right_padded_with_cache']} with a KV cache."
-    )
-    return " ".join(sentences)
-
-
 def deeper_numbers(
     first: EraRun,
     report: EraRun,
@@ -606,13 +612,22 @@ def deeper_numbers(
     gpt2_positioned: dict,
     scoring: dict,
     sft_eval: dict,
+    bf16_error: float,
+    flash: dict | None,
+    predicted: dict,
+    sft_eval_gap: dict,
+    padding_free: tuple,
 ) -> dict:
     """The deep dive's numbers: each experiment's two sides with the same fields (``runs``). Without the fix: the
     right-padded forward with the cache (both windows, for either fix), a forward keeping the cache on 4.40 beside TRL
     0.17's ``evaluate()`` on 4.51, the families with the check on 4.51, TRL 0.17's DPO evaluation of a plain Qwen2,
     GPT-2 scored without ``position_ids``, right-padded generation, SFT evaluation at eval batch 2. With it: the same
     forward without the cache and left-padded, TRL 0.8.6's ``evaluate()`` and ``padding_free=True`` on 0.17, today's
-    families, today's DPO evaluation (eval batch 1), positions from the mask, left-padded generation, eval batch 1."""
+    families, today's DPO evaluation (eval batch 1), positions from the mask, left-padded generation, eval batch 1.
+    Then the numbers the checks read beside the sides: the scoring table, bf16's error, FlashAttention's run (None
+    without one), ``padding_free`` (today's ``padding_free=True`` trainer, TRL's warnings and its training batch), and
+    the SFT eval losses predicted from rows scored alone, by eval batch size, and the gaps to them."""
+    trainer, warned, batch = padding_free
     records = {"4.40": era_record(first), "4.51": era_record(report)}
     direct = {era: (r["direct_forward"] if r["status"] == "finished" else None) for era, r in records.items()}
     sides: dict[str, dict] = {"without_fix": {}, "with_fix": {}}
@@ -650,35 +665,25 @@ def deeper_numbers(
         "generation": generation,
         "lengths": lengths,
         "no_position_ids": no_positions,
+        "scoring": scoring,
+        "bf16_error": bf16_error,
+        "flash_attention": flash,
+        "padding_free_today": {
+            "honoured": trainer.padding_free,
+            "warnings": warned,
+            "batch_has_attention_mask": "attention_mask" in batch,
+        },
+        "sft_eval_predicted": {str(size): loss for size, loss in predicted.items()},
+        "sft_eval_gap": {str(size): gap for size, gap in sft_eval_gap.items()},
     }
-
-
-def summary_deeper(n: dict) -> str:
-    """Deep dive: the report's sentences, written from this run's numbers."""
-    sentences = []
-    first, bad, fixed = n["then"]["4.40"], n["runs"]["without_fix"], n["runs"]["with_fix"]
-    if first["status"] == "finished":
-        sentences.append(
-            f"On transformers {first['transformers']} a right-padded forward with the cache "
-            f"{'raised' if bad['direct']['4.40']['cache']['verdict'] == 'guard' else 'did not raise'} the "
-            f"error, while TRL {first['trl']}'s DPO evaluation "
-            f"{'got past it' if fixed['dpo']['4.40']['verdict'] == 'missing_flash_kernel' else 'did not'}."
-        )
-    eval_rows = [audit[model]["eval"] for audit in n["audits"].values() for model in ("policy", "reference")]
-    sentences.append(
-        f"Today DPO evaluation made {sum(row['right_padded'] for row in eval_rows)} right-padded forwards "
-        f"(policy and reference) and built {sum(row['cache_built'] for row in eval_rows)} KV caches; "
-        f"cache-free scoring agreed to {max(n['scoring']['fp32'].values()):.1e} nats in fp32, and the SFT "
-        f"eval_loss at batch 2 matched its prediction from rows scored alone to {n['sft_eval_gap']['2']:.1e}."
-    )
-    return " ".join(sentences)
 
 
 def figure(run: Run, generation: dict, lengths: list[int], portable: dict[str, dict], era: EraRun) -> None:
     """Core: SmolLM2's first-token logit shift per prompt by padding side, and the portable hook's counts on each
     run (the era's DPO evaluation of a plain Qwen2, counted by the same hook, then today's runs)."""
     counts = cache_audit_counts(era_record(era)) or {}
-    hook = {**{f"TRL {era.versions.get('trl')} DPO evaluate(), {m}": c for m, c in counts.items()}, **portable}
+    hook = {f"TRL {era.versions.get('trl')}: DPO evaluate(), {m}": c for m, c in counts.items()}
+    hook.update({f"today: {name}": c for name, c in portable.items()})
     changed = {side: sum(generation[side]["changed"]) for side in ("right", "left")}
     fig, (ax_shift, ax_hook) = plotting.figure(
         2,
@@ -703,24 +708,24 @@ def figure(run: Run, generation: dict, lengths: list[int], portable: dict[str, d
         "batched generate() vs one prompt at a time",
         log_y=True,
     )
-    names = list(hook)
-    x = range(len(names))
-    ax_hook.bar(
-        [i - 0.2 for i in x],
+    names = list(hook)[::-1]  # the era's runs on top, read downwards; horizontal bars keep each run's label whole
+    y = range(len(names))
+    ax_hook.barh(
+        [i + 0.2 for i in y],
         [hook[n]["right_padded"] for n in names],
-        width=0.4,
+        height=0.4,
         color=plotting.REFERENCE,
         label="right-padded forwards",
     )
-    ax_hook.bar(
-        [i + 0.2 for i in x],
+    ax_hook.barh(
+        [i - 0.2 for i in y],
         [hook[n]["right_padded_with_cache"] for n in names],
-        width=0.4,
+        height=0.4,
         color=plotting.BAD,
         label="... that built a KV cache",
     )
-    ax_hook.set_xticks(list(x), [n.replace(", ", "\n") for n in names], fontsize=7)
-    plotting.label(ax_hook, "", "forwards", "the portable hook on each run")
+    ax_hook.set_yticks(list(y), names, fontsize=7)
+    plotting.label(ax_hook, "forwards", "", "the portable hook on each run")
     plotting.save(fig, run.output_dir, "padding_side")
 
 

@@ -19,7 +19,7 @@
 #
 # **You should know** how DPO scores answers; attention masks and the [KV cache](https://huggingface.co/docs/transformers/kv_cache).
 #
-# **Time**: 32 s to run on the cpu profile; about 25 minutes to work through.
+# **Time**: 32 s to run on the cpu [profile](../README.md#words-the-lessons-use); about 25 minutes to work through.
 #
 # > **Hosted** (Colab, Kaggle, no clone): upload the wheel `uv build` makes, then run `%pip install "./trl_clinic-0.1.0-py3-none-any.whl[course]"` first.
 
@@ -29,17 +29,14 @@ seed = 0
 output_dir = None  # None: outputs/04_qwen2_padding_side at the repository root
 
 # %%
-import math
-
 import torch
-from IPython.display import Markdown, display
 
 from trl_clinic import checkup
 from trl_clinic.course import eras
 from trl_clinic.course.lessons.lesson_04_padding_side import companion
 from trl_clinic.course.models import load_smollm2, make_causal_lm
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import above, below, conclude, measured, recreated, save_metrics
+from trl_clinic.course.results import check
 from trl_clinic.course.tokenizer import build_tokenizer
 from trl_clinic.probes.padding import generation_check
 
@@ -157,7 +154,7 @@ print(f"the first padded one's attention mask (chosen, rejected):\n{padded[0] if
 #
 # A forward hook that counts the batches ending in padding, and those for which the model built a KV cache. Plain
 # PyTorch 2.0 or later (it reads the forward's keyword arguments). It watches today's DPO evaluation and both
-# `generate()` batches; the check-up's probe `padding_cache` does the same on a trainer.
+# `generate()` batches; the [check-up](../README.md#words-the-lessons-use)'s [probe](../README.md#words-the-lessons-use) `padding_cache` does the same on a trainer.
 
 # %% tags=["portable-check"]
 def watch_right_padding_with_cache(model):
@@ -231,106 +228,7 @@ print([len(smol_tokenizer(prompt)["input_ids"]) for prompt in same_length])
 #
 # The claims above, asserted on this run's numbers.
 
-# %% jupyter={"source_hidden": true} tags=["checks"]
-PAST = ("missing_flash_kernel", "finished")  # past the check: the flash kernel call this CPU lacks, or nothing
-
-
-def when(condition: bool, value: float) -> float:
-    return value if condition else math.nan  # NaN passes no comparison
-
-
-def verdicts(n: dict, side: str) -> dict:
-    """Each era run's verdict, then its evaluate()'s and its reference model's forward's (None where not run)."""
-    return {key: (row["verdict"], row.get("then_evaluate", {}).get("verdict"),
-                  row.get("reference_forward", {}).get("verdict")) for key, row in n["runs"][side]["era"].items()}
-
-
-def era_symptom(n: dict, on: str) -> dict:
-    """The report's versions, each failing run (the model told it is FlashAttention-2: re-created)."""
-    bad, first = verdicts(n, "without_fix"), n["runs"]["without_fix"]["era"]
-    return {
-        f"{on}, DPOTrainer.evaluate() raises the padding_side='right' ValueError from modeling_qwen2.py":
-            recreated(bad["evaluate"][0] == "guard" and first["evaluate"]["file"] == "modeling_qwen2.py"),
-        f"{on}, DPOConfig's defaults raise it at the first training step":
-            recreated(bad["train_step"][0] == "guard" and first["train_step"]["in_training_step"]),
-        f"{on}, gradient checkpointing gets training past it, evaluation raises": recreated(
-            bad["train_checkpointing"][0] in PAST and bad["train_checkpointing"][1] == "guard"),
-        f"{on}, a left-padding tokenizer does not avoid it": recreated(bad["tokenizer_left"][0] == "guard"),
-        f"{on}, a model path raises it in the policy's and the reference's forward":
-            recreated(bad["model_path"][0] == bad["model_path"][2] == "guard"),
-        f"{on}, an explicit ref_model path without ref_model_init_kwargs raises in the reference forward":
-            recreated(bad["explicit_ref"][2] == "guard"),
-    }
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def era_fix(n: dict, on: str) -> dict:
-    """The same runs with the fix and nothing else changed."""
-    fixed = verdicts(n, "with_fix")
-    return {
-        f"{on}, use_cache=False gets evaluate() and the first training step past the check":
-            recreated(fixed["evaluate"][0] in PAST and fixed["train_step"][0] in PAST),
-        f"{on}, with gradient checkpointing and use_cache=False, training and evaluation get past it":
-            recreated(fixed["train_checkpointing"][0] in PAST and fixed["train_checkpointing"][1] in PAST),
-        f"{on}, model_init_kwargs use_cache=False gets a model path's policy and reference past it":
-            recreated(fixed["model_path"][0] in PAST and fixed["model_path"][2] in PAST),
-        f"{on}, ref_model_init_kwargs use_cache=False gets an explicit ref_model path past it":
-            recreated(fixed["explicit_ref"][2] in PAST),
-    }
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def cache_checks(n: dict) -> tuple[dict, dict]:
-    """DPO evaluation's forwards, counted: the era's TRL on a plain Qwen2, and today's (nothing re-created)."""
-    bad, fixed = n["runs"]["without_fix"]["dpo_eval"] or {}, n["runs"]["with_fix"]["dpo_eval"] or {}
-    counts = [bad.get(m) or {} for m in ("policy", "reference")]
-    symptom = {} if n["then"]["status"] != "finished" else {
-        f"on TRL {n['then']['trl']}, DPO evaluation of a plain Qwen2 builds a KV cache for every right-padded row "
-        "(policy and reference)": measured(all(c.get("right_padded") and c["right_padded_with_cache"] == c["right_padded"]
-                                               for c in counts))}
-    today = [fixed.get(m) or {} for m in ("policy", "reference")]
-    return symptom, {
-        "today's DPO evaluation: right-padded forwards of policy and reference, none with a cache; the check-up's "
-        "padding_cache agrees": measured(all(c.get("right_padded") and c["right_padded_with_cache"] == 0 for c in today)
-                                         and fixed.get("checkup") == {"status": "ok", "value": 0})}
-
-
-def checks(n: dict) -> tuple[dict, dict]:
-    """The claims above as functions of the numbers alone (a test feeds them the other run's)."""
-    era = n["then"]
-    on = f"on transformers {era.get('transformers')} + TRL {era.get('trl')}"
-    done = era["status"] == "finished"
-    parts = (({**era_symptom(n, on)}, era_fix(n, on)) if done else ({}, {}), cache_checks(n), today_checks(n))
-    return {k: v for part in parts for k, v in part[0].items()}, {k: v for part in parts for k, v in part[1].items()}
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def today_checks(n: dict) -> tuple[dict, dict]:
-    """Today's generate(), right padding (without the fix) against left (with it), and DPO's batches."""
-    bad, fixed, pad = n["runs"]["without_fix"], n["runs"]["with_fix"], n["dpo_padding"]
-    right, left, sh = bad["grid"][-1], fixed["grid"][-1], bad["generation"]["shorter"]
-    moved = sh["min_shift_padded"] / max(sh["max_shift_unpadded"], 1e-12) if sh["changed_unpadded"] == 0 else math.nan
-    return {
-        "DPO's batches end in padding even with a left-padding tokenizer": measured(pad["padded"] > 0 and pad["on_the_left"] == 0),
-        "right padding predicts the short row's first new token from a pad slot":
-            measured(below(when(right["pad"][right["predicted_from"]], right["match_gap"]), 1e-2)),
-        "right padding gives the short row's new tokens positions its prompt already used": measured(
-            set(right["new_positions"]) <= {p for p, is_pad in zip(right["positions"], right["pad"]) if not is_pad}),
-        "right-padded batched generate() changes SmolLM2's answers": measured(above(bad["generation"]["changed"], 0.5)),
-        "only the rows shorter than the longest prompt move (over 1000x the unpadded rows' first-token shift)":
-            measured(above(moved, 1e3)),
-        "the hook flags the right-padded generate()": measured(above(bad["hook"]["right_padded_with_cache"], 0.5)),
-    }, {
-        "left padding predicts every row's first new token from its own last token":
-            measured(below(when(not left["pad"][left["predicted_from"]], left["match_gap"]), 1e-2)),
-        "left-padded batched generate() gives SmolLM2's answers one at a time":
-            measured(below(fixed["generation"]["changed"], 0.5)),
-        "the hook flags nothing in the left-padded generate()": measured(below(fixed["hook"]["right_padded_with_cache"], 0.5)),
-    }
-
-
 # %% jupyter={"source_hidden": true}
-numbers, summary = companion.core_numbers(report, grid, generation, lengths, portable, finding, dpo_padding)
-metrics = save_metrics(run, "04", numbers, checks, summary=summary, eras=[report.to_metrics()])
-display(Markdown(summary))
-conclude(metrics, run.output_dir)
+numbers = companion.core_numbers(report, grid, generation, lengths, portable, finding, dpo_padding)
+era_metrics = [report.to_metrics()]
+check(run, numbers, eras=era_metrics)

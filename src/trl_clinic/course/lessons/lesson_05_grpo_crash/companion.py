@@ -128,6 +128,24 @@ def from_shell(run: Run, spec: Path) -> child.Outcome:
     )
 
 
+def record(script: Path, shell: child.Outcome, check: str, settings: dict) -> dict:
+    """Core: one run of the user's script for the checks (the lesson's checks.py): its spec's ``settings`` and
+    stand-in, the shell's report, the portable check's verdict (``check``) and the steps it logged."""
+    spec = json.loads(script.read_text())
+    return {
+        "settings": {k: spec["config"][k] for k in settings},
+        "stand_in": spec["h20_stand_in"],
+        "shell": {
+            "returncode": shell.returncode,
+            "signal": shell.signal,
+            "shell_says": shell.message,
+            "traceback": "Traceback" in shell.stderr or "Fatal Python error" in shell.stderr,
+        },
+        "check": check,
+        "steps": len(logged_steps(script)),
+    }
+
+
 def terminal_tail(text: str, lines: int = 3) -> str:
     """The last lines as a terminal shows them: a progress bar redraws its line with a carriage return."""
     shown = [line.rsplit("\r", 1)[-1] for line in text.splitlines()]
@@ -307,34 +325,31 @@ def stack_frames(ended: str, shown: int = 10) -> list[str]:
 
 
 def figure(run: Run, ended: dict[str, str], fixed_rows: list[dict], steps: int) -> None:
-    """Bad against fixed: how far each run of the user's script got (the bf16=False run's reward per step, the
-    bf16=True run's death), and where the bf16=True run died, read from faulthandler's stack."""
+    """Bad against fixed, what the lesson's text rests on: how far each run of the user's script got (optimizer
+    steps logged of ``steps``) and how it ended (``how_it_ends``' first line, and the innermost frame of
+    faulthandler's stack where it died): the same script and stand-in, ``bf16`` the one difference."""
     bad = ended["bf16=True"]
-    frames = stack_frames(bad)
-    fig, (ax_run, ax_stack) = plotting.figure(
-        2,
-        title=(
-            f"bf16=True: {bad.splitlines()[0]} before step 1 (the injected stand-in); "
-            f"bf16=False: {len(fixed_rows)} of {steps} steps"
+    frames = stack_frames(bad, shown=1)
+    rows = {
+        "bf16=True\n(the report's)": (
+            0,
+            f"{bad.splitlines()[0]} before step 1, no traceback"
+            + (f"\nfaulthandler: died in {frames[0]}" if frames else ""),
         ),
-        width=5.4,
+        "bf16=False\n(the fix)": (
+            len(fixed_rows),
+            f"{ended['bf16=False'].splitlines()[0]}: {len(fixed_rows)} of {steps} steps logged",
+        ),
+    }
+    fig, (ax,) = plotting.figure(
+        1, title="The user's GRPO script twice, the stand-in attached to both", width=8.0, height=2.8
     )
-    plotting.line(
-        ax_run,
-        [row["step"] for row in fixed_rows],
-        [row["reward"] for row in fixed_rows],
-        "fixed",
-        "bf16=False: mean reward of the step",
-    )
-    ax_run.plot([1], [0], marker="X", markersize=12, color=plotting.BAD, linestyle="none", label="bf16=True: killed")
-    ax_run.set_xlim(0, steps + 1)
-    plotting.label(ax_run, "optimizer step", "mean reward", "the user's script, two runs (stand-in in both)")
-    ax_stack.set_axis_off()
-    for i, frame in enumerate(frames or ["no stack: the run did not die"]):
-        ax_stack.text(
-            0.0, 0.92 - 0.09 * i, frame, fontsize=9, family="monospace", color=plotting.BAD if i == 0 else "black"
-        )
-    ax_stack.set_title("where bf16=True died: faulthandler's stack, innermost first", fontsize=10)
+    names = list(rows)[::-1]
+    ax.barh(names, [rows[n][0] for n in names], color=[plotting.FIXED, plotting.BAD], height=0.5)
+    for y, name in enumerate(names):
+        ax.text(0.2, y, rows[name][1], va="center", fontsize=9, family="monospace")
+    ax.set_xlim(0, steps + 1)
+    plotting.label(ax, f"optimizer steps logged (of {steps})", "", "how far each run got, and how it ended")
     plotting.save(fig, run.output_dir, "grpo_sigfpe")
 
 

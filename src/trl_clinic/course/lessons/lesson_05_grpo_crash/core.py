@@ -19,7 +19,7 @@
 #
 # **You should know** Python's `subprocess` and a `GRPOConfig` ([TRL's GRPO docs](https://huggingface.co/docs/trl/grpo_trainer)).
 #
-# **Time** 40 s to run on the cpu profile; about 25 minutes to work through.
+# **Time** 40 s to run on the cpu [profile](../README.md#words-the-lessons-use); about 25 minutes to work through.
 #
 # > **Hosted** (Colab, Kaggle, no clone): upload the wheel `uv build` makes, then run `%pip install "./trl_clinic-0.1.0-py3-none-any.whl[course]"` first.
 
@@ -35,11 +35,9 @@ import signal
 import subprocess
 import sys
 
-from IPython.display import Markdown, display
-
 from trl_clinic.course.lessons.lesson_05_grpo_crash import companion as grpo_crash
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import conclude, injected, measured, save_metrics
+from trl_clinic.course.results import check
 
 run = start_run("05", profile, seed, output_dir)
 print(run.describe())
@@ -149,7 +147,7 @@ print(f"from the shell, bf16=False: exit status {fixed_shell.returncode}, {len(f
 # %% [markdown]
 # The stack names the callback that fired, `on_step_begin`, inside `trainer.train()`: in a real crash it names
 # the layer whose kernel died. Bisecting the settings in child processes finds `bf16` without reading any stack
-# (the deep dive runs it). The check-up reads the same risk before training:
+# (the deep dive runs it). The [check-up](../README.md#words-the-lessons-use) reads the same risk before training:
 # `checkup(trainer, only=["known_bugs"])` warns, from its table of reported bugs, on an H20 with `bf16=True` and
 # the cuBLAS of torch's cu121 wheels.
 #
@@ -204,62 +202,8 @@ command = [sys.executable, str(grpo_crash.SCRIPT), str(bad_script)]
 #
 # The claims above, asserted on this run's numbers.
 
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def symptom_checks(n: dict) -> dict:
-    """The bf16=True run of the user's script: from the shell and through the portable check."""
-    bad = n["runs"]["without_fix"]
-    shell = bad["shell"]
-    return {
-        "from a shell the bf16=True run dies by SIGFPE: exit status 136, 'Floating point exception', no traceback":
-            injected(shell["returncode"] == 136 and "Floating point exception" in (shell["shell_says"] or "")
-                     and not shell["traceback"]),
-        "the portable check reads the bf16=True death as SIGFPE, its stack inside trainer.train":
-            injected(bad["check"].startswith("killed by SIGFPE") and "in train" in bad["check"]),
-    }
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def fix_checks(n: dict) -> dict:
-    """The bf16=False run: the same script, settings and stand-in."""
-    bad, fixed = n["runs"]["without_fix"], n["runs"]["with_fix"]
-    others = [{k: v for k, v in run["settings"].items() if k != "bf16"} for run in (bad, fixed)]
-    return {
-        "the two runs differ only in bf16 (True, then False), the stand-in attached to both": measured(
-            others[0] == others[1] and bad["settings"]["bf16"] is True and fixed["settings"]["bf16"] is False
-            and bad["stand_in"] and fixed["stand_in"]),
-        "with bf16=False the script finishes from the shell and under the portable check, every step logged":
-            injected(fixed["shell"]["returncode"] == 0 and fixed["check"] == "finished"
-                     and fixed["steps"] == n["user_steps"]),
-    }
-
-
-def checks(n: dict) -> tuple[dict, dict]:
-    return symptom_checks(n), fix_checks(n)
-
-
 # %% jupyter={"source_hidden": true}
-import json
-
-
-def record(script, shell, check: str) -> dict:
-    """One run of the user's script: its spec's settings and stand-in, the shell's report, the portable check."""
-    spec = json.loads(script.read_text())
-    return {"settings": {k: spec["config"][k] for k in settings}, "stand_in": spec["h20_stand_in"],
-            "shell": {"returncode": shell.returncode, "signal": shell.signal, "shell_says": shell.message,
-                      "traceback": "Traceback" in shell.stderr or "Fatal Python error" in shell.stderr},
-            "check": check, "steps": len(grpo_crash.logged_steps(script))}
-
-
-# %% jupyter={"source_hidden": true}
-numbers = {
-    "runs": {"without_fix": record(bad_script, died, ended["bf16=True"]),
-             "with_fix": record(fixed_script, fixed_shell, ended["bf16=False"])},
-    "user_steps": sizes.user_steps, "native_divisions": native,
-}
-summary = (f"The user's GRPO script with bf16=True died by {died.signal} from the shell (exit {died.returncode}) with "
-           f"no traceback, from a stand-in for the H20's cuBLAS crash; with bf16=False, the same stand-in attached, it "
-           f"trained {len(fixed_rows)} of {sizes.user_steps} steps. A torch kernel's overflowing integer division "
-           f"{'killed its child by SIGFPE' if native['-2**63 // -1'].startswith('killed by SIGFPE') else 'returned'}.")
-metrics = save_metrics(run, "05", numbers, checks, summary=summary)
-display(Markdown(summary))
-conclude(metrics, run.output_dir)
+numbers = {"runs": {"without_fix": grpo_crash.record(bad_script, died, ended["bf16=True"], settings),
+                    "with_fix": grpo_crash.record(fixed_script, fixed_shell, ended["bf16=False"], settings)},
+           "user_steps": sizes.user_steps, "native_divisions": native}
+check(run, numbers)

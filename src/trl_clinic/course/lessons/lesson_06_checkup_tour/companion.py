@@ -177,6 +177,36 @@ UNITS = {
 }
 
 
+def deeper_numbers(cli: dict, grpo: dict, found: dict, accepts: dict, families: dict, table: dict, dpo: dict) -> dict:
+    """Deep dive: its numbers for the checks (the lesson's checks_deeper.py), each experiment's two sides with the
+    same fields (the failing recipe, trainer or versions; then the fixed one), and today's gradients and DPO."""
+    listed, keywords = (found[f"accumulation, {name}"] for name in ("ListedArgumentsLlama", "KeywordsLlama"))
+    runs = {
+        "without_fix": {
+            "cli": cli["padding_free: true"],
+            "grpo": grpo["groups of 4, 3 completions"],
+            "labels": found["labels, cut"],
+            "eos": found["eos, pad == eos"],
+            "accepts_loss_kwargs": accepts["ListedArgumentsLlama"],
+            "accumulation": listed,
+            "packing": {"opt": families["opt"]},
+            "table": table["the report's versions"],
+        },
+        "with_fix": {
+            "cli": cli["padding_free: false"],
+            "grpo": grpo["groups of 4, 4 completions"],
+            "labels": found["labels, long enough"],
+            "eos": found["eos, own pad"],
+            "accepts_loss_kwargs": accepts["KeywordsLlama"],
+            "accumulation": keywords,
+            "packing": {family: families[family] for family in ("llama", "qwen2")},
+            "table": table["installed versions"],
+        },
+    }
+    today = {"gradients": {name: f for name, f in found.items() if name.startswith("gradients")}, "dpo": dpo}
+    return {"runs": runs, "today": today}
+
+
 def verdict_text(probe: str, found: dict) -> str:
     """A finding in a figure's cell: its status, how it was decided, and its number with its unit (or why it
     was skipped)."""

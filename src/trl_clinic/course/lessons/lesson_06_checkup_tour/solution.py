@@ -18,6 +18,7 @@ seed = 0
 output_dir = None  # None: outputs/06_checkup_your_trainer at the repository root
 
 # %%
+import trl_clinic.course  # first: the lessons' offline mode, and two optional libraries' warnings kept quiet
 import json
 
 import torch

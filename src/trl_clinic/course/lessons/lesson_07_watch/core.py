@@ -29,6 +29,7 @@ seed = 0
 output_dir = None  # None: outputs/07_watch_your_run at the repository root
 
 # %%
+import trl_clinic.course  # first: the lessons' offline mode, and two optional libraries' warnings kept quiet
 import math
 import textwrap
 
@@ -38,9 +39,10 @@ from transformers import TrainerCallback
 from trl_clinic import checkup
 # the lesson's companions: the reward model and data (lesson 03's), the log rows, the figure; you need not read them
 from trl_clinic.course.lessons.lesson_03_reward_nan.companion import reward_trainer
-from trl_clinic.course.lessons.lesson_07_watch.companion import log_rows, plot_watched, reward_pairs, same_weights
+from trl_clinic.course.lessons.lesson_07_watch.companion import (log_rows, measurements, plot_watched, reward_pairs,
+                                                             same_weights)
 from trl_clinic.course.parameters import start_run
-from trl_clinic.course.results import below, conclude, measured, save_metrics
+from trl_clinic.course.results import check
 from trl_clinic.watch import ClinicWatch
 
 run = start_run("07", profile, seed, output_dir)
@@ -233,74 +235,7 @@ unfiltered = reward_trainer(run, pairs, torch.float16, "unfiltered", **user_sett
 #
 # The claims above, asserted on this run's numbers.
 
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def log_checks(n: dict) -> dict:
-    """What the trainer's log showed of the fp16 run, and what the watch put beside it."""
-    run = n["runs"]["fp16"]
-    logged, raw = run["plain_logged"], run["raw_loss"]
-    first_zero = next((r["step"] for r in logged if r["loss"] == 0.0), None)
-    error = max((abs(p - r["loss"]) / max(abs(p), 1e-12) for p, r in zip(run["replayed_logs"], logged)), default=math.nan)
-    return {
-        "the first log shows a finite loss with a NaN grad norm":
-            measured(math.isfinite(logged[0]["loss"]) and math.isnan(logged[0]["grad_norm"])),
-        "every later logged loss is exactly 0": measured(len(logged) > 1 and all(r["loss"] == 0.0 for r in logged[1:])),
-        "the raw losses hold NaN, and the NaN filter's arithmetic on them gives every logged loss (within 1e-3)":
-            measured(any(math.isnan(v) for v in raw) and len(run["replayed_logs"]) == len(logged)
-                     and below(error, 1e-3)),
-        "clinic/raw_loss is NaN in the first log row, where the logged loss is finite":
-            measured(math.isnan(run["watched_logged"][0]["clinic/raw_loss"])
-                     and math.isfinite(run["watched_logged"][0]["loss"])),
-        "zero_loss is found at the first log of 0 and put down to the NaN filter (lesson 03)":
-            measured(first_zero is not None and run["findings"].get("zero_loss") == first_zero
-                     and run["zero_loss_lesson"] == "03"),
-    }
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def watch_checks(n: dict) -> dict:
-    """When the watch spoke on the fp16 run and what it named, stop_on, and the check-up's probe."""
-    run = n["runs"]["fp16"]
-    found, raw, first_log = run["findings"], run["raw_loss"], run["plain_logged"][0]["step"]
-    first_nan = next((i + 1 for i, v in enumerate(raw) if not math.isfinite(v)), None)
-    bad_sums = {name: dtype for name, (dtype, total) in run["weight_sums"].items() if not math.isfinite(total)}
-    return {
-        "the watch finds nonfinite at the step the pasted callback stops, before the first log":
-            measured(run["pasted_step"] is not None and found.get("nonfinite") == run["pasted_step"] < first_log),
-        "the raw loss is finite up to the finding's step and NaN at every step after it":
-            measured(first_nan is not None and first_nan == found.get("nonfinite", 0) + 1
-                     and not any(math.isfinite(v) for v in raw[first_nan - 1:])),
-        "the non-finite tensors are exactly the pasted callback's, all fp16, and the watch's line names them":
-            measured(bool(bad_sums) and set(bad_sums) == set(run["pasted_names"])
-                     and set(bad_sums.values()) == {"float16"} and all(name in run["nonfinite_seen"] for name in bad_sums)),
-        "stop_on='nonfinite' ends the run at the finding's step":
-            measured(run["stopped_step"] == found.get("nonfinite") and run["stopped_step"] < n["train_steps"]),
-        "the check-up's fp16_adamw probe fails on the trainer before training": measured(run["checkup_fp16_adamw"] == "fail"),
-    }
-
-
-# %% jupyter={"source_hidden": true} tags=["checks"]
-def fix_checks(n: dict) -> dict:
-    """float32 weights: finite, learning, silent under the watch; and watching changed no weight."""
-    run = n["runs"]["float32"]
-    raw = run["raw_loss"]
-    return {
-        "the watch makes no finding on the float32 run": measured(run["findings"] == {}),
-        "the float32 run's raw loss is finite at every step": measured(bool(raw) and all(math.isfinite(v) for v in raw)),
-        "the float32 run learns: its last 10 steps' mean loss is below its first 10 steps'":
-            measured(len(raw) >= 20 and below(sum(raw[-10:]) / 10, sum(raw[:10]) / 10)),
-        "the watched and unwatched float32 runs end with bit-identical weights": measured(n["identical"]["float32"]),
-    }
-
-
-def checks(n: dict) -> tuple[dict, dict]:
-    """The symptom under the watch, then the fix; every check on today's real code path."""
-    return {**log_checks(n), **watch_checks(n)}, fix_checks(n)
-
-
 # %% jupyter={"source_hidden": true}
-from trl_clinic.course.lessons.lesson_07_watch.companion import measurements  # the same numbers from each run
-
-found = {f.probe: f for f in watch.findings}
 numbers = {
     "runs": {"fp16": measurements(plain, watched, watch, stopped, pasted["fp16"], probe["fp16"]),
              "float32": measurements(fixed_plain, fixed, fixed_watch, fixed, pasted["float32"], probe["float32"])},
@@ -308,10 +243,4 @@ numbers = {
     "seconds": {"plain": plain_seconds, "watched": watched_seconds, "stopped": stopped_seconds,
                 "fixed": fixed_seconds, "fixed_plain": fixed_plain_seconds},
 }
-summary = (f"fp16 weights with the non-fused AdamW: the watch named the score head non-finite at step "
-           f"{found['nonfinite'].step}; the log showed loss {plain_rows[0]['loss']:.3f} with grad_norm nan at step "
-           f"{plain_rows[0]['step']}, then 0. stop_on saved {sizes.train_steps - stopped.state.global_step} of "
-           f"{sizes.train_steps} steps; float32 weights: no finding; weights bit-identical watched or not.")
-metrics = save_metrics(run, "07", numbers, checks, summary=summary)
-print(textwrap.fill(summary, 116))
-conclude(metrics, run.output_dir)
+check(run, numbers)
