@@ -30,6 +30,15 @@ _NAMES = "|".join(re.escape(p) for p in PACKAGES)
 FULL = re.compile(r"(?<![\w.])\d+\.\d+\.\d+(?:\.\d+)?(?:\+\w+)?(?![\w]|\.\d)")
 NAMED = re.compile(rf"(?i)\b(?:{_NAMES})\s*(?:[<>=!~]=?|\s)\s*v?(\d+\.\d+)(?![\w.]\d|\d)")
 FILE_LINE = re.compile(r"\b[\w/.-]+\.py:\d+(?:-\d+)?")
+# The known-bugs table's ids carry versions ("01-position-ids-ignored-before-4.53.1"): they are names, and the
+# entry's own window is what makes the claim, so the scan blanks them out.
+KNOWN_BUGS = Path(__file__).resolve().parents[2] / "src" / "trl_clinic" / "checkup" / "known_bugs.yaml"
+ID_LINE = re.compile(r"^- id: (\S+)$", re.MULTILINE)
+
+
+def known_bug_ids() -> list[str]:
+    """Every id of the known-bugs table, read as text (the tool does not import the library)."""
+    return ID_LINE.findall(KNOWN_BUGS.read_text())
 
 
 @dataclass(frozen=True)
@@ -43,7 +52,10 @@ class Mention:
 
 
 def mentions(text: str) -> list[Mention]:
-    """Every version (three-part anywhere, two-part after a package name) and `file.py:N` in `text`."""
+    """Every version (three-part anywhere, two-part after a package name) and `file.py:N` in `text`, the known-bugs
+    ids left out."""
+    for name in known_bug_ids():
+        text = text.replace(name, " " * len(name))
     spans = {(m.start(), m.end()) for m in FULL.finditer(text)}
     spans |= {(m.start(1), m.end(1)) for m in NAMED.finditer(text)}
     spans |= {(m.start(), m.end()) for m in FILE_LINE.finditer(text)}
@@ -52,8 +64,10 @@ def mentions(text: str) -> list[Mention]:
 
 
 def anchor_spans(text: str, anchor: str) -> list[tuple[int, int]]:
-    """Every place the anchor occurs in the file's text."""
-    return [(m.start(), m.start() + len(anchor)) for m in re.finditer(re.escape(anchor), text)]
+    """Every place the anchor occurs in the file's text, any run of whitespace matching any other: a sentence
+    rewrapped, or a Python string split across lines (`"... from "` then `"0.16.0 ..."`), keeps its anchor."""
+    pattern = r"\s+".join(re.escape(word) for word in anchor.split())
+    return [(m.start(), m.end()) for m in re.finditer(pattern, text)]
 
 
 def covers(version: str, read: set[tuple[str, str]] | None) -> bool:
@@ -82,5 +96,7 @@ def uncited(path: Path, relative: str, register: Register) -> list[Mention]:
 def missing_anchors(register: Register, root: Path) -> list[Where]:
     """Anchors no longer found in their files: the sentence was edited or moved, and its citation must follow."""
     return [
-        w for w, _ in register.anchors() if not (root / w.file).is_file() or w.anchor not in (root / w.file).read_text()
+        w
+        for w, _ in register.anchors()
+        if not (root / w.file).is_file() or not anchor_spans((root / w.file).read_text(), w.anchor)
     ]
