@@ -23,6 +23,7 @@ REGISTER = ROOT / "claims" / "register.yaml"
 # quote in that version's file: "4.48.1:3675-3676". A range makes a `file.py:N` sentence checkable.
 AT = re.compile(r"^(?P<version>\d+(?:\.\d+){1,3}(?:\+[\w.]+)?)(?::(?P<first>\d+)(?:-(?P<last>\d+))?)?$")
 ID = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
+QUOTED_VERSION = re.compile(r"\d+\.\d+(?:\.\d+)*")
 
 
 class RegisterError(ValueError):
@@ -80,9 +81,12 @@ class Citation:
     counts: tuple[Count, ...]
 
     def versions(self) -> set[tuple[str, str]]:
-        """Every (package, version) this citation reads: what the completeness test matches prose against."""
+        """Every (package, version) this citation reads, and the versions its quoted code names itself
+        (`is_torch_greater_or_equal("2.6")` makes a claim about torch 2.6): what the completeness test matches
+        prose against."""
         read = {(q.package, at.version) for q in self.quotes for at in q.present_in + q.absent_in}
-        return read | {(c.package, c.version) for c in self.counts}
+        quoted = {("quoted", v) for q in self.quotes for v in QUOTED_VERSION.findall(q.text)}
+        return read | quoted | {(c.package, c.version) for c in self.counts}
 
 
 @dataclass(frozen=True)
