@@ -275,7 +275,7 @@ def test_equal_rewards_generates_up_to_max_completion_length(tokenizer, tmp_path
 
 
 def test_zero_loss_is_decided_on_the_raw_loss_not_a_rounded_log(tokenizer, tmp_path):
-    """A DPO run converging below 5e-5: transformers <= 4.55 logged round(loss, 4) = 0.0 (trainer.py's
+    """A DPO run converging below 5e-5: transformers < 5.0 logged round(loss, 4) = 0.0 (trainer.py's
     _maybe_log_save_evaluate), which the watch blamed on masked labels. The raw loss is what it reads now."""
     trainer = examples.dpo_trainer(
         tokenizer,

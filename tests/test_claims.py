@@ -52,6 +52,7 @@ SCANNED = [
     "src/trl_clinic/probes/padding.py",
     "src/trl_clinic/watch/__init__.py",
     "src/trl_clinic/watch/config.py",
+    "src/trl_clinic/watch/findings.py",
     "src/trl_clinic/watch/report.py",
 ]
 PENDING = [
@@ -76,7 +77,6 @@ PENDING = [
     "src/trl_clinic/watch/alerts.py",
     "src/trl_clinic/watch/callback.py",
     "src/trl_clinic/watch/command.py",
-    "src/trl_clinic/watch/findings.py",
     "src/trl_clinic/watch/forwards.py",
 ]
 GENERATED = {
