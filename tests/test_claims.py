@@ -30,6 +30,7 @@ import register  # noqa: E402
 SCANNED = [
     "src/trl_clinic/checkup/known_bugs.yaml",
     "src/trl_clinic/checkup/__init__.py",
+    "src/trl_clinic/checkup/accumulation.py",
     "src/trl_clinic/checkup/command.py",
     "src/trl_clinic/checkup/engine.py",
     "src/trl_clinic/checkup/grpo.py",
@@ -63,7 +64,6 @@ PENDING = [
     "docs/versions.md",
     "docs/watch.md",
     "docs/workshop.md",
-    "src/trl_clinic/checkup/accumulation.py",
     "src/trl_clinic/checkup/labels.py",
     "src/trl_clinic/checkup/packing.py",
     "src/trl_clinic/checkup/precision.py",
