@@ -36,6 +36,7 @@ SCANNED = [
     "src/trl_clinic/checkup/grpo.py",
     "src/trl_clinic/checkup/gspo.py",
     "src/trl_clinic/checkup/known_bugs.py",
+    "src/trl_clinic/checkup/labels.py",
     "src/trl_clinic/checkup/padding.py",
     "src/trl_clinic/checkup/pairs.py",
     "src/trl_clinic/checkup/turns.py",
@@ -51,9 +52,12 @@ SCANNED = [
     "src/trl_clinic/probes/nonfinite.py",
     "src/trl_clinic/probes/packing.py",
     "src/trl_clinic/probes/padding.py",
+    "src/trl_clinic/probes/recording.py",
     "src/trl_clinic/watch/__init__.py",
+    "src/trl_clinic/watch/command.py",
     "src/trl_clinic/watch/config.py",
     "src/trl_clinic/watch/findings.py",
+    "src/trl_clinic/watch/forwards.py",
     "src/trl_clinic/watch/report.py",
 ]
 PENDING = [
@@ -64,7 +68,6 @@ PENDING = [
     "docs/versions.md",
     "docs/watch.md",
     "docs/workshop.md",
-    "src/trl_clinic/checkup/labels.py",
     "src/trl_clinic/checkup/packing.py",
     "src/trl_clinic/checkup/precision.py",
     "src/trl_clinic/checkup/prompts.py",
@@ -73,11 +76,8 @@ PENDING = [
     "src/trl_clinic/checkup/step.py",
     "src/trl_clinic/probes/launch.py",
     "src/trl_clinic/probes/processes.py",
-    "src/trl_clinic/probes/recording.py",
     "src/trl_clinic/watch/alerts.py",
     "src/trl_clinic/watch/callback.py",
-    "src/trl_clinic/watch/command.py",
-    "src/trl_clinic/watch/forwards.py",
 ]
 GENERATED = {
     "docs/zoo.md": "written by zoo/run.py from a zoo run's results; its sentences are the twins' descriptions in zoo/",
