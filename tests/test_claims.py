@@ -42,6 +42,7 @@ SCANNED = [
     "src/trl_clinic/checkup/pairs.py",
     "src/trl_clinic/checkup/precision.py",
     "src/trl_clinic/checkup/prompts.py",
+    "src/trl_clinic/checkup/step.py",
     "src/trl_clinic/checkup/turns.py",
     "src/trl_clinic/checkup/updates.py",
     "src/trl_clinic/checkup/view.py",
@@ -58,6 +59,7 @@ SCANNED = [
     "src/trl_clinic/probes/recording.py",
     "src/trl_clinic/watch/__init__.py",
     "src/trl_clinic/watch/alerts.py",
+    "src/trl_clinic/watch/callback.py",
     "src/trl_clinic/watch/command.py",
     "src/trl_clinic/watch/config.py",
     "src/trl_clinic/watch/findings.py",
@@ -74,10 +76,8 @@ PENDING = [
     "docs/workshop.md",
     "src/trl_clinic/checkup/replicas.py",
     "src/trl_clinic/checkup/sharded.py",
-    "src/trl_clinic/checkup/step.py",
     "src/trl_clinic/probes/launch.py",
     "src/trl_clinic/probes/processes.py",
-    "src/trl_clinic/watch/callback.py",
 ]
 GENERATED = {
     "docs/zoo.md": "written by zoo/run.py from a zoo run's results; its sentences are the twins' descriptions in zoo/",

@@ -27,7 +27,10 @@ def _stem(package: str) -> str:
 
 
 def _cached(package: str, version: str, folder: Path) -> Path | None:
-    wheels = [p for p in folder.glob("*.whl") if p.name.lower().startswith(f"{_stem(package)}-{version}-".lower())]
+    """The release's wheel in `folder` (a local build's label allowed: torch 2.13.0 as 2.13.0+cpu), else its
+    source archive."""
+    name = re.compile(rf"{re.escape(_stem(package))}-{re.escape(version)}(\+[^-]+)?-", re.IGNORECASE)
+    wheels = [p for p in folder.glob("*.whl") if name.match(p.name)]
     sdists = [
         p for p in folder.glob("*.tar.gz") if p.name.lower().replace("-", "_") == f"{_stem(package)}_{version}.tar.gz"
     ]
