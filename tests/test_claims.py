@@ -28,6 +28,7 @@ import prose  # noqa: E402
 import register  # noqa: E402
 
 SCANNED = [
+    "README.md",
     "src/trl_clinic/checkup/known_bugs.yaml",
     "src/trl_clinic/checkup/__init__.py",
     "src/trl_clinic/checkup/accumulation.py",
@@ -67,7 +68,6 @@ SCANNED = [
     "src/trl_clinic/watch/report.py",
 ]
 PENDING = [
-    "README.md",
     "docs/cheatsheet.md",
     "docs/checkup.md",
     "docs/cost.md",
