@@ -29,6 +29,7 @@ import register  # noqa: E402
 
 SCANNED = [
     "README.md",
+    "docs/cost.md",
     "src/trl_clinic/checkup/known_bugs.yaml",
     "src/trl_clinic/checkup/__init__.py",
     "src/trl_clinic/checkup/accumulation.py",
@@ -70,7 +71,6 @@ SCANNED = [
 PENDING = [
     "docs/cheatsheet.md",
     "docs/checkup.md",
-    "docs/cost.md",
     "docs/versions.md",
     "docs/watch.md",
     "docs/workshop.md",
