@@ -30,6 +30,7 @@ import register  # noqa: E402
 SCANNED = [
     "README.md",
     "docs/cost.md",
+    "docs/watch.md",
     "src/trl_clinic/checkup/known_bugs.yaml",
     "src/trl_clinic/checkup/__init__.py",
     "src/trl_clinic/checkup/accumulation.py",
@@ -72,7 +73,6 @@ PENDING = [
     "docs/cheatsheet.md",
     "docs/checkup.md",
     "docs/versions.md",
-    "docs/watch.md",
     "docs/workshop.md",
     "src/trl_clinic/checkup/replicas.py",
     "src/trl_clinic/checkup/sharded.py",
