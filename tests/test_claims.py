@@ -56,9 +56,11 @@ SCANNED = [
     "src/trl_clinic/probes/gradients.py",
     "src/trl_clinic/probes/jsonable.py",
     "src/trl_clinic/probes/labels.py",
+    "src/trl_clinic/probes/launch.py",
     "src/trl_clinic/probes/nonfinite.py",
     "src/trl_clinic/probes/packing.py",
     "src/trl_clinic/probes/padding.py",
+    "src/trl_clinic/probes/processes.py",
     "src/trl_clinic/probes/recording.py",
     "src/trl_clinic/watch/__init__.py",
     "src/trl_clinic/watch/alerts.py",
@@ -76,8 +78,6 @@ PENDING = [
     "docs/workshop.md",
     "src/trl_clinic/checkup/replicas.py",
     "src/trl_clinic/checkup/sharded.py",
-    "src/trl_clinic/probes/launch.py",
-    "src/trl_clinic/probes/processes.py",
 ]
 GENERATED = {
     "docs/zoo.md": "written by zoo/run.py from a zoo run's results; its sentences are the twins' descriptions in zoo/",
