@@ -45,6 +45,8 @@ SCANNED = [
     "src/trl_clinic/checkup/pairs.py",
     "src/trl_clinic/checkup/precision.py",
     "src/trl_clinic/checkup/prompts.py",
+    "src/trl_clinic/checkup/replicas.py",
+    "src/trl_clinic/checkup/sharded.py",
     "src/trl_clinic/checkup/step.py",
     "src/trl_clinic/checkup/turns.py",
     "src/trl_clinic/checkup/updates.py",
@@ -76,8 +78,6 @@ PENDING = [
     "docs/checkup.md",
     "docs/versions.md",
     "docs/workshop.md",
-    "src/trl_clinic/checkup/replicas.py",
-    "src/trl_clinic/checkup/sharded.py",
 ]
 GENERATED = {
     "docs/zoo.md": "written by zoo/run.py from a zoo run's results; its sentences are the twins' descriptions in zoo/",
