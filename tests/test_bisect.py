@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from trl_clinic import cli
-from trl_clinic.bisect import records, report, runner, search, versions
+from trl_clinic.bisect import environments, records, report, runner, search, versions
 from trl_clinic.bisect.search import Measured
+from trl_clinic.probes.environments import EnvironmentBuildError
 
 # lesson 02's shape: one sample per micro-batch, four micro-batches per step; both names of the length field
 # (TRL 0.11's max_seq_length, today's max_length): a version's config takes the one it knows, lists the other
@@ -77,6 +78,58 @@ def test_the_rest_of_the_stack_is_pinned_from_this_environment_and_overrides_win
     assert pinned["trl"] == "trl==0.11.4" and pinned["datasets"] == "datasets"
     with pytest.raises(ValueError, match="moves"):
         versions.pins("trl", ["trl==0.11.4"])
+
+
+# --- side environments ------------------------------------------------------------------------------------------
+
+UV_CONFLICT = (
+    "uv pip install failed (exit code 1): error: No solution found when resolving dependencies: Because "
+    "transformers==4.45.0 depends on tokenizers>=0.20,<0.21 and you require tokenizers==0.22.0, we can conclude "
+    "that your requirements are unsatisfiable."
+)  # what uv 0.13.8 said (stderr) for transformers==4.45.0 beside tokenizers==0.22.0, the prefix bisect adds
+
+
+@pytest.fixture
+def no_torch_lookup(monkeypatch):
+    monkeypatch.setattr(environments, "local_torch_links", lambda version: None)
+
+
+@pytest.mark.parametrize(("said", "status"), [(UV_CONFLICT, "conflict"), ("uv pip install failed: network", "failed")])
+def test_a_version_that_cannot_install_is_a_conflict_or_a_failure(tmp_path, monkeypatch, no_torch_lookup, said, status):
+    def refuse(*args, **kwargs):
+        raise EnvironmentBuildError(said)
+
+    monkeypatch.setattr(environments, "create_and_install", refuse)
+    built = environments.prepare("transformers", "4.45.0", {"tokenizers": "tokenizers==0.22.0"}, "sft", tmp_path)
+    assert built.status == status and not built.ready and "failed" in built.message
+
+
+def test_a_built_environment_is_taken_from_the_cache_the_second_time(tmp_path, monkeypatch, no_torch_lookup):
+    installs = []
+
+    def install(venv, requirements, **kwargs):
+        installs.append(requirements.read_text())
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin" / "python").write_text("")
+
+    monkeypatch.setattr(environments, "create_and_install", install)
+    monkeypatch.setattr(environments, "probe_versions", lambda *args: {"transformers": "4.45.0"})
+    pins = {"trl": "trl==0.11.4", "torch": "torch==2.13.0"}
+    first = environments.prepare("transformers", "4.45.0", pins, "sft", tmp_path)
+    second = environments.prepare("transformers", "4.45.0", pins, "sft", tmp_path)
+    assert (first.status, second.status) == ("built", "cached") and len(installs) == 1
+    assert installs[0] == "transformers==4.45.0\ntorch==2.13.0\ntrl==0.11.4\n"
+    assert environments.prepare("transformers", "4.45.1", pins, "sft", tmp_path).status == "built"
+
+
+def test_libraries_that_do_not_import_together_make_the_version_unusable(tmp_path, monkeypatch, no_torch_lookup):
+    monkeypatch.setattr(environments, "create_and_install", lambda *args, **kwargs: None)
+
+    def broken(*args):
+        raise EnvironmentBuildError("the environment's libraries do not import: ImportError")
+
+    monkeypatch.setattr(environments, "probe_versions", broken)
+    assert environments.prepare("trl", "0.19.0", {}, "sft", tmp_path).status == "unusable"
 
 
 # --- search on fake records -----------------------------------------------------------------------------------
