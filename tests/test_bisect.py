@@ -201,6 +201,14 @@ def test_a_failed_build_where_the_change_may_be_leaves_it_undecided():
     assert report.verdict(outcome, "trl").startswith("undecided")
 
 
+def test_a_walk_with_no_change_but_a_failed_step_is_undecided_and_names_it():
+    """As trl 1.14.0 to 1.16.0 went here: 1.15.0's SFT step raised (no triton for its fused head), the rest agreed."""
+    records = monotone(len(WINDOW)) | {WINDOW[4]: "step failed"}
+    outcome = search.linear(WINDOW, FakeIndex(records))
+    assert outcome.first is None and outcome.exit_code == 3
+    assert report.verdict(outcome, "trl").endswith(f"not measured: {WINDOW[4]} (step failed)")
+
+
 def test_a_good_end_that_cannot_be_measured_is_undecided():
     records = monotone(5) | {WINDOW[0]: "failed"}
     assert search.binary(WINDOW, FakeIndex(records)).exit_code == 3
@@ -294,6 +302,11 @@ def test_the_first_step_on_todays_stack_records_every_part():
     assert set(record["parts"]) == {"input_ids", "labels", "position_ids", "attention_mask"}
     assert abs(record["loss"] - math.log(124)) < 0.05 * math.log(124)
     assert record["grad_norm"] > 0 and record["recipe_notes"]["ignored"] == ["max_seq_length"]
+
+
+def test_a_first_step_that_fails_says_the_exception_on_its_first_line():
+    record, why = records.record_first_step(Path(sys.executable), records.first_step_spec("no-such-trainer", RECIPE))
+    assert record is None and why.splitlines()[0].endswith("KeyError: 'no-such-trainer'")
 
 
 # --- the real proof: lesson 02's window -------------------------------------------------------------------------

@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,7 +58,6 @@ class Environment:
     status: str
     python: Path | None = None
     message: str = ""
-    seconds: float = 0.0
     versions: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -86,7 +84,6 @@ def prepare(package: str, version: str, pins: dict[str, str], kind: str, root: P
     root = root or cache_root()
     lines = requirement_lines(package, version, pins)
     venv = folder_for(root, package, version, lines)
-    start = time.perf_counter()
     with build_lock(root, "bisect's environments"):
         stamp = _read_stamp(venv)
         if stamp and stamp.get("requirements") == lines and python_in(venv).exists():
@@ -99,13 +96,13 @@ def prepare(package: str, version: str, pins: dict[str, str], kind: str, root: P
             create_and_install(venv, requirements, uv=uv_command(), links=links, quiet=True)
         except EnvironmentBuildError as error:
             status = "conflict" if any(sign in str(error) for sign in CONFLICT_SIGNS) else "failed"
-            return Environment(version, status, message=str(error), seconds=time.perf_counter() - start)
+            return Environment(version, status, message=str(error))
         try:
             versions = probe_versions(python_in(venv), IMPORTS.get(kind, IMPORTS["sft"]), REPORTED, CHILD_ENV)
         except EnvironmentBuildError as error:
-            return Environment(version, "unusable", message=str(error)[-600:], seconds=time.perf_counter() - start)
+            return Environment(version, "unusable", message=str(error)[-600:])
         write_stamp(venv, STAMP, {"requirements": lines, "versions": versions})
-        return Environment(version, "built", python_in(venv), seconds=time.perf_counter() - start, versions=versions)
+        return Environment(version, "built", python_in(venv), versions=versions)
 
 
 def _read_stamp(venv: Path) -> dict | None:

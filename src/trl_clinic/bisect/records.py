@@ -40,5 +40,7 @@ def record_first_step(python: Path, spec: dict, *, timeout: float = 900) -> tupl
         except subprocess.TimeoutExpired:
             return None, f"the first step ran past {timeout:.0f} s"
         if done.returncode != 0 or not result_path.is_file():
-            return None, f"the first step failed (exit code {done.returncode}): {done.stderr.strip()[-800:]}"
+            said = done.stderr.strip().splitlines() or ["(nothing on stderr)"]
+            # the exception's own line first (the progress line shows it), then the traceback's end
+            return None, f"the first step failed (exit code {done.returncode}): {said[-1]}\n" + "\n".join(said[-25:])
         return json.loads(result_path.read_text()), ""

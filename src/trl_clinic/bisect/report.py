@@ -65,7 +65,8 @@ def verdict(outcome: Outcome, package: str) -> str:
         return f"undecided: the good end {package} {good.version} could not be measured ({good.status}): {good.message}"
     if outcome.first is None:
         if not outcome.decided:
-            return "undecided: a build failed (see the table)"
+            unmeasured = [f"{s.version} ({s.status})" for s in outcome.measured.values() if not s.usable]
+            return f"undecided: no change among the versions measured, but not measured: {', '.join(unmeasured)}"
         return f"no change from {package} {good.version} to {outcome.versions[-1]} (bound: relative {LOSS_BOUND:g})"
     step = outcome.measured[outcome.first]
     said = (

@@ -63,7 +63,7 @@ def bisect(
         if environment.ready:
             step.record, step.message = record_first_step(environment.python, spec)
             if step.record is None:
-                step.status = "failed"
+                step.status = "step failed"  # built, but the first step raised: not a verdict on the version
         step.seconds = time.perf_counter() - start
         record = step.record or {}
         said = (

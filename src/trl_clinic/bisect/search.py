@@ -30,7 +30,7 @@ class Measured:
     """One version's outcome: its environment's status and, where it ran, the record."""
 
     version: str
-    status: str  # built, cached, conflict, unusable, failed
+    status: str  # built, cached, conflict, unusable, failed (the build), step failed (the first step)
     record: dict | None = None
     message: str = ""
     seconds: float = 0.0
