@@ -279,8 +279,8 @@ def test_usage_errors_are_exit_code_2(argv, capsys):
 
 
 def test_a_trainer_the_first_step_cannot_build_yet_is_a_usage_error():
-    with pytest.raises(ValueError, match="sft"):
-        runner.bisect("dpo", {}, "trl", "0.18.2", "0.19.1", window=["0.18.2", "0.19.1"])
+    with pytest.raises(ValueError, match="sft, dpo"):
+        runner.bisect("reward", {}, "trl", "0.18.2", "0.19.1", window=["0.18.2", "0.19.1"])
 
 
 # --- the first-step script ------------------------------------------------------------------------------------
@@ -302,6 +302,16 @@ def test_the_first_step_on_todays_stack_records_every_part():
     assert set(record["parts"]) == {"input_ids", "labels", "position_ids", "attention_mask"}
     assert abs(record["loss"] - math.log(124)) < 0.05 * math.log(124)
     assert record["grad_norm"] > 0 and record["recipe_notes"]["ignored"] == ["max_seq_length"]
+
+
+def test_a_dpo_first_step_scores_the_reference_weights():
+    """The reference is the policy's copy and the learning rate 0, so every pair's margin is 0 and the loss is log 2:
+    the record holds the chosen and rejected tensors under their own names."""
+    spec = records.first_step_spec("dpo", {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2})
+    record, why = records.record_first_step(Path(sys.executable), spec)
+    assert record is not None, why
+    assert abs(record["loss"] - math.log(2)) < 1e-6 and record["grad_norm"] > 0 and record["label_tokens"] > 0
+    assert any("attention_mask" in key and digest != "absent" for key, digest in record["parts"].items())
 
 
 def test_a_first_step_that_fails_says_the_exception_on_its_first_line():

@@ -43,7 +43,10 @@ CHILD_ENV = {
     "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
     "PYTHONDONTWRITEBYTECODE": "",
 }
-IMPORTS = {"sft": ("torch", "transformers", "datasets", "trl:SFTTrainer")}
+IMPORTS = {
+    "sft": ("torch", "transformers", "datasets", "trl:SFTTrainer"),
+    "dpo": ("torch", "transformers", "datasets", "trl:DPOTrainer"),
+}
 # read at the build (the import check); every one is required by a first step (the record reads the rest)
 REPORTED = ("torch", "transformers", "trl", "accelerate", "datasets")
 CONFLICT_SIGNS = ("No solution found", "unsatisfiable")

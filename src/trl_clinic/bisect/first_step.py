@@ -4,7 +4,7 @@ Usage: ``python first_step.py SPEC.json RESULT.json`` with the side environment'
 imports torch, that environment's transformers, TRL and datasets, and the standard library, never
 ``trl_clinic`` (today's code needs today's libraries; the old ones cannot import it).
 
-The spec holds the recipe (``kind``: sft, and the user's config as a dict), the seed and the thread count.
+The spec holds the recipe (``kind``: sft or dpo, and the user's config as a dict), the seed and the thread count.
 The trainer is built by the version's own config class from the recipe's fields that class knows (the others
 are listed, not guessed at), on a tiny Llama built from a config whose weights are drawn here from the seed,
 one generator per parameter name, so that every transformers version starts from the same numbers whatever
@@ -13,14 +13,17 @@ vocabulary (no hub, no tokenizer download). What is changed in the recipe is wha
 rate 0 (every version scores the same weights), one optimizer step, the CPU in float32, no checkpointing, no
 NaN filter on the log.
 
-Recorded: a hash of each tensor of the first collated batch (input ids, labels, position ids, attention mask),
-the label tokens over the first step's accumulation window, the step's loss (the sum of what
+Recorded: a hash of each tensor of the first collated batch (input ids, labels, position ids, attention mask:
+"absent" where the collator sends none; a DPO batch's chosen and rejected tensors under their own names), the
+label tokens over the first step's accumulation window (labels other than -100; where a batch has no labels, its
+completion mask), the step's loss (the sum of what
 ``Trainer.training_step`` returned over the window: the number the Trainer logs, before its rounding) and
 the gradient norm the Trainer logs (before clipping).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -34,7 +37,7 @@ import zlib
 
 import torch
 
-BATCH_KEYS = ("input_ids", "labels", "position_ids", "attention_mask")
+BATCH_KEYS = ("input_ids", "labels", "position_ids", "attention_mask")  # always named, "absent" when not sent
 WORDS = tuple(f"w{i}" for i in range(120))
 SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>")
 VERSIONS = ("torch", "transformers", "trl", "accelerate", "peft", "datasets", "tokenizers")
@@ -136,22 +139,40 @@ def tensor_digest(tensor) -> str:
     return digest.hexdigest()
 
 
-def build_sft(recipe: dict, seed: int, output_dir: str):
-    from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+def pairs(seed: int, count: int = 64) -> dict[str, list[str]]:
+    """Preference pairs: a prompt of 3 to 30 words, two answers of 1 to 30 (lengths vary, so padding does)."""
+    draw = random.Random(seed)
 
+    def words(low: int, high: int) -> str:
+        return " ".join(draw.choice(WORDS) for _ in range(draw.randint(low, high)))
+
+    rows = [(words(3, 30), " " + words(1, 30), " " + words(1, 30)) for _ in range(count)]
+    return {"prompt": [r[0] for r in rows], "chosen": [r[1] for r in rows], "rejected": [r[2] for r in rows]}
+
+
+def build(kind: str, recipe: dict, seed: int, output_dir: str):
+    """The version's own trainer and config for ``kind``, on the tiny model, the tokenizer and the data."""
+    import trl
+    from datasets import Dataset
+
+    config_class, trainer_class = {"sft": (trl.SFTConfig, trl.SFTTrainer), "dpo": (trl.DPOConfig, trl.DPOTrainer)}[kind]
     tok = tokenizer()
     model = tiny_llama(seed, len(tok), recipe.get("attn_implementation") or "sdpa")
-    args, notes = training_config(SFTConfig, recipe, seed, output_dir)
-    takes = inspect.signature(SFTTrainer.__init__).parameters
+    args, notes = training_config(config_class, recipe, seed, output_dir)
+    takes = inspect.signature(trainer_class.__init__).parameters
     tokenizer_argument = "processing_class" if "processing_class" in takes else "tokenizer"
-    data = Dataset.from_dict({"text": texts(seed)})
-    trainer_class = recording(SFTTrainer)
-    trainer = trainer_class(model=model, args=args, train_dataset=data, **{tokenizer_argument: tok})
+    data = Dataset.from_dict({"text": texts(seed)} if kind == "sft" else pairs(seed))
+    given = {tokenizer_argument: tok}
+    if kind == "dpo":  # the reference: the same weights (TRL would load it from the model's hub id, which has none)
+        given["ref_model"] = copy.deepcopy(model)
+    trainer = recording(trainer_class)(model=model, args=args, train_dataset=data, **given)
     return trainer, notes
 
 
-BUILDERS = {"sft": build_sft}
+def label_tokens(batch: dict) -> int:
+    """Labels other than -100 (a DPO batch: chosen and rejected); a batch without labels: its completion mask."""
+    counted = [key for key in batch if key.endswith("labels")] or [key for key in batch if "completion_mask" in key]
+    return sum(int((batch[key] != -100).sum()) if key.endswith("labels") else int(batch[key].sum()) for key in counted)
 
 
 def recording(trainer_class):
@@ -171,14 +192,14 @@ def record(spec: dict) -> dict:
     torch.manual_seed(spec["seed"])
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trl-clinic-bisect-") as output_dir:
-        trainer, notes = BUILDERS[spec["kind"]](spec["recipe"], spec["seed"], output_dir)
+        trainer, notes = build(spec["kind"], spec["recipe"], spec["seed"], output_dir)
         trainer.recorded_losses = []
         batches = []
         collate = trainer.data_collator
 
         def collate_and_keep(features):
             batch = collate(features)
-            batches.append({key: batch[key].clone() for key in BATCH_KEYS if torch.is_tensor(batch.get(key))})
+            batches.append({key: value.clone() for key, value in batch.items() if torch.is_tensor(value)})
             return batch
 
         trainer.data_collator = collate_and_keep
@@ -186,14 +207,14 @@ def record(spec: dict) -> dict:
         window = batches[: trainer.args.gradient_accumulation_steps]
         logged = next((entry for entry in trainer.state.log_history if "loss" in entry), {})
     first = window[0]
-    parts = {key: tensor_digest(first[key]) if key in first else "absent" for key in BATCH_KEYS}
+    parts = {key: "absent" for key in BATCH_KEYS} | {key: tensor_digest(value) for key, value in first.items()}
     grad_norm = logged.get("grad_norm")
     return {
         "versions": {name: _version(name) for name in VERSIONS},
         "parts": parts,
         "batch_sha256": hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest(),
-        "shape": list(first["input_ids"].shape),
-        "label_tokens": int(sum(int((batch["labels"] != -100).sum()) for batch in window if "labels" in batch)),
+        "shape": {key: list(value.shape) for key, value in first.items() if "input_ids" in key},
+        "label_tokens": sum(label_tokens(batch) for batch in window),
         "micro_batches": len(window),
         "loss": sum(trainer.recorded_losses),
         "logged_loss": logged.get("loss"),

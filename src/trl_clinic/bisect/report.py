@@ -53,9 +53,10 @@ def change_detail(good: dict, other: dict, part: str) -> str:
             ratio = f" (x{b / a:.6g})" if a and b is not None else ""
             said.append(f"{key.replace('_', ' ')} {_number(a)} -> {_number(b)}{ratio}")
         return ", ".join(said)
-    keys = ("attention_mask",) if part == "mask" else ("input_ids", "labels", "position_ids")
+    keys = sorted(good["parts"].keys() | other["parts"].keys())
     changed = [key for key in keys if good["parts"].get(key) != other["parts"].get(key)]
-    return "changed: " + ", ".join(changed) + f"; shape {good.get('shape')} -> {other.get('shape')}"
+    changed = [key for key in changed if ("attention_mask" in key) == (part == "mask")]
+    return "changed: " + ", ".join(changed) + f"; shapes {good.get('shape')} -> {other.get('shape')}"
 
 
 def verdict(outcome: Outcome, package: str) -> str:

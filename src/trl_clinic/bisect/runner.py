@@ -17,7 +17,7 @@ from trl_clinic.bisect import search, versions
 from trl_clinic.bisect.environments import prepare
 from trl_clinic.bisect.records import first_step_spec, record_first_step
 
-KINDS = ("sft",)  # the trainers first_step.py builds today (dpo, reward, grpo: issue 48's next slice)
+KINDS = ("sft", "dpo")  # the trainers first_step.py builds today (reward, grpo: issue 48's next slice)
 
 
 def _stderr(line: str) -> None:

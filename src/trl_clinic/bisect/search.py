@@ -1,7 +1,8 @@
 """Comparing first-step records with the good end's, and searching a window for the first one that differs.
 
 A record differs in a *part*, named in the order a step computes it: the ``batch`` (input ids, labels,
-position ids, hashed exactly), the ``mask`` (the attention mask, hashed exactly), the ``label count`` (label
+position ids and any other tensor the collator sends, hashed exactly), the ``mask`` (every attention mask, hashed
+exactly), the ``label count`` (label
 tokens over the accumulation window) and the ``loss scale`` (the step's loss or gradient norm beyond the
 rounding bound). The first part that differs is the one named: a batch that changed changes everything after.
 
@@ -16,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 PARTS = ("batch", "mask", "label count", "loss scale")
-BATCH_KEYS = ("input_ids", "labels", "position_ids")
 # Relative bound on the loss and the gradient norm between two records of the same weights and batch: the
 # worst case of a float32 sum of about 150 terms in another order (n * 2**-24 = 9e-6, a window's label tokens).
 # Measured (benchmarks/bisect_rounding.py, docs/bisect.md): the 24 orders of lesson 02's four micro-batches x
@@ -55,9 +55,12 @@ def _close(a: float | None, b: float | None, bound: float) -> bool:
 def differing_parts(good: dict, other: dict, bound: float = LOSS_BOUND) -> list[str]:
     """The parts in which ``other`` differs from ``good``, in the order a step computes them."""
     found = []
-    if any(good["parts"].get(key) != other["parts"].get(key) for key in BATCH_KEYS):
+    changed = {
+        key for key in good["parts"].keys() | other["parts"].keys() if good["parts"].get(key) != other["parts"].get(key)
+    }
+    if any("attention_mask" not in key for key in changed):
         found.append("batch")
-    if good["parts"].get("attention_mask") != other["parts"].get("attention_mask"):
+    if any("attention_mask" in key for key in changed):
         found.append("mask")
     if good["label_tokens"] != other["label_tokens"]:
         found.append("label count")
