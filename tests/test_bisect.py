@@ -209,10 +209,15 @@ def test_a_walk_with_no_change_but_a_failed_step_is_undecided_and_names_it():
     assert report.verdict(outcome, "trl").endswith(f"not measured: {WINDOW[4]} (step failed)")
 
 
-def test_a_good_end_that_cannot_be_measured_is_undecided():
-    records = monotone(5) | {WINDOW[0]: "failed"}
-    assert search.binary(WINDOW, FakeIndex(records)).exit_code == 3
+def test_a_good_end_that_cannot_be_measured_is_undecided_and_nothing_is_called_same():
+    records = monotone(5) | {WINDOW[0]: "step failed"}
     assert search.linear(WINDOW, FakeIndex(records)).exit_code == 3
+    outcome = search.binary(WINDOW, FakeIndex(records))
+    assert outcome.exit_code == 3 and report.verdict(outcome, "trl").endswith(f"step failed for {WINDOW[0]}")
+    assert [line.split("|")[-2].strip() for line in report.table(outcome).splitlines()[2:]] == [
+        "step failed",
+        "not compared",
+    ]
 
 
 @pytest.mark.parametrize(

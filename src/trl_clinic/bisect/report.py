@@ -11,10 +11,13 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.6g}"
 
 
-def row(step: Measured, is_good: bool) -> tuple[str, ...]:
+def row(step: Measured, is_good: bool, compared: bool) -> tuple[str, ...]:
+    """One version's line; ``compared`` is False when the good end has no record (nothing to compare with)."""
     record = step.record or {}
     if is_good:
         verdict = "good end" if step.usable else step.status
+    elif not compared:
+        verdict = "not compared"
     elif not step.usable:
         verdict = "skipped (conflict)" if step.status == "conflict" else f"{step.status}: not compared"
     else:
@@ -34,7 +37,8 @@ def row(step: Measured, is_good: bool) -> tuple[str, ...]:
 def table(outcome: Outcome) -> str:
     """The measured versions, oldest first, as a markdown table (what docs/bisect.md shows)."""
     good = outcome.versions[0]
-    rows = [row(outcome.measured[v], v == good) for v in outcome.versions if v in outcome.measured]
+    compared = outcome.measured[good].usable
+    rows = [row(outcome.measured[v], v == good, compared) for v in outcome.versions if v in outcome.measured]
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(COLUMNS)]
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(COLUMNS, widths)) + " |"]
     lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
@@ -63,7 +67,8 @@ def verdict(outcome: Outcome, package: str) -> str:
     """One line: what changed first and where, or that nothing did, or why it is undecided."""
     good = outcome.measured[outcome.versions[0]]
     if not good.usable:
-        return f"undecided: the good end {package} {good.version} could not be measured ({good.status}): {good.message}"
+        said = good.message.splitlines()[0] if good.message else ""
+        return f"undecided: the good end {package} {good.version} could not be measured ({good.status}): {said}"
     if outcome.first is None:
         if not outcome.decided:
             unmeasured = [f"{s.version} ({s.status})" for s in outcome.measured.values() if not s.usable]
