@@ -1,8 +1,9 @@
 """``trl-clinic bisect``: the first release of a package whose first training step of a recipe changed.
 
     from trl_clinic.bisect import bisect, table, verdict
+    pins = ["trl==0.11.4", "peft==0.13.2", "accelerate==1.0.1", "datasets", "rich"]  # lesson 02's era
     outcome = bisect("sft", {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4},
-                     "transformers", "4.45.0", "4.46.0", pins=["trl==0.11.4", "datasets"])
+                     "transformers", "4.45.0", "4.46.0", pins=pins)
     print(table(outcome)); print(verdict(outcome, "transformers"))
 
 Each version gets a side environment (uv, cached; ``trl_clinic.probes.environments``, shared with the

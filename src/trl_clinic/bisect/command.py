@@ -24,7 +24,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="the first release of a package whose first training step of your recipe changed",
         description=__doc__.split("\n\n")[0],
         epilog="example: trl-clinic bisect sft --config recipe.yaml --package transformers --good 4.45.0 "
-        "--bad 4.46.0 --pin trl==0.11.4 --pin datasets",
+        "--bad 4.46.0 --pin trl==0.11.4 --pin peft==0.13.2 --pin accelerate==1.0.1 --pin datasets --pin rich",
     )
     parser.add_argument("kind", choices=TRAINER_KINDS, help="the trainer the recipe builds (sft and dpo so far)")
     parser.add_argument("--config", type=Path, required=True, help="the recipe: a `trl <kind> --config` YAML")
