@@ -1,6 +1,6 @@
 """``trl-clinic bisect``: the window from an index listing, the search on fake records (monotone, changed back,
-untestable versions), the table, JSON and exit codes, the first-step script on today's stack, and (slow) lesson
-02's window found for real: transformers 4.46.0, the loss scale."""
+untestable versions), the table, JSON and exit codes, the first-step script on today's stack, and (slow) lessons
+02's and 01's windows found for real: transformers 4.46.0 in the loss scale, trl 0.23.1 in the batch."""
 
 from __future__ import annotations
 
@@ -335,3 +335,15 @@ def test_lesson_02s_window_is_found_unaided():
     outcome = runner.bisect("sft", RECIPE, "transformers", "4.45.0", "4.46.0", pins=pins)
     assert (outcome.first, outcome.last_same, outcome.part) == ("4.46.0", "4.45.2", "loss scale")
     assert outcome.measured["4.46.0"].parts == ["loss scale"] and outcome.exit_code == 1
+
+
+@pytest.mark.slow
+def test_lesson_01s_padding_free_window_is_found_unaided():
+    """trl 0.19.0 good (its padding-free collator sends the packed row with a ones mask and no position ids, so on sdpa
+    every token sees the earlier sequences), 0.24.0 bad, transformers 4.57.1 beside both: the first change is 0.23.1,
+    in the batch (position ids sent, the labels at each sequence's start masked), then the mask."""
+    recipe = {"per_device_train_batch_size": 4, "padding_free": True, "max_length": None, "max_seq_length": None}
+    pins = ["transformers==4.57.1", "accelerate", "peft", "datasets", "rich"]
+    outcome = runner.bisect("sft", recipe, "trl", "0.19.0", "0.24.0", pins=pins)
+    assert (outcome.first, outcome.last_same, outcome.part) == ("0.23.1", "0.23.0", "batch")
+    assert outcome.measured["0.23.1"].parts == ["batch", "mask", "label count", "loss scale"]
