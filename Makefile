@@ -29,7 +29,7 @@ OFFLINE_TARGETS := workbook test test-slow seeds executed preflight
 $(OFFLINE_TARGETS): export HF_HUB_OFFLINE := 1
 $(OFFLINE_TARGETS): export HF_DATASETS_OFFLINE := 1
 
-.PHONY: workbook test test-slow seeds browser lab smoke preflight hide-solutions solutions generated notebooks executed deck clean \
+.PHONY: workbook test test-slow claims seeds browser lab smoke preflight hide-solutions solutions generated notebooks executed deck clean \
 	eras eras-for-workbook gpu-kit gpu-rehearsal
 
 # The exact versions the lessons measure are requirements-lock.txt, a pinned requirements file of the whole
@@ -80,8 +80,14 @@ test: $(STAMP) browser
 # Every lesson run as a learner runs it in JupyterLab, on a fresh copy of the repository
 # (tests/test_learner_path.py), and every core and deep dive at seeds 1-5 (tests/test_second_seed.py; SLOW_SEEDS="1 2"
 # narrows them), marker `slow`: about as long as all lessons' cpu runs, six times over.
-test-slow: $(STAMP) browser
+test-slow: $(STAMP) browser claims
 	TRL_CLINIC_SEEDS="$(or $(SLOW_SEEDS),1 2 3 4 5)" $(BIN)/python -m pytest -v -m slow
+
+# Every quote of the claims register (claims/register.yaml, issue 47) read in the released wheels it cites: each
+# wheel downloaded once from PyPI into .claims-cache/ (pip download --no-deps), every failure printed, exit 1 on
+# any. Network needed, so `make test` checks only the register's shape and anchors (tests/test_claims.py).
+claims: $(STAMP)
+	$(BIN)/python tools/claims/check.py
 
 # What a test needs and must not skip under `make test` and `make test-slow` (tests/conftest.py, `missing`): a test
 # that would skip for want of one of them fails instead. REQUIRE="smollm2" on make's command line where no

@@ -1,6 +1,7 @@
 """The check-up and the watch in the setups practitioners train in: each false all-clear and crash a user met
 trips here on a real trainer, and a healthy trainer of the same kind passes (local models, no hub)."""
 
+import copy
 import math
 
 import pytest
@@ -197,6 +198,56 @@ def test_fp16_adamw_fails_before_the_run_that_goes_nan_at_step_2_and_passes_fuse
     assert only(build_trainer("reward", ["--config", fused]), "fp16_adamw").status == "ok"
 
 
+def test_fp16_adamw_steps_on_the_whole_windows_gradient(tokenizer, tmp_path, monkeypatch):
+    """The gradient fp16_adamw steps its clones with is the accumulation window's (AUDIT G.4: stepping on the first
+    micro-batch's gradient passed every test). Recomputed here apart from the check-up: each of the window's
+    micro-batches through compute_loss with the window's label count, summed; measured equal to 0.0 relative, while
+    the first micro-batch alone is 4.5 off."""
+    from trl_clinic.checkup import precision
+    from trl_clinic.course.models import make_causal_lm
+    from trl_clinic.probes.labels import targets
+
+    model = make_causal_lm(tokenizer).to(torch.float16)
+    trainer = examples.sft_trainer(
+        tokenizer,
+        tmp_path,
+        model=model,
+        gradient_accumulation_steps=4,
+        per_device_train_batch_size=1,
+        max_grad_norm=0.0,
+    )
+    seen = {}
+    within_budget, one_step = precision.within_budget, precision.one_step
+
+    def window_of(view, params):  # the window's micro-batches, as the check-up ran them
+        seen["batches"] = list(view.step.batches)
+        return within_budget(view, params)
+
+    def stepped_with(cls, settings, source, tensors):  # the gradients the optimizer step is really given
+        seen["gradient"] = {name: gradient.float().clone() for name, _, gradient in tensors}
+        return one_step(cls, settings, source, tensors)
+
+    monkeypatch.setattr(precision, "within_budget", window_of)
+    monkeypatch.setattr(precision, "one_step", stepped_with)
+    assert only(trainer, "fp16_adamw").decided == "measured"
+    assert len(seen["batches"]) == 4
+
+    reference = copy.deepcopy(trainer.model).eval()
+    total = sum(int(targets(batch).sum()) for batch in seen["batches"])
+
+    def summed(batches) -> torch.Tensor:
+        reference.zero_grad(set_to_none=True)
+        for batch in batches:
+            trainer.compute_loss(reference, batch, num_items_in_batch=total).backward()
+        grads = dict(reference.named_parameters())
+        return torch.cat([grads[name].grad.float().flatten() for name in sorted(seen["gradient"])])
+
+    got = torch.cat([seen["gradient"][name].flatten() for name in sorted(seen["gradient"])])
+    window, first = summed(seen["batches"]), summed(seen["batches"][:1])
+    assert (got - window).norm() / window.norm() < 1e-2
+    assert (first - window).norm() / window.norm() > 0.5  # the micro-batches differ: the test can tell them apart
+
+
 # --- GRPO on conversational prompts, up to the user's completion length ----------------------------------------
 
 
@@ -275,7 +326,7 @@ def test_equal_rewards_generates_up_to_max_completion_length(tokenizer, tmp_path
 
 
 def test_zero_loss_is_decided_on_the_raw_loss_not_a_rounded_log(tokenizer, tmp_path):
-    """A DPO run converging below 5e-5: transformers <= 4.55 logged round(loss, 4) = 0.0 (trainer.py's
+    """A DPO run converging below 5e-5: transformers < 5.0 logged round(loss, 4) = 0.0 (trainer.py's
     _maybe_log_save_evaluate), which the watch blamed on masked labels. The raw loss is what it reads now."""
     trainer = examples.dpo_trainer(
         tokenizer,

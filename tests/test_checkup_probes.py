@@ -343,8 +343,10 @@ def test_padding_cache_audits_grpos_scoring_forwards(tokenizer, tmp_path):
 
 
 def test_the_right_padding_guard_windows_are_the_families_read_in_each_release():
-    """In transformers 4.51.3 the guard is in mistral, mixtral, phi3, qwen2_moe, qwen2_vl, qwen2_5_vl,
-    qwen3, qwen3_moe and starcoder2 too; qwen2_moe, phimoe and jetmoe keep it after 4.53.0."""
+    """In transformers 4.51.3 the guard is in mimi, mistral, mixtral, moshi, phi3, phi4_multimodal, qwen2_moe,
+    qwen2_vl, qwen2_5_vl, qwen3, qwen3_moe and starcoder2 too, qwen2_5_omni in 4.52.4; qwen2_moe, phimoe and
+    jetmoe keep it after 4.53.0, moshi and kyutai_speech_to_text through 5.1.0 (claims/register.yaml cites each
+    window's releases)."""
 
     def ids(model_type, version):
         facts = Facts(
@@ -356,9 +358,12 @@ def test_the_right_padding_guard_windows_are_the_families_read_in_each_release()
         return [e["id"] for e in matching(facts, "padding_cache")]
 
     for family in (
+        "mimi",
         "mistral",
         "mixtral",
+        "moshi",
         "phi3",
+        "phi4_multimodal",
         "qwen2_moe",
         "qwen2_vl",
         "qwen2_5_vl",
@@ -371,6 +376,25 @@ def test_the_right_padding_guard_windows_are_the_families_read_in_each_release()
     assert ids("qwen2", "4.45.2") == [] and ids("llama", "4.51.3") == []
     assert ids("qwen2_moe", "4.55.4") == ["04-fa2-right-padding-moe-4.53"] and ids("qwen2_moe", "5.0.0") == []
     assert ids("mistral", "4.55.4") == []
+    assert ids("qwen2_5_omni_thinker", "4.52.4") == ["04-fa2-right-padding-other-families-4.49"]
+    assert ids("mimi", "4.53.0") == []
+    for family in ("moshi", "kyutai_speech_to_text"):
+        assert ids(family, "5.0.0") == ids(family, "5.1.0") == ["04-fa2-right-padding-moshi"], family
+        assert ids(family, "5.2.0") == [], family
+
+
+def test_the_undivided_mean_window_ends_at_4_48_1():
+    """transformers 4.48.0 still calls compute_loss without the count for a model that accepts loss kwargs
+    (trainer.py:3675-3676), so the window of the undivided micro-batch mean ends at 4.48.1, not 4.48.0."""
+
+    def ids(version):
+        facts = Facts(args={"gradient_accumulation_steps": 4}, versions={"transformers": version})
+        return [e["id"] for e in matching(facts, "accumulation")]
+
+    assert ids("4.45.2") == ["02-transformers-4.45-accumulation"]
+    for version in ("4.46.0", "4.47.0", "4.47.1", "4.48.0"):
+        assert ids(version) == ["02-transformers-4.46-undivided-mean"], version
+    assert ids("4.48.1") == []
 
 
 # --- GRPO (lesson 05) ------------------------------------------------------------------------------------------
@@ -453,9 +477,32 @@ def test_gpu_names_match_whole_never_as_substrings():
 
 
 def test_the_cublas_entries_say_which_versions_were_reported_and_that_the_rest_are_unmeasured():
-    """Only 12.1.3.1 (bad) and 12.4.5.8 (cure) were reported."""
+    """12.1.3.1 was reported bad, 12.3.4.1 (LlamaFactory #2750) and 12.4.5.8 (diffusers #11241) cures: the window
+    ends at the first reported cure, and what lies between the bad one and it is said to be unmeasured."""
     for entry in (e for e in load() if e["id"].startswith("05-h20-cublas")):
-        assert "12.1.3.1" in entry["bug"] and "between are unmeasured" in entry["bug"] and "probe" not in entry
+        assert "12.1.3.1" in entry["bug"] and "12.3.4.1" in entry["bug"] and "12.4.5.8" in entry["bug"]
+        assert "between 12.1.3.1 and 12.3.4.1 are unmeasured" in entry["bug"] and "probe" not in entry
+
+    def ids(cublas):
+        facts = Facts(gpu_name="NVIDIA H20", args={"bf16": True}, versions={"nvidia-cublas-cu12": cublas})
+        return [e["id"] for e in matching(facts)]
+
+    assert ids("12.1.3.1") == ["05-h20-cublas-bf16"] and ids("12.3.4.1") == [] and ids("12.4.5.8") == []
+
+
+def test_the_qdora_cast_window_is_each_trainers_own():
+    """TRL's SFT, reward and GRPO trainers cast a quantized model's trainable tensors to bfloat16 from 0.26.0, its DPO
+    trainer from 0.29.0 (0.28.0 does not), all until 1.15.0 (claims/register.yaml cites each file)."""
+
+    def ids(trainer, trl):
+        facts = Facts(trainer=trainer, quantized=True, peft={"use_dora": True}, versions={"trl": trl})
+        return [e["id"] for e in matching(facts, "stalled_update")]
+
+    for trainer in ("sft", "reward", "grpo"):
+        assert ids(trainer, "0.26.0") == ids(trainer, "1.14.2") == ["03-trl-qlora-casts-dora-magnitude"], trainer
+        assert ids(trainer, "0.25.1") == ids(trainer, "1.15.0") == [], trainer
+    assert ids("dpo", "0.28.0") == [] and ids("dpo", "1.15.0") == []
+    assert ids("dpo", "0.29.0") == ids("dpo", "1.14.2") == ["03-trl-qlora-casts-dora-magnitude-dpo"]
 
 
 def test_the_torch_dtype_entry_starts_with_trl_0_27():

@@ -298,13 +298,23 @@ def ids(probe, **facts):
 
 
 def test_the_qdora_entry_spans_trl_0_26_0_to_1_14_2_on_quantized_dora_only():
-    dora = {"quantized": True, "peft": {"use_dora": True}}
+    """For the trainers that cast from 0.26.0 (SFT here; reward and GRPO in test_checkup_probes.py); a plain
+    Trainer casts nothing."""
+    dora = {"quantized": True, "peft": {"use_dora": True}, "trainer": "sft"}
     assert ids("stalled_update", versions={"trl": "0.26.0"}, **dora) == ["03-trl-qlora-casts-dora-magnitude"]
     assert ids("stalled_update", versions={"trl": "1.14.2"}, **dora) == ["03-trl-qlora-casts-dora-magnitude"]
     assert ids("stalled_update", versions={"trl": "0.25.1"}, **dora) == []
     assert ids("stalled_update", versions={"trl": "1.15.0"}, **dora) == []
-    assert ids("stalled_update", versions={"trl": "1.14.2"}, quantized=False, peft={"use_dora": True}) == []
-    assert ids("stalled_update", versions={"trl": "1.14.2"}, quantized=True, peft={"use_dora": False}) == []
+    assert (
+        ids("stalled_update", versions={"trl": "1.14.2"}, quantized=False, peft={"use_dora": True}, trainer="sft") == []
+    )
+    assert (
+        ids("stalled_update", versions={"trl": "1.14.2"}, quantized=True, peft={"use_dora": False}, trainer="sft") == []
+    )
+    assert (
+        ids("stalled_update", versions={"trl": "1.14.2"}, quantized=True, peft={"use_dora": True}, trainer="trainer")
+        == []
+    )
 
 
 def test_the_chat_template_dict_entry_needs_trl_before_0_27_1_and_transformers_5():

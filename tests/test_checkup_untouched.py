@@ -172,6 +172,22 @@ CASES = {
         {"accumulation", "fp16_adamw", "padding_cache", "labels_present", "eos_label", "gradients_reach", "known_bugs"},
         {"model"},
     ),
+    # 16-bit trainable weights: fp16_adamw steps a fresh optimizer on clones of them, stalled_update compares their
+    # update with their ulp; neither may touch the trainer's optimizer state or the weights (AUDIT G.5)
+    "sft-fp16-weights": (
+        lambda tok, out: stepped(
+            examples.sft_trainer(tok, out, model=make_causal_lm(tok).to(torch.float16), gradient_accumulation_steps=2)
+        ),
+        {"accumulation", "fp16_adamw", "stalled_update", "gradients_reach"},
+        {"model"},
+    ),
+    "sft-bf16-weights": (
+        lambda tok, out: stepped(
+            examples.sft_trainer(tok, out, model=make_causal_lm(tok).to(torch.bfloat16), gradient_accumulation_steps=2)
+        ),
+        {"accumulation", "stalled_update", "gradients_reach"},
+        {"model"},
+    ),
     "sft-padding-free-opt": (
         lambda tok, out: stepped(
             examples.sft_trainer(

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import missing
 
 from trl_clinic.course import deck
 from trl_clinic.course.lessons import lessons
@@ -40,7 +41,7 @@ def test_a_lesson_without_its_cheat_sheet_line_is_one_clear_error():
 
 def test_the_deck_opens_offline_in_a_headless_browser_and_steps_through_every_slide():
     if not CHROMIUM.exists():
-        pytest.skip(f"needs Debian's chromium at {CHROMIUM} (`make browser` installs it when run as root)")
+        missing("chromium", f"needs Debian's chromium at {CHROMIUM} (`make browser` installs it when run as root)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e '.[test]')")
     from test_learner_path import CHROMIUM_ARGS
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import missing
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
@@ -246,7 +247,7 @@ def wait_for(page, predicate, timeout_s: float, what: str):
 
 def test_fastest_lesson_runs_all_in_jupyterlab_in_a_real_browser(repo, tmp_path):
     if not CHROMIUM.exists():
-        pytest.skip(f"needs Debian's chromium at {CHROMIUM} (`make browser` installs it when run as root)")
+        missing("chromium", f"needs Debian's chromium at {CHROMIUM} (`make browser` installs it when run as root)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e '.[test]')")
     state = tmp_path / "lab"
     state.mkdir()

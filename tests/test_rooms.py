@@ -1,7 +1,8 @@
 """The rooms of the package, read from the imports of every module: the library (``trl_clinic.probes``,
-``trl_clinic.checkup``, ``trl_clinic.watch``: what a user installs beside their own stack) never imports the course
-(``trl_clinic.course``), so that it needs none of the course's tools or sizes; and inside the library the
-check-up and the watch are siblings over ``probes``: neither imports the other, and ``probes`` imports neither.
+``trl_clinic.checkup``, ``trl_clinic.watch``, ``trl_clinic.bisect``: what a user installs beside their own stack)
+never imports the course (``trl_clinic.course``), so that it needs none of the course's tools or sizes; and inside
+the library the check-up, the watch and bisect are siblings over ``probes``: none imports another, and ``probes``
+imports none of them.
 
 Every import counts, the deferred ones inside functions included, and so do the module names given to
 ``importlib.import_module`` or ``__import__`` as text."""
@@ -12,13 +13,14 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "trl_clinic"
-ROOMS = ("probes", "checkup", "watch")
+ROOMS = ("probes", "checkup", "watch", "bisect")
 LIBRARY = sorted(p for room in ROOMS for p in (PACKAGE / room).glob("*.py"))
 # what each room of the library must not import
 FORBIDDEN = {
-    "probes": ("trl_clinic.course", "trl_clinic.checkup", "trl_clinic.watch"),
-    "checkup": ("trl_clinic.course", "trl_clinic.watch"),
-    "watch": ("trl_clinic.course", "trl_clinic.checkup"),
+    "probes": ("trl_clinic.course", "trl_clinic.checkup", "trl_clinic.watch", "trl_clinic.bisect"),
+    "checkup": ("trl_clinic.course", "trl_clinic.watch", "trl_clinic.bisect"),
+    "watch": ("trl_clinic.course", "trl_clinic.checkup", "trl_clinic.bisect"),
+    "bisect": ("trl_clinic.course", "trl_clinic.checkup", "trl_clinic.watch"),
 }
 
 

@@ -3,8 +3,8 @@
 ``make test`` runs every core and deep dive at seed 0 (tests/test_notebooks.py, tests/test_deep_dives.py) and, here,
 one core and one deep dive at a second seed, chosen by a rotation: all fourteen at a second seed would add about
 nine minutes to its ten, one of each adds 50-115 s. The rotation index is ``TRL_CLINIC_ROTATION`` when set (CI can
-set it, and a failure is rerun with the index its test id names), else today's date (days since 0001-01-01, UTC),
-so that consecutive days walk through the lessons:
+set it, and a failure is rerun with the index its test id names: a red test prints the command, ``rerun``), else
+today's date (days since 0001-01-01, UTC), so that consecutive days walk through the lessons:
 
     core = cores[i % 8], deep dive = deep_dives[i % 6], seed = 1 + i % 5
 
@@ -43,6 +43,19 @@ INDEX = rotation()
 CORE, DEEP, SEED = todays(INDEX)
 
 
+def rerun(name: str, index: int = INDEX) -> str:
+    """What reruns a red second-seed test on another day: the same rotation under pytest, or the lesson alone at
+    its seed (the date moves the rotation on, so the index must be given)."""
+    core, deep, seed = todays(index)
+    assert name in (core, deep), f"{name} is not in rotation {index}"
+    test = test_todays_core_and_deep_dive_pass_at_a_second_seed.__name__
+    node = f"tests/test_second_seed.py::{test}[{KEYS[name]}-seed{seed}-rotation{index}]"
+    return (
+        f"rerun: TRL_CLINIC_ROTATION={index} .venv/bin/python -m pytest '{node}'"
+        f' (the lesson alone: make seeds LESSONS="{KEYS[name]}" SEEDS="{seed}")'
+    )
+
+
 @pytest.fixture(scope="session")
 def second_seed(tmp_path_factory):
     return run_workbook(tmp_path_factory.mktemp(f"seed-{SEED}"), CORE, DEEP, "--seed", str(SEED))  # exact names
@@ -52,8 +65,19 @@ def second_seed(tmp_path_factory):
 @pytest.mark.parametrize("name", [CORE, DEEP], ids=[f"{KEYS[n]}-seed{SEED}-rotation{INDEX}" for n in (CORE, DEEP)])
 def test_todays_core_and_deep_dive_pass_at_a_second_seed(second_seed, name):
     out, _, results = second_seed
-    assert_passed(out, results, name)
-    assert json.loads((out / name / "metrics.json").read_text())["seed"] == SEED
+    try:
+        assert_passed(out, results, name)
+        assert json.loads((out / name / "metrics.json").read_text())["seed"] == SEED
+    except AssertionError as failure:
+        raise AssertionError(f"{failure}\n{rerun(name)}") from failure
+
+
+def test_a_red_second_seed_names_the_command_that_reruns_it():
+    index = 739215
+    core, deep, seed = todays(index)
+    said = rerun(deep, index)
+    assert f"TRL_CLINIC_ROTATION={index} " in said and f"[{KEYS[deep]}-seed{seed}-rotation{index}]" in said
+    assert f'make seeds LESSONS="{KEYS[deep]}" SEEDS="{seed}"' in said and KEYS[core] not in said.split("[")[0]
 
 
 def test_the_rotation_walks_through_every_lesson_and_seed():

@@ -152,7 +152,19 @@ def test_findings_reach_trackio_and_wandb_as_alerts_offline(tokenizer, offline_t
     assert [(a.title, a.level) for a in alerts] == [("trl-clinic: dpo_flat", "WARN")] and "identical" in alerts[0].text
 
 
-def test_no_alert_without_a_tracker_or_when_turned_off(tokenizer, offline_trackers):
+def test_no_alert_without_a_tracker():
+    """A run that reports nowhere: no tracker among its callbacks, so a finding is neither sent nor kept waiting."""
+    from trl_clinic.probes.finding import Finding
+    from trl_clinic.watch.alerts import send, trackers
+
+    class Printer:  # a callback that is not a tracker (transformers' PrinterCallback, say)
+        pass
+
+    made = Finding("dpo_flat", "warn", "pairs identical", decided="measured", step=11)
+    assert trackers([Printer()]) == [] and send([(made, "dpo_flat: identical")], [Printer()]) == []
+
+
+def test_no_alert_when_turned_off(tokenizer, offline_trackers):
     from trackio.sqlite_storage import SQLiteStorage
 
     out = offline_trackers

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from trl_clinic.bisect.command import add_parser as add_bisect  # stdlib and yaml: torch loads in the side envs
 from trl_clinic.checkup.command import add_parser as add_checkup  # stdlib only: torch loads when it runs
 from trl_clinic.watch.command import add_parser as add_watch  # torch loads when it runs
 
@@ -153,6 +154,7 @@ def parser() -> argparse.ArgumentParser:
     doctor.set_defaults(handler=_doctor)
     add_checkup(commands)
     add_watch(commands)
+    add_bisect(commands)
     return top
 
 

@@ -153,8 +153,8 @@ def _why(view: TrainerView, entry: dict | None) -> str:
     loss_types = getattr(view.args, "loss_type", None)
     loss_types = [loss_types] if isinstance(loss_types, str) else list(loss_types or [])
     if view.kind == "dpo" and "sft" in loss_types:
-        # TRL 1.16.0 DPOTrainer._compute_loss: the 'sft' term is -chosen_per_token_logps[chosen_mask].mean(), a mean
-        # over this micro-batch's chosen tokens, and Trainer divides it by the accumulation steps
+        # TRL 1.16.0 DPOTrainer._compute_loss: the 'sft' term is -chosen_per_token_logps[chosen_mask.bool()].mean(),
+        # a mean over this micro-batch's chosen tokens, and Trainer divides it by the accumulation steps
         return (
             "DPO's 'sft' loss term is a mean over each micro-batch's chosen tokens, so accumulation weighs the tokens "
             "of short micro-batches more: raise per_device_train_batch_size and lower gradient_accumulation_steps, "

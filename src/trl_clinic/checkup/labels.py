@@ -118,7 +118,8 @@ def eos_label(view: TrainerView) -> Finding:
         "pad == eos and the collator masks pad tokens, so EOS is masked too: set a pad token distinct from "
         "eos (tokenizer.pad_token = ...)"
         if tokenizer.pad_token_id == eos
-        else "no completion ends with EOS: append tokenizer.eos_token (SFTTrainer does; a custom dataset may not)"
+        else "no completion ends with EOS: append tokenizer.eos_token to each text (TRL's SFTTrainer does from "
+        "0.16.0 on a text dataset; before 0.16.0, and in a custom dataset, nothing adds it)"
     )
     return Finding("eos_label", "fail", measured, value=0, decided="measured", fix=fix)
 

@@ -55,7 +55,7 @@ def window(trainer: Trainer, steps: int) -> Iterator[None]:
     by 4.55.4's trainer.py, absent from 4.53.1's), and the accelerator, which divides each backward by the steps
     it was given through transformers 4.46.1 (``Trainer.create_accelerator_and_postprocess`` passes it
     ``num_steps`` in 4.45.2 and 4.46.1) and is given none from 4.46.2 (the same function: "We explicitly don't
-    rely on the Accelerator to do gradient accumulation")."""
+    rely on the `Accelerator` to do gradient accumulation")."""
     args, accelerator = trainer.args, trainer.accelerator
     original = args.gradient_accumulation_steps
     accelerator_steps = accelerator.gradient_accumulation_steps

@@ -314,7 +314,7 @@ class ClinicWatch(TrainerCallback):
         label tokens (``loss_spike``), and, after the first step watched, the weights' fingerprints (``replicas``).
 
         The run's step loss is the mean over processes of each one's raw step loss: what ``Trainer`` logs (transformers
-        5.23 ``Trainer._maybe_log_save_evaluate`` logs ``_nested_gather(tr_loss).mean()``), and, under
+        5.23 ``Trainer._maybe_log_save_evaluate`` logs ``nested_gather(tr_loss, ...).mean()``), and, under
         ``average_tokens_across_devices`` (the default since 4.54), the window's loss over every process's label
         tokens: ``Trainer.compute_loss`` multiplies each process's loss by the number of processes and
         ``_get_num_items_in_batch`` divides it by the tokens of all of them, so one process's own loss is its share of
@@ -368,7 +368,7 @@ class ClinicWatch(TrainerCallback):
         if not grpo_teaches and (raw == 0.0 or hidden):
             self._zero_loss(logs, raw)
         elif logs["loss"] == 0.0 and not grpo_teaches and not self.found("zero_loss"):
-            self.checks["zero_loss"] = quiet("zero_loss", "rounded", raw=raw)  # transformers <= 4.55 rounds the log
+            self.checks["zero_loss"] = quiet("zero_loss", "rounded", raw=raw)  # transformers < 5.0 rounds the log
         for made in self._unlogged:
             extra.update(logged(made))
         self._unlogged = []

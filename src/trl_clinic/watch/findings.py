@@ -120,7 +120,7 @@ CATALOGUE = {
     "zero_loss": Entry(
         "02",
         "a raw loss of exactly 0 over a log's steps (the loss training_step returned, not the logged "
-        "number, which transformers <= 4.55 rounds to 4 decimals), or a logged 0.0 hiding a NaN, with the cause "
+        "number, which transformers < 5.0 rounds to 4 decimals), or a logged 0.0 hiding a NaN, with the cause "
         "the watch saw (no label tokens, a NaN hidden by the NaN filter, GRPO groups with equal rewards)",
         seen={
             "zero": "raw loss is exactly 0 over the steps logged at step {step} (logged loss {logged:.4g})",
@@ -150,7 +150,7 @@ CATALOGUE = {
         },
         quiet={
             "none": "no raw loss was exactly 0",
-            "rounded": "a logged loss of 0.0 was a rounded raw loss of {raw:.3g} (transformers <= 4.55 logs 4 "
+            "rounded": "a logged loss of 0.0 was a rounded raw loss of {raw:.3g} (transformers < 5.0 logs 4 "
             "decimals): not a finding",
         },
     ),

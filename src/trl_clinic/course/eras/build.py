@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,81 +29,25 @@ from trl_clinic.course.eras.spec import (
     requirements_file,
 )
 from trl_clinic.course.paths import repo_root
+from trl_clinic.probes.environments import (
+    EnvironmentBuildError,
+    build_lock,
+    create_and_install,
+    flock,
+    holds_lock,
+    local_torch_links,
+    probe_versions,
+    torch_pin,
+    uv_command,
+    write_stamp,
+)
+
+__all__ = ["EraBuildError", "build_era", "local_torch_links", "main", "uv_command", "wait_for_builds"]
 
 VERSIONED = ("torch", "transformers", "trl", "peft", "accelerate", "datasets")
 
-
-class EraBuildError(RuntimeError):
-    """An era could not be built; its folder is left without a stamp."""
-
-
-def _torch_pin(requirements: Path) -> str | None:
-    for line in requirements.read_text().splitlines():
-        line = line.split("#", 1)[0].strip().replace(" ", "")
-        if line.startswith("torch=="):
-            return line.removeprefix("torch==")
-    return None
-
-
-def local_torch_links(version: str) -> Path | None:
-    """The folder of the torch wheel that pip would install for ``torch==VERSION``, when it is a local file.
-
-    On these machines pip is configured with a local CPU build of torch 2.13.0 that uv does not know
-    about; without it uv takes PyPI's CUDA build (GBs). pip is asked (dry run, nothing installed or
-    copied) where the wheel comes from; a remote wheel gives None, and uv then fetches torch itself. The
-    report goes to a file: inside a Jupyter kernel pip colours what it prints (an era built on a lesson's
-    first use read no JSON there, and took PyPI's torch).
-    """
-    with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError):
-        with tempfile.TemporaryDirectory(prefix="trl-clinic-pip-") as folder:
-            report = Path(folder) / "report.json"
-            done = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "install",
-                    "--dry-run",
-                    "--quiet",
-                    "--ignore-installed",
-                    "--no-deps",
-                    "--report",
-                    str(report),
-                    f"torch=={version}",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-            if done.returncode == 0:
-                url = json.loads(report.read_text())["install"][0]["download_info"]["url"]
-                if url.startswith("file://"):
-                    from urllib.parse import unquote, urlparse
-
-                    return Path(unquote(urlparse(url).path)).parent
-    return None
-
-
-def uv_command() -> list[str]:
-    """uv beside this interpreter (the course extra installs it), else on PATH, else as a module."""
-    beside = Path(sys.executable).with_name("uv")
-    if beside.exists():
-        return [str(beside)]
-    found = shutil.which("uv")
-    return [found] if found else [sys.executable, "-m", "uv"]
-
-
-def _run(command: list[str], what: str) -> None:
-    """Run one step, its output printed through Python (a notebook shows it; a child's own stdout would go to
-    the kernel's terminal), and what it said last in the error when it fails (no network, a missing wheel).
-    Without colours: a Jupyter kernel sets FORCE_COLOR=1, and the message goes into metrics.json."""
-    print("  $", " ".join(command), flush=True)
-    plain = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CLICOLOR_FORCE")} | {"NO_COLOR": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, env=plain)
-    print(done.stdout + done.stderr, end="", flush=True)
-    if done.returncode != 0:
-        said = " ".join(done.stderr.split()[-60:])
-        raise EraBuildError(f"{what} failed (exit code {done.returncode}): {said}")
+# An era could not be built; its folder is left without a stamp (the library's error, shared with bisect).
+EraBuildError = EnvironmentBuildError
 
 
 # Imported by the build's check in the new era: an undeclared dependency (trl 0.11's rich) shows here.
@@ -125,84 +65,29 @@ def probe_imports(requirements: Path) -> tuple[str, ...]:
     return PROBE_IMPORTS
 
 
-_PROBE = (
-    "import importlib, importlib.metadata as m, json, sys\n"
-    "modules, names = sys.argv[1].split(','), sys.argv[2:]\n"
-    "for entry in modules:\n"
-    "    module, _, name = entry.partition(':')\n"
-    "    loaded = importlib.import_module(module)\n"
-    "    if name:\n"
-    "        getattr(loaded, name)\n"
-    "print(json.dumps({n: m.version(n) for n in names}))\n"
-)
-
-
-def _probe_versions(python: Path, imports: tuple[str, ...]) -> dict[str, str]:
-    """Import the era's libraries with its interpreter (``imports``) and read their versions."""
-    done = subprocess.run(
-        [str(python), "-c", _PROBE, ",".join(imports), *VERSIONED],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **CHILD_ENV},
-    )
-    if done.returncode != 0:
-        raise EraBuildError(f"the era's libraries do not import:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-_LOCKED: set[Path] = set()  # the checkouts' .eras folders whose build lock this process holds
-
-
-def _flock(handle, operation: str) -> bool:
-    """``fcntl.flock`` without blocking (``operation``: "exclusive" or "shared"); True when taken. Not
-    POSIX: no lock, always taken."""
-    try:
-        import fcntl
-    except ImportError:
-        return True
-    try:
-        fcntl.flock(handle, (fcntl.LOCK_EX if operation == "exclusive" else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-
-
 @contextlib.contextmanager
 def _build_lock(root: Path) -> Iterator[None]:
     """One build at a time per checkout (two `make` runs must not write the same venv). Re-entrant in one
     process: ``main`` holds it across all its builds, so a lesson that waits for a background build
     (``make lab``) never wakes up in the gap between two eras."""
-    folder = root / ERAS_DIR
-    if folder in _LOCKED:
+    with build_lock(root / ERAS_DIR):
         yield
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as handle:
-        if not _flock(handle, "exclusive"):
-            print(f"waiting for another build of the eras to end ({folder / '.lock'})", flush=True)
-        while not _flock(handle, "exclusive"):
-            time.sleep(0.5)
-        _LOCKED.add(folder)
-        try:
-            yield
-        finally:
-            _LOCKED.discard(folder)
 
 
 def wait_for_builds(root: Path, timeout: float) -> bool:
     """Wait while another process builds eras (``make lab`` starts the build in the background and
     JupyterLab at once); True when one was running and has ended within ``timeout``."""
     lock = root / ERAS_DIR / ".lock"
-    if not lock.is_file() or (root / ERAS_DIR) in _LOCKED:
+    if not lock.is_file() or holds_lock(root / ERAS_DIR):
         return False
     with open(lock) as handle:
-        if _flock(handle, "shared"):
+        if flock(handle, "shared"):
             return False
         print(f"waiting for the eras being built in the background (log: {ERAS_DIR}/build.log)", flush=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             time.sleep(1)
-            if _flock(handle, "shared"):
+            if flock(handle, "shared"):
                 return True
     return False
 
@@ -231,32 +116,20 @@ def build_era(
         start = time.perf_counter()
         venv = era_dir(name, root)
         print(f"era {name}: building {venv} from {requirements.name}", flush=True)
-        shutil.rmtree(venv, ignore_errors=True)
         try:
-            uv = installer or uv_command()
-            _run([*uv, "venv", "--quiet", "--python", sys.executable, str(venv)], "uv venv")
             links = torch_links
             if links == "auto":
-                pin = _torch_pin(requirements)
+                pin = torch_pin(requirements)
                 links = local_torch_links(pin) if pin else None
-            # uv reads UV_FIND_LINKS (an offline room's wheelhouse) only when no --find-links is given
-            extra = [f"--find-links={link}" for link in [links, *os.environ.get("UV_FIND_LINKS", "").split()] if link]
-            # no --compile-bytecode: the import check below compiles what it imports (CHILD_ENV), and the
-            # era scripts' first runs the rest they need
-            _run(
-                [*uv, "pip", "install", "--quiet", "--python", str(python_in(venv)), "-r", str(requirements), *extra],
-                "uv pip install",
-            )
-            versions = _probe_versions(python_in(venv), probe_imports(requirements))
+            create_and_install(venv, requirements, uv=installer or uv_command(), links=links)
+            versions = probe_versions(python_in(venv), probe_imports(requirements), VERSIONED, CHILD_ENV)
             stamp = {
                 "requirements_sha256": requirements_digest(requirements),
                 "versions": versions,
                 "torch_links": str(links) if links else None,
                 "built_in_s": round(time.perf_counter() - start, 1),
             }
-            partial = venv / (STAMP + ".partial")
-            partial.write_text(json.dumps(stamp, indent=1))
-            partial.replace(venv / STAMP)
+            write_stamp(venv, STAMP, stamp)
         except BaseException:
             (venv / STAMP).unlink(missing_ok=True)
             raise

@@ -1,0 +1,349 @@
+"""``trl-clinic bisect``: the window from an index listing, the search on fake records (monotone, changed back,
+untestable versions), the table, JSON and exit codes, the first-step script on today's stack, and (slow) lessons
+02's and 01's windows found for real: transformers 4.46.0 in the loss scale, trl 0.23.1 in the batch."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trl_clinic import cli
+from trl_clinic.bisect import environments, records, report, runner, search, versions
+from trl_clinic.bisect.search import Measured
+from trl_clinic.probes.environments import EnvironmentBuildError
+
+# lesson 02's shape: one sample per micro-batch, four micro-batches per step; both names of the length field
+# (TRL 0.11's max_seq_length, today's max_length): a version's config takes the one it knows, lists the other
+RECIPE = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4, "max_seq_length": 128, "max_length": 128}
+LISTING = """WARNING: pip index is currently an experimental command.
+transformers (4.47.0)
+Available versions: 4.47.0, 4.46.3, 4.46.2, 4.46.1, 4.46.0rc1, 4.45.2, 4.45.1, 4.45.0, 4.44.2
+"""
+
+
+# --- versions -------------------------------------------------------------------------------------------------
+
+
+def test_the_window_holds_final_releases_between_the_ends_oldest_first():
+    listed = versions.parse_index_listing(LISTING)
+    assert versions.between(listed, "4.45.0", "4.46.2") == ["4.45.0", "4.45.1", "4.45.2", "4.46.1", "4.46.2"]
+
+
+def test_pre_releases_only_on_request():
+    listed = versions.parse_index_listing(LISTING)
+    assert "4.46.0rc1" in versions.between(listed, "4.45.2", "4.46.1", pre=True)
+    assert "4.46.0rc1" not in versions.between(listed, "4.45.2", "4.46.1")
+
+
+def test_an_end_the_index_does_not_list_is_kept():
+    """transformers 4.46.0 was yanked: pip's listing leaves it out, its exact pin still installs."""
+    listed = versions.parse_index_listing(LISTING)
+    assert versions.between(listed, "4.45.1", "4.46.0") == ["4.45.1", "4.45.2", "4.46.0"]
+
+
+@pytest.mark.parametrize(("good", "bad"), [("4.46.0", "4.45.0"), ("4.45.0", "4.45.0"), ("four", "4.46.0")])
+def test_ends_out_of_order_or_not_versions_are_usage_errors(good, bad):
+    with pytest.raises(ValueError):
+        versions.between(["4.45.0", "4.46.0"], good, bad)
+
+
+def test_the_listing_comes_from_pip_index_versions_with_pre_on_request():
+    calls = []
+
+    def fake_run(command, **kwargs):
+        calls.append(command)
+        return subprocess.CompletedProcess(command, 0, stdout=LISTING, stderr="")
+
+    assert versions.index_versions("transformers", pre=True, run=fake_run)[0] == "4.47.0"
+    assert calls[0][1:5] == ["-m", "pip", "index", "versions"] and "--pre" in calls[0]
+
+
+def test_a_listing_without_versions_is_an_error_that_says_what_pip_said():
+    with pytest.raises(ValueError, match="no such package"):
+        versions.parse_index_listing("ERROR: no such package")
+
+
+def test_the_rest_of_the_stack_is_pinned_from_this_environment_and_overrides_win():
+    import torch
+
+    pinned = versions.pins("transformers", ["trl==0.11.4", "datasets"])
+    assert "transformers" not in pinned
+    assert pinned["torch"] == f"torch=={torch.__version__}"
+    assert pinned["trl"] == "trl==0.11.4" and pinned["datasets"] == "datasets"
+    with pytest.raises(ValueError, match="moves"):
+        versions.pins("trl", ["trl==0.11.4"])
+
+
+# --- side environments ------------------------------------------------------------------------------------------
+
+UV_CONFLICT = (
+    "uv pip install failed (exit code 1): error: No solution found when resolving dependencies: Because "
+    "transformers==4.45.0 depends on tokenizers>=0.20,<0.21 and you require tokenizers==0.22.0, we can conclude "
+    "that your requirements are unsatisfiable."
+)  # what uv 0.13.8 said (stderr) for transformers==4.45.0 beside tokenizers==0.22.0, the prefix bisect adds
+
+
+@pytest.fixture
+def no_torch_lookup(monkeypatch):
+    monkeypatch.setattr(environments, "local_torch_links", lambda version: None)
+
+
+@pytest.mark.parametrize(("said", "status"), [(UV_CONFLICT, "conflict"), ("uv pip install failed: network", "failed")])
+def test_a_version_that_cannot_install_is_a_conflict_or_a_failure(tmp_path, monkeypatch, no_torch_lookup, said, status):
+    def refuse(*args, **kwargs):
+        raise EnvironmentBuildError(said)
+
+    monkeypatch.setattr(environments, "create_and_install", refuse)
+    built = environments.prepare("transformers", "4.45.0", {"tokenizers": "tokenizers==0.22.0"}, "sft", tmp_path)
+    assert built.status == status and not built.ready and "failed" in built.message
+
+
+def test_a_built_environment_is_taken_from_the_cache_the_second_time(tmp_path, monkeypatch, no_torch_lookup):
+    installs = []
+
+    def install(venv, requirements, **kwargs):
+        installs.append(requirements.read_text())
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin" / "python").write_text("")
+
+    monkeypatch.setattr(environments, "create_and_install", install)
+    monkeypatch.setattr(environments, "probe_versions", lambda *args: {"transformers": "4.45.0"})
+    pins = {"trl": "trl==0.11.4", "torch": "torch==2.13.0"}
+    first = environments.prepare("transformers", "4.45.0", pins, "sft", tmp_path)
+    second = environments.prepare("transformers", "4.45.0", pins, "sft", tmp_path)
+    assert (first.status, second.status) == ("built", "cached") and len(installs) == 1
+    assert installs[0] == "transformers==4.45.0\ntorch==2.13.0\ntrl==0.11.4\n"
+    assert environments.prepare("transformers", "4.45.1", pins, "sft", tmp_path).status == "built"
+
+
+def test_libraries_that_do_not_import_together_make_the_version_unusable(tmp_path, monkeypatch, no_torch_lookup):
+    monkeypatch.setattr(environments, "create_and_install", lambda *args, **kwargs: None)
+
+    def broken(*args):
+        raise EnvironmentBuildError("the environment's libraries do not import: ImportError")
+
+    monkeypatch.setattr(environments, "probe_versions", broken)
+    assert environments.prepare("trl", "0.19.0", {}, "sft", tmp_path).status == "unusable"
+
+
+# --- search on fake records -----------------------------------------------------------------------------------
+
+
+def fake_record(loss=4.8, grad_norm=0.9, labels=120, input_ids="a", mask="m") -> dict:
+    parts = {"input_ids": input_ids, "labels": input_ids, "position_ids": "absent", "attention_mask": mask}
+    return {"parts": parts, "batch_sha256": "f" * 64, "label_tokens": labels, "loss": loss, "grad_norm": grad_norm}
+
+
+class FakeIndex:
+    """A measure() over fake records, counting what it was asked for."""
+
+    def __init__(self, records: dict[str, dict | str]):
+        self.records, self.asked = records, []
+
+    def __call__(self, version: str) -> Measured:
+        self.asked.append(version)
+        value = self.records[version]
+        if isinstance(value, str):  # a status: conflict, unusable, failed
+            return Measured(version, value, message=f"{value} for {version}")
+        return Measured(version, "cached", record=value)
+
+
+WINDOW = [f"1.{i}.0" for i in range(30)]
+
+
+def monotone(first_change: int, changed: dict | None = None) -> dict:
+    changed = changed or fake_record(loss=4.8 * 4)
+    return {v: (changed if i >= first_change else fake_record()) for i, v in enumerate(WINDOW)}
+
+
+@pytest.mark.parametrize("first_change", [1, 7, 15, 29])
+def test_binary_search_finds_the_first_change_in_about_log2_n_measurements(first_change):
+    fake = FakeIndex(monotone(first_change))
+    outcome = search.binary(WINDOW, fake)
+    assert outcome.first == WINDOW[first_change] and outcome.last_same == WINDOW[first_change - 1]
+    assert outcome.part == "loss scale" and outcome.exit_code == 1
+    assert len(fake.asked) <= 2 + math.ceil(math.log2(len(WINDOW)))  # the issue's 30 releases: at most 7
+    assert len(set(fake.asked)) == len(fake.asked)  # no version measured twice
+
+
+def test_nothing_changed_is_exit_code_0():
+    fake = FakeIndex(monotone(len(WINDOW)))
+    outcome = search.binary(WINDOW, fake)
+    assert outcome.first is None and outcome.exit_code == 0 and fake.asked == [WINDOW[0], WINDOW[-1]]
+
+
+def test_a_change_that_went_back_is_missed_by_binary_search_and_shown_by_linear():
+    records = monotone(len(WINDOW)) | {v: fake_record(labels=99) for v in WINDOW[10:20]}
+    assert search.binary(WINDOW, FakeIndex(records)).exit_code == 0  # the ends agree: binary sees nothing
+    outcome = search.linear(WINDOW, FakeIndex(records))
+    assert outcome.first == WINDOW[10] and outcome.part == "label count" and outcome.exit_code == 1
+    assert outcome.changed_back == WINDOW[20:]
+
+
+def test_a_conflicting_version_is_stepped_around_and_never_counted_good_or_bad():
+    records = monotone(12) | {WINDOW[11]: "conflict"}
+    outcome = search.binary(WINDOW, FakeIndex(records))
+    assert outcome.first == WINDOW[12] and outcome.last_same == WINDOW[10]
+    assert outcome.between == [WINDOW[11]] and outcome.decided and outcome.exit_code == 1
+    assert outcome.measured[WINDOW[11]].parts == []
+
+
+def test_a_failed_build_where_the_change_may_be_leaves_it_undecided():
+    records = monotone(12) | {WINDOW[11]: "failed"}
+    outcome = search.binary(WINDOW, FakeIndex(records))
+    assert outcome.between == [WINDOW[11]] and not outcome.decided and outcome.exit_code == 3
+    assert report.verdict(outcome, "trl").startswith("undecided")
+
+
+def test_a_walk_with_no_change_but_a_failed_step_is_undecided_and_names_it():
+    """As trl 1.14.0 to 1.16.0 went here: 1.15.0's SFT step raised (no triton for its fused head), the rest agreed."""
+    records = monotone(len(WINDOW)) | {WINDOW[4]: "step failed"}
+    outcome = search.linear(WINDOW, FakeIndex(records))
+    assert outcome.first is None and outcome.exit_code == 3
+    assert report.verdict(outcome, "trl").endswith(f"not measured: {WINDOW[4]} (step failed)")
+
+
+def test_a_good_end_that_cannot_be_measured_is_undecided_and_nothing_is_called_same():
+    records = monotone(5) | {WINDOW[0]: "step failed"}
+    assert search.linear(WINDOW, FakeIndex(records)).exit_code == 3
+    outcome = search.binary(WINDOW, FakeIndex(records))
+    assert outcome.exit_code == 3 and report.verdict(outcome, "trl").endswith(f"step failed for {WINDOW[0]}")
+    assert [line.split("|")[-2].strip() for line in report.table(outcome).splitlines()[2:]] == [
+        "step failed",
+        "not compared",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("changed", "parts"),
+    [
+        (fake_record(input_ids="b", labels=99, loss=9.0), ["batch", "label count", "loss scale"]),
+        (fake_record(mask="n"), ["mask"]),
+        (fake_record(labels=119), ["label count"]),
+        (fake_record(grad_norm=0.9 * (1 + 3 * search.LOSS_BOUND)), ["loss scale"]),
+        (fake_record(loss=4.8 * (1 + search.LOSS_BOUND / 2)), []),
+    ],
+)
+def test_parts_are_named_in_the_order_a_step_computes_them_and_rounding_is_not_a_change(changed, parts):
+    assert search.differing_parts(fake_record(), changed) == parts
+
+
+# --- output ---------------------------------------------------------------------------------------------------
+
+
+def test_the_table_and_json_say_every_version_and_the_verdict_names_the_part():
+    records = monotone(12) | {WINDOW[11]: "conflict"}
+    outcome = search.binary(WINDOW, FakeIndex(records))
+    text = report.table(outcome)
+    assert text.splitlines()[0].split("|")[1].strip() == "version"
+    assert "skipped (conflict)" in text and "good end" in text
+    line = report.verdict(outcome, "trl")
+    assert line.startswith(f"first change: trl {WINDOW[12]} (last same: {WINDOW[10]}): the loss scale")
+    assert "x4" in line and WINDOW[11] in line
+    data = json.loads(json.dumps(report.to_json(outcome, "trl")))
+    assert data["first_change"] == WINDOW[12] and data["part"] == "loss scale" and data["exit_code"] == 1
+    assert {m["version"] for m in data["measured"]} == set(outcome.measured)
+
+
+def test_the_command_prints_json_and_returns_the_outcomes_exit_code(tmp_path, monkeypatch, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("per_device_train_batch_size: 1\ngradient_accumulation_steps: 4\n")
+    seen = {}
+
+    def fake_bisect(kind, config, package, good, bad, **options):
+        seen.update(kind=kind, config=config, pins=options["pins"])
+        return search.binary(WINDOW, FakeIndex(monotone(3)))
+
+    monkeypatch.setattr(runner, "bisect", fake_bisect)
+    argv = ["bisect", "sft", "--config", str(recipe), "--package", "trl", "--good", "1.0.0", "--bad", "1.29.0"]
+    assert cli.main([*argv, "--json", "--pin", "datasets"]) == 1
+    assert json.loads(capsys.readouterr().out)["first_change"] == WINDOW[3]
+    assert seen == {"kind": "sft", "config": {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4},
+                    "pins": ["datasets"]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bisect", "sft", "--config", "no-such.yaml", "--package", "trl", "--good", "0.18.2", "--bad", "0.19.1"],
+        ["bisect", "sft", "--config", "x.yaml", "--good", "0.18.2", "--bad", "0.19.1"],
+    ],
+)
+def test_usage_errors_are_exit_code_2(argv, capsys):
+    try:
+        code = cli.main(argv)
+    except SystemExit as stop:  # argparse's own usage error
+        code = stop.code
+    assert code == 2
+
+
+def test_a_trainer_the_first_step_cannot_build_yet_is_a_usage_error():
+    with pytest.raises(ValueError, match="sft, dpo"):
+        runner.bisect("reward", {}, "trl", "0.18.2", "0.19.1", window=["0.18.2", "0.19.1"])
+
+
+# --- the first-step script ------------------------------------------------------------------------------------
+
+
+def test_the_first_step_script_imports_nothing_of_trl_clinic():
+    tree = ast.parse(records.SCRIPT.read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not any(name.startswith("trl_clinic") for name in imported)
+
+
+def test_the_first_step_on_todays_stack_records_every_part():
+    """The tiny model's weights are drawn at std 0.02, so its logits are near zero and the first loss is near
+    log(vocabulary): the record reads the real step, not a default."""
+    record, why = records.record_first_step(Path(sys.executable), records.first_step_spec("sft", RECIPE))
+    assert record is not None, why
+    assert record["micro_batches"] == 4 and record["label_tokens"] > 4
+    assert set(record["parts"]) == {"input_ids", "labels", "position_ids", "attention_mask"}
+    assert abs(record["loss"] - math.log(124)) < 0.05 * math.log(124)
+    assert record["grad_norm"] > 0 and record["recipe_notes"]["ignored"] == ["max_seq_length"]
+
+
+def test_a_dpo_first_step_scores_the_reference_weights():
+    """The reference is the policy's copy and the learning rate 0, so every pair's margin is 0 and the loss is log 2:
+    the record holds the chosen and rejected tensors under their own names."""
+    spec = records.first_step_spec("dpo", {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2})
+    record, why = records.record_first_step(Path(sys.executable), spec)
+    assert record is not None, why
+    assert abs(record["loss"] - math.log(2)) < 1e-6 and record["grad_norm"] > 0 and record["label_tokens"] > 0
+    assert any("attention_mask" in key and digest != "absent" for key, digest in record["parts"].items())
+
+
+def test_a_first_step_that_fails_says_the_exception_on_its_first_line():
+    record, why = records.record_first_step(Path(sys.executable), records.first_step_spec("no-such-trainer", RECIPE))
+    assert record is None and why.splitlines()[0].endswith("KeyError: 'no-such-trainer'")
+
+
+# --- the real proof: lesson 02's window -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_lesson_02s_window_is_found_unaided():
+    """transformers 4.45.0 good, 4.46.0 bad, TRL 0.11.4 beside both (the pins of era 02-transformers-4.45): the
+    first change is 4.46.0, in the loss scale (the window's label count reaches the loss), not the batch."""
+    pins = ["trl==0.11.4", "peft==0.13.2", "accelerate==1.0.1", "datasets", "rich"]
+    outcome = runner.bisect("sft", RECIPE, "transformers", "4.45.0", "4.46.0", pins=pins)
+    assert (outcome.first, outcome.last_same, outcome.part) == ("4.46.0", "4.45.2", "loss scale")
+    assert outcome.measured["4.46.0"].parts == ["loss scale"] and outcome.exit_code == 1
+
+
+@pytest.mark.slow
+def test_lesson_01s_padding_free_window_is_found_unaided():
+    """trl 0.19.0 good (its padding-free collator sends the packed row with a ones mask and no position ids, so on sdpa
+    every token sees the earlier sequences), 0.24.0 bad, transformers 4.57.1 beside both: the first change is 0.23.1,
+    in the batch (position ids sent, the labels at each sequence's start masked), then the mask."""
+    recipe = {"per_device_train_batch_size": 4, "padding_free": True, "max_length": None, "max_seq_length": None}
+    pins = ["transformers==4.57.1", "accelerate", "peft", "datasets", "rich"]
+    outcome = runner.bisect("sft", recipe, "trl", "0.19.0", "0.24.0", pins=pins)
+    assert (outcome.first, outcome.last_same, outcome.part) == ("0.23.1", "0.23.0", "batch")
+    assert outcome.measured["0.23.1"].parts == ["batch", "mask", "label count", "loss scale"]
