@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trl_clinic.probes.environments import (
+    CHILD_ENV,
+    STAMP,
     EnvironmentBuildError,
     build_lock,
     create_and_install,
@@ -28,21 +30,7 @@ from trl_clinic.probes.environments import (
     write_stamp,
 )
 
-STAMP = ".stamp.json"
 CACHE_ENV = "TRL_CLINIC_CACHE"
-# What the side environment's processes see: never the hub, never a GPU (a record is a CPU measurement), no
-# user site-packages, no progress bars in the captured output.
-CHILD_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "CUDA_VISIBLE_DEVICES": "",
-    "PYTHONNOUSERSITE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "PYTHONPATH": "",
-    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
-    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-    "PYTHONDONTWRITEBYTECODE": "",
-}
 IMPORTS = {
     "sft": ("torch", "transformers", "datasets", "trl:SFTTrainer"),
     "dpo": ("torch", "transformers", "datasets", "trl:DPOTrainer"),

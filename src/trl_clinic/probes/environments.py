@@ -20,6 +20,25 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+STAMP = ".stamp.json"  # in a built environment: what it was built from and the versions it reported
+# What every process in a side environment sees: never the hub, never a GPU (an era script or a bisect record is a
+# CPU measurement; a GPU would change the numbers and the old wheels may not know it), no user site-packages, no
+# progress bars in the captured output. PYTHONDONTWRITEBYTECODE is emptied (an empty value is "unset" to Python):
+# an environment is compiled lazily, each module by the first process that imports it, and read by the rest.
+# Compiling a whole era at install took about 50 s of CPU (torch's every file), against about 15 s for what the era
+# scripts import; machines that set PYTHONDONTWRITEBYTECODE=1 would otherwise compile on every run.
+CHILD_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "CUDA_VISIBLE_DEVICES": "",
+    "PYTHONNOUSERSITE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONPATH": "",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "PYTHONDONTWRITEBYTECODE": "",
+}
+
 
 class EnvironmentBuildError(RuntimeError):
     """A side environment could not be built; its folder is left without a stamp."""

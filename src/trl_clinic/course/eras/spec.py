@@ -20,29 +20,12 @@ from pathlib import Path
 
 from trl_clinic.course import paths
 from trl_clinic.course.paths import ROOT_ENV, repo_root
+from trl_clinic.probes.environments import CHILD_ENV, STAMP, python_in  # noqa: F401 (the eras' names for them)
 
 SHARED = Path(__file__).resolve().parent / "requirements"  # era files no lesson owns
 LESSONS = Path(__file__).resolve().parents[1] / "lessons"  # each lesson's own: lessons/lesson_*/eras/*.txt
 REQUIREMENTS_DIR = "eras"  # a fake checkout's era files, under the root it is given as
 ERAS_DIR = ".eras"
-STAMP = ".stamp.json"
-# What every era child sees: never the hub, never a GPU (the era scripts measure CPU behaviour; a GPU
-# would change the numbers and the old wheels may not know it), and no user site-packages.
-# PYTHONDONTWRITEBYTECODE is emptied (an empty value is "unset" to Python): an era's venv is compiled
-# lazily, each module by the first process that imports it, and read by the rest. Compiling the whole
-# venv at install took about 50 s of CPU per era (torch's every file), against about 15 s for what the
-# era scripts import; machines that set PYTHONDONTWRITEBYTECODE=1 would otherwise compile on every run.
-CHILD_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "CUDA_VISIBLE_DEVICES": "",
-    "PYTHONNOUSERSITE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "PYTHONPATH": "",
-    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
-    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-    "PYTHONDONTWRITEBYTECODE": "",
-}
 
 
 def builds_on_demand(root: Path | None = None) -> bool:
@@ -87,11 +70,6 @@ def requirements_file(name: str, root: Path | None = None) -> Path:
 
 def era_dir(name: str, root: Path | None = None) -> Path:
     return (root or repo_root()) / ERAS_DIR / name
-
-
-def python_in(venv: Path) -> Path:
-    """The interpreter of a virtual environment, on POSIX or Windows."""
-    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
 def requirements_digest(path: Path) -> str:
