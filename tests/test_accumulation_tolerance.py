@@ -4,20 +4,19 @@ must tell apart, so that moving it tenfold toward the broken side, or halfway th
 
 The rule: the tolerance is at least twice the largest healthy error and at most half the smallest broken one, and
 sits near the middle of the two in log scale (the two margins within a factor 100 of each other), so neither side's
-noise is given all the room. fp32: lesson 02's real cpu run at seed 0 (tests/fixtures/numbers/02.json: the fixed
+noise is given all the room. fp32: lesson 02's real cpu run at seed 0 (numbers.json in its folder: the fixed
 gradient 1.4e-7 off, the broken one 1.16). 16 bits: the recipe zoo's last full run (docs/checkup.md, the
 accumulation probe: healthy bf16 and fp16 windows measured 0 to 0.0099, the smallest broken twin 0.044); the zoo
 stores no per-window errors, so those two numbers are quoted here from that run.
 """
 
 import json
-from pathlib import Path
 
 import pytest
 
 from trl_clinic.checkup.accumulation import TOLERANCE
+from trl_clinic.course.lessons import lessons
 
-ROOT = Path(__file__).resolve().parents[1]
 ZOO_HEALTHY_16BIT, ZOO_BROKEN_16BIT = 0.0099, 0.044
 
 
@@ -30,7 +29,7 @@ def placed(tolerance: float, healthy: float, broken: float) -> bool:
 def measured(kind: str) -> tuple[float, float]:
     if kind == "half":
         return ZOO_HEALTHY_16BIT, ZOO_BROKEN_16BIT
-    runs = json.loads((ROOT / "tests/fixtures/numbers/02.json").read_text())["runs"]
+    runs = json.loads((lessons()["02"].folder / "numbers.json").read_text())["runs"]
     return runs["with_fix"]["relative_error"], runs["without_fix"]["relative_error"]
 
 
