@@ -66,18 +66,21 @@ def readme_row(lesson: Lesson) -> str:
     return "| " + " | ".join([first, *(" ".join(lesson.readme[cell].split()) for cell in CELLS)]) + " |\n"
 
 
+def between_markers(text: str, made: str) -> str:
+    """``text`` with what lies between the two markers replaced by ``made``."""
+    return text[: text.index(TABLE_BEGIN) + len(TABLE_BEGIN)] + made + text[text.index(TABLE_END) :]
+
+
 def readme(text: str) -> str:
     """README.md with its table of failures made again from the cores' folders, between the two markers."""
-    start, end = text.index(TABLE_BEGIN) + len(TABLE_BEGIN), text.index(TABLE_END)
     rows = "".join(readme_row(lesson) for lesson in lessons().values() if lesson.is_core)
-    return text[:start] + "\n" + TABLE_HEAD + rows + text[end:]
+    return between_markers(text, "\n" + TABLE_HEAD + rows)
 
 
 def cheatsheet(text: str) -> str:
     """docs/cheatsheet.md with each core's entry (its ``card.md``) between the two markers."""
-    start, end = text.index(TABLE_BEGIN) + len(TABLE_BEGIN), text.index(TABLE_END)
     cards = "\n".join(lesson.card.read_text() for lesson in lessons().values() if lesson.is_core)
-    return text[:start] + "\n\n" + cards + "\n" + text[end:]
+    return between_markers(text, "\n\n" + cards + "\n")
 
 
 def generated(root: Path) -> dict[Path, str]:

@@ -12,7 +12,6 @@ era is skipped with what the build said, and the lesson reports that part as not
 from __future__ import annotations
 
 import json
-import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 from trl_clinic.course.child import run_child
 from trl_clinic.course.eras.build import EraBuildError, build_era, wait_for_builds
 from trl_clinic.course.eras.spec import CHILD_ENV, builds_on_demand, era_dir, era_state, era_versions, python_in
-from trl_clinic.course.lessons import FOLDER, THEN, folders
+from trl_clinic.course.lessons import THEN, lessons
 from trl_clinic.course.paths import repo_root
 
 
@@ -73,9 +72,8 @@ def then_script(script: str | Path) -> Path:
     path = Path(script)
     if path.suffix == ".py":
         return path
-    found = re.fullmatch(r"then_([0-9]+[a-z]?)", path.name)
-    folder = next((f for f in folders() if found and FOLDER.fullmatch(f.name).group(1) == found.group(1)), None)
-    return folder / THEN if folder else path.with_suffix(".py")
+    lesson = lessons().get(path.name.removeprefix("then_")) if path.name.startswith("then_") else None
+    return lesson.folder / THEN if lesson else path.with_suffix(".py")
 
 
 def build_on_first_use(era: str) -> tuple[bool, str]:

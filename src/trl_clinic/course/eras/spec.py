@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 from trl_clinic.course import paths
@@ -31,7 +32,13 @@ ERAS_DIR = ".eras"
 def builds_on_demand(root: Path | None = None) -> bool:
     """Outside a checkout (a wheel install, no root given) an era builds when a lesson first needs it: there is
     no ``make eras`` to run. In a checkout ``make lab`` and ``make eras`` build them, and a lesson says so."""
-    return root is None and not os.environ.get(ROOT_ENV) and paths.checkout() is None
+    return given_root(root) is None and paths.checkout() is None
+
+
+def given_root(root: Path | None = None) -> Path | None:
+    """The root given explicitly (``root``, else ``$TRL_CLINIC_ROOT``: a fake checkout, with its own era files in
+    ``eras/``), or None: the package's era files."""
+    return None if root is None and not os.environ.get(ROOT_ENV) else (root or repo_root())
 
 
 def packaged_files() -> list[Path]:
@@ -43,13 +50,11 @@ def requirements_files(root: Path | None = None) -> dict[str, Path]:
     """Era name -> its pinned requirements file: the package's, unless a root is given (``root``,
     ``$TRL_CLINIC_ROOT``: a fake checkout keeps its own in ``eras/``). Two files of one name are an error: an
     era's name is its folder under ``.eras/``."""
-    if root is None and not os.environ.get(ROOT_ENV):
-        found = packaged_files()
-    else:
-        found = sorted(((root or repo_root()) / REQUIREMENTS_DIR).glob("*.txt"))
+    given = given_root(root)
+    found = packaged_files() if given is None else sorted((given / REQUIREMENTS_DIR).glob("*.txt"))
     files = {path.stem: path for path in found}
     if len(files) != len(found):
-        twice = sorted({path.stem for path in found if [p.stem for p in found].count(path.stem) > 1})
+        twice = sorted(name for name, count in Counter(path.stem for path in found).items() if count > 1)
         raise ValueError(f"era files of the same name in two places: {twice} (an era's name must be unique)")
     return files
 
@@ -61,11 +66,8 @@ def era_names(root: Path | None = None) -> list[str]:
 
 def requirements_file(name: str, root: Path | None = None) -> Path:
     """The era's requirements file; for an unknown era, where a shared one would be (it does not exist)."""
-    files = requirements_files(root)
-    if name in files:
-        return files[name]
-    shared = SHARED if root is None and not os.environ.get(ROOT_ENV) else (root or repo_root()) / REQUIREMENTS_DIR
-    return shared / f"{name}.txt"
+    given = given_root(root)
+    return requirements_files(root).get(name) or (SHARED if given is None else given / REQUIREMENTS_DIR) / f"{name}.txt"
 
 
 def era_dir(name: str, root: Path | None = None) -> Path:
