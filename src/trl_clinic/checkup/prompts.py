@@ -17,6 +17,8 @@ instead (the tokens the template writes just before a user message's content), w
 
 from __future__ import annotations
 
+import re
+
 from trl_clinic.checkup.engine import Skip, probe
 from trl_clinic.checkup.known_bugs import explain
 from trl_clinic.checkup.turns import first_label_batches
@@ -25,6 +27,7 @@ from trl_clinic.probes.finding import Finding
 from trl_clinic.probes.labels import targets
 
 FAIL_SHARE = 0.5  # of the rows whose generation header is trained
+GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")  # the opening marker of a template's assistant mask
 
 
 def generation_header(tokenizer) -> list[int]:
@@ -46,7 +49,10 @@ def _rendered(tokenizer, messages: list[dict], **options):
 
 def header_trained_by_template(tokenizer, header: list[int]) -> bool:
     """Whether the template's own assistant mask (``{% generation %}``) holds the generation header: the template
-    means it to be trained."""
+    means it to be trained. A template without generation markers holds nothing; it is not rendered for its mask,
+    where transformers would warn in the user's session that it has no ``{% generation %}`` keyword."""
+    if not GENERATION.search(str(getattr(tokenizer, "chat_template", None) or "")):  # a dict of named templates too
+        return False
     try:
         rendered = _rendered(
             tokenizer,
