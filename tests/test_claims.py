@@ -29,6 +29,7 @@ import register  # noqa: E402
 
 SCANNED = [
     "README.md",
+    "docs/bisect.md",
     "docs/cheatsheet.md",
     "docs/checkup.md",
     "docs/cost.md",
@@ -78,9 +79,7 @@ SCANNED = [
     "src/trl_clinic/watch/report.py",
     "src/trl_clinic/probes/environments.py",
 ]
-PENDING = [
-    "docs/bisect.md",  # trl-clinic bisect's guide and its real runs' tables (issue 48), not read yet
-]
+PENDING: list[str] = []
 GENERATED = {
     "docs/zoo.md": "written by zoo/run.py from a zoo run's results; its sentences are the twins' descriptions in zoo/",
 }
