@@ -29,8 +29,13 @@ import register  # noqa: E402
 
 SCANNED = [
     "README.md",
+    "docs/bisect.md",
+    "docs/cheatsheet.md",
+    "docs/checkup.md",
     "docs/cost.md",
+    "docs/versions.md",
     "docs/watch.md",
+    "docs/workshop.md",
     "src/trl_clinic/checkup/known_bugs.yaml",
     "src/trl_clinic/checkup/__init__.py",
     "src/trl_clinic/checkup/accumulation.py",
@@ -74,13 +79,7 @@ SCANNED = [
     "src/trl_clinic/watch/report.py",
     "src/trl_clinic/probes/environments.py",
 ]
-PENDING = [
-    "docs/bisect.md",  # trl-clinic bisect's guide and its real runs' tables (issue 48), not read yet
-    "docs/cheatsheet.md",
-    "docs/checkup.md",
-    "docs/versions.md",
-    "docs/workshop.md",
-]
+PENDING: list[str] = []
 GENERATED = {
     "docs/zoo.md": "written by zoo/run.py from a zoo run's results; its sentences are the twins' descriptions in zoo/",
 }
@@ -118,6 +117,19 @@ def test_every_count_names_a_script_that_exists(claims):
 
     named = {count.script for citation in claims.citations for count in citation.counts}
     assert named and named <= set(SCRIPTS), named - set(SCRIPTS)
+
+
+def test_the_guard_count_counts_families_not_files():
+    from counts import right_padding_guard_families
+
+    guard = "You are attempting to perform batched generation with padding_side='right'"
+    files = {
+        "transformers/models/qwen2/modeling_qwen2.py": guard,
+        "transformers/models/qwen2/modeling_qwen2_extra.py": guard,
+        "transformers/models/llama/modeling_llama.py": "no guard",
+        "transformers/models/mimi/configuration_mimi.py": guard,
+    }
+    assert right_padding_guard_families(files, files.get) == 1
 
 
 def test_a_version_yaml_reads_as_a_number_is_refused(tmp_path):

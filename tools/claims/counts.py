@@ -12,6 +12,8 @@ Reader = Callable[[str], str | None]
 
 _DECLARES_NO_LOSS_KWARGS = re.compile(r"^\s+accepts_loss_kwargs\s*=\s*False\b", re.MULTILINE)
 _CLASS = re.compile(r"^class (\w+)\(", re.MULTILINE)
+_MODELING = re.compile(r"transformers/models/([^/]+)/modeling_[^/]+\.py$")
+_RIGHT_PADDING_GUARD = "You are attempting to perform batched generation with padding_side='right'"
 
 
 def _classes_declaring_no_loss_kwargs(files: Files, read: Reader) -> list[str]:
@@ -39,7 +41,20 @@ def accepts_loss_kwargs_false_conditional_generation(files: Files, read: Reader)
     return sum(n.endswith("ForConditionalGeneration") for n in _classes_declaring_no_loss_kwargs(files, read))
 
 
+def right_padding_guard_families(files: Files, read: Reader) -> int:
+    """How many model families (folders of transformers/models/) raise the FlashAttention-2 right-padding
+    `ValueError` somewhere in their modeling files: "no family has the check" is this count at 0, and a list of
+    families in prose is as long as this count."""
+    families = set()
+    for path in files:
+        match = _MODELING.match(path)
+        if match and match.group(1) not in families and _RIGHT_PADDING_GUARD in (read(path) or ""):
+            families.add(match.group(1))
+    return len(families)
+
+
 SCRIPTS: dict[str, Callable[[Files, Reader], int]] = {
     "accepts_loss_kwargs_false": accepts_loss_kwargs_false,
     "accepts_loss_kwargs_false_conditional_generation": accepts_loss_kwargs_false_conditional_generation,
+    "right_padding_guard_families": right_padding_guard_families,
 }
