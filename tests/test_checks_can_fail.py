@@ -197,7 +197,8 @@ def loosened(op: str, threshold: float, other: float, scale: str) -> float:
 @dataclass(frozen=True)
 class Line:
     """One check written as below()/above(): its comparison on the fixture, the value it sees on the numbers it
-    must fail, and the margin its lesson argues (``(scale, own, other)``, None where MARGINS has not one entry)."""
+    must fail, and the margin its lesson argues (``(scale, own, other, at_most)``, None where MARGINS has not one
+    entry)."""
 
     group: str
     name: str
