@@ -194,6 +194,17 @@ def loosened(op: str, threshold: float, other: float, scale: str) -> float:
     return min(tenfold, halfway) if up else max(tenfold, halfway)
 
 
+def test_a_line_is_loosened_tenfold_or_halfway_whichever_is_nearer():
+    """The loosening the margins must see: a "< 1e-4" line held against 1.16 moves tenfold, to 1e-3; a "> 2" line
+    held against 1.0 moves halfway (geometric), to 1.41; a count's "< 0.5" against 1 moves halfway, to 0.75; with no
+    value to move toward (NaN), tenfold."""
+    assert loosened("<", 1e-4, 1.16, "log") == pytest.approx(1e-3)
+    assert loosened(">", 2.0, 1.0, "log") == pytest.approx(math.sqrt(2))
+    assert loosened("<", 0.5, 1, "linear") == pytest.approx(0.75)
+    assert loosened(">", 1e-3, 0.0, "log") == pytest.approx(1e-4)
+    assert loosened("<", 0.7, math.nan, "log") == pytest.approx(7.0)
+
+
 @dataclass(frozen=True)
 class Line:
     """One check written as below()/above(): its comparison on the fixture, the value it sees on the numbers it
