@@ -229,9 +229,9 @@ def failing_numbers(key: str, group: str, name: str) -> dict:
     return table(key).OTHER_RUN[group](numbers)
 
 
-def failing_value(key: str, group: str, name: str) -> float:
-    """The check's value on the numbers it must fail; NaN where it fails with no comparison (a row not recorded)."""
-    check = groups(key, failing_numbers(key, group, name))[group].get(name)
+def value_on(key: str, group: str, name: str, numbers: dict) -> float:
+    """The check's value on ``numbers``; NaN where it decides with no comparison there (a row not recorded)."""
+    check = groups(key, numbers)[group].get(name)
     return math.nan if check is None or check.comparison is None else check.comparison.value
 
 
@@ -239,9 +239,7 @@ def nearer_than_the_other_run(key: str, part: str) -> bool:
     """Whether the check ``part`` names is a threshold check whose mutation sits nearer its line than the other
     run's value (NaN, a number not recorded, is infinitely far)."""
     for line in (line for line in lines(key) if part in line.name and line.margin is not None):
-        numbers = table(key).OTHER_RUN[line.group](copy.deepcopy(baseline(key)))
-        check = groups(key, numbers)[line.group][line.name]
-        other = math.nan if check.comparison is None else check.comparison.value
+        other = value_on(key, line.group, line.name, table(key).OTHER_RUN[line.group](copy.deepcopy(baseline(key))))
         op, threshold, own, scale = line.comparison.op, line.comparison.threshold, line.comparison.value, line.margin[0]
         return sides(op, threshold, own, line.failing, scale)[1] < sides(op, threshold, own, other, scale)[1]
     return False
@@ -258,7 +256,7 @@ def lines(key: str) -> list[Line]:
         for name, check in checks.items():
             if check.comparison is not None:
                 margin = argued(key, name)
-                failing = failing_value(key, group, name)
+                failing = value_on(key, group, name, failing_numbers(key, group, name))
                 found.append(Line(group, name, check.comparison, failing, margin[0] if len(margin) == 1 else None))
     return found
 
