@@ -12,12 +12,14 @@ seed 0 are kept in the lesson's folder, ``numbers.json`` and ``numbers_deeper.js
   of the fixed run's). Every check of the group must fail on them: whole runs, not one field moved into a
   state no run has.
 * ``SHARED``: the checks both runs pass by design (a precondition of the experiment, such as the model class
-  both runs train), each with the reason; only these keep a one-field mutation in ``MUTATIONS``, a value a
-  real run could produce.
-* ``MARGINS``: for each check written as ``below()``/``above()``, how far the lesson argues its threshold
-  sits from each run (``log(own, other)``: factors; ``linear(own, other)``: differences). The test measures
-  both on the fixture and the other run: a threshold loosened toward the other run, or tightened toward its
-  own, fails here.
+  both runs train), each with the reason; these keep a one-field mutation in ``MUTATIONS``, a value a real run
+  could produce, and so does a threshold check whose smallest failure sits nearer its line than the other run's.
+* ``MARGINS``: for each check written as ``below()``/``above()``, shared ones included, how far the lesson argues
+  its threshold sits from its own run and from the value it must fail, the other run's or its mutation's
+  (``log(own, other)``: factors; ``linear(own, other)``: differences; ``at_most``: a bound from its own run
+  where there is no such value). The test measures both on the fixture and on those numbers, and moves each
+  threshold tenfold toward the value it must fail (halfway, where that is nearer): tightened toward its own
+  run, or loosened that far, a threshold fails here.
 * ``gpu_shape``: the cpu numbers reshaped to the gpu profile's sizes (what it tests is the checks' indexing
   and their thresholds' arguments at those sizes, not a GPU's numbers).
 """
@@ -28,13 +30,14 @@ import importlib.util
 import json
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from trl_clinic.course import results
 from trl_clinic.course.lessons import lessons
-from trl_clinic.course.results import Check, from_json_safe
+from trl_clinic.course.results import Check, Comparison, from_json_safe
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = lessons()
@@ -115,7 +118,9 @@ def is_shared(key: str, name: str) -> bool:
 
 @pytest.mark.parametrize("key", LESSONS)
 def test_each_lesson_mutates_whole_runs(key):
-    """OTHER_RUN for both groups; one-field mutations only for the checks both runs share, each with a reason."""
+    """OTHER_RUN for both groups; one-field mutations only for the checks both runs share, each with a reason, and for
+    a threshold check the smallest failure it is for, nearer its line than the other run's (a count of 1 where the
+    other run shows 17, a packed row the other run does not record)."""
     other = getattr(table(key), "OTHER_RUN", None)
     assert other is not None and set(other) == {"symptom", "fix"}, (
         f"lesson {key}: its mutations module needs OTHER_RUN per group"
@@ -127,8 +132,9 @@ def test_each_lesson_mutates_whole_runs(key):
     for part in mutations(key):
         for p in parts_of(part):
             assert sum(p in name for name in names) == 1, f"{p!r} must name exactly one check of lesson {key}"
-            assert is_shared(key, p) or any(p in s_ for s_ in shared(key)), (
-                f"lesson {key}: {p!r} has a one-field mutation but is not SHARED: the other run must fail it"
+            assert is_shared(key, p) or any(p in s_ for s_ in shared(key)) or nearer_than_the_other_run(key, p), (
+                f"lesson {key}: {p!r} has a one-field mutation but is neither SHARED nor a failure nearer its line "
+                "than the other run's: the other run must fail it"
             )
     for name in names:
         if is_shared(key, name):
@@ -160,8 +166,8 @@ def margins(key: str) -> dict:
 
 def sides(op: str, threshold: float, own: float, other: float, scale: str) -> tuple[float, float]:
     """How far the threshold sits from the run's own value (on the side where the check passes) and from the
-    other run's (on the side where it fails): factors on the log scale, differences on the linear one. A
-    NaN, or a 0 beyond the line, is infinitely far (every threshold fails it)."""
+    value it must fail (on the other side): factors on the log scale, differences on the linear one. A NaN, or
+    a 0 beyond the line, is infinitely far (every threshold fails it)."""
     if scale == "linear":
         gaps = (threshold - own, other - threshold) if op == "<" else (own - threshold, threshold - other)
         return tuple(math.inf if math.isnan(g) else g for g in gaps)
@@ -174,36 +180,144 @@ def sides(op: str, threshold: float, own: float, other: float, scale: str) -> tu
     return own_side, other_side
 
 
+def loosened(op: str, threshold: float, other: float, scale: str) -> float:
+    """The threshold moved toward the value it must fail: tenfold, or halfway to that value where that is nearer
+    (halfway on the margin's scale: the geometric mean on the log scale, the mean on the linear one). The smallest
+    loosening a test must see, for every check (AUDIT G.2)."""
+    up = op == "<"  # a "<" line loosens upward, a ">" line downward
+    if threshold <= 0:  # a linear line at 0 or below has no tenfold: halfway
+        return (threshold + other) / 2
+    tenfold = threshold * 10 if up else threshold / 10
+    if not math.isfinite(other):
+        return tenfold
+    halfway = math.sqrt(threshold * other) if scale == "log" else (threshold + other) / 2
+    return min(tenfold, halfway) if up else max(tenfold, halfway)
+
+
+def test_a_line_is_loosened_tenfold_or_halfway_whichever_is_nearer():
+    """The loosening the margins must see: a "< 1e-4" line held against 1.16 moves tenfold, to 1e-3; a "> 2" line
+    held against 1.0 moves halfway (geometric), to 1.41; a count's "< 0.5" against 1 moves halfway, to 0.75; with no
+    value to move toward (NaN), tenfold."""
+    assert loosened("<", 1e-4, 1.16, "log") == pytest.approx(1e-3)
+    assert loosened(">", 2.0, 1.0, "log") == pytest.approx(math.sqrt(2))
+    assert loosened("<", 0.5, 1, "linear") == pytest.approx(0.75)
+    assert loosened(">", 1e-3, 0.0, "log") == pytest.approx(1e-4)
+    assert loosened("<", 0.7, math.nan, "log") == pytest.approx(7.0)
+
+
+@dataclass(frozen=True)
+class Line:
+    """One check written as below()/above(): its comparison on the fixture, the value it sees on the numbers it
+    must fail, and the margin its lesson argues (``(scale, own, other, at_most)``, None where MARGINS has not one
+    entry)."""
+
+    group: str
+    name: str
+    comparison: Comparison
+    failing: float
+    margin: tuple | None
+
+
+def failing_numbers(key: str, group: str, name: str) -> dict:
+    """The numbers a check must fail: its mutation where MUTATIONS names it (a shared check, or one the other run
+    fails without a number to hold against its line), else the other run's (``OTHER_RUN``)."""
+    numbers = copy.deepcopy(baseline(key))
+    for part, mutate in mutations(key).items():
+        if named(part, [name]):
+            mutate(numbers)
+            return numbers
+    return table(key).OTHER_RUN[group](numbers)
+
+
+def value_on(key: str, group: str, name: str, numbers: dict) -> float:
+    """The check's value on ``numbers``; NaN where it decides with no comparison there (a row not recorded)."""
+    check = groups(key, numbers)[group].get(name)
+    return math.nan if check is None or check.comparison is None else check.comparison.value
+
+
+def nearer_than_the_other_run(key: str, part: str) -> bool:
+    """Whether the check ``part`` names is a threshold check whose mutation sits nearer its line than the other
+    run's value (NaN, a number not recorded, is infinitely far)."""
+    for line in (line for line in lines(key) if part in line.name and line.margin is not None):
+        other = value_on(key, line.group, line.name, table(key).OTHER_RUN[line.group](copy.deepcopy(baseline(key))))
+        op, threshold, own, scale = line.comparison.op, line.comparison.threshold, line.comparison.value, line.margin[0]
+        return sides(op, threshold, own, line.failing, scale)[1] < sides(op, threshold, own, other, scale)[1]
+    return False
+
+
+def argued(key: str, name: str) -> list[tuple]:
+    return [margin for part, margin in margins(key).items() if part in name]
+
+
+def lines(key: str) -> list[Line]:
+    """Every check of the lesson written as below()/above(), shared ones included."""
+    found = []
+    for group, checks in groups(key, baseline(key)).items():
+        for name, check in checks.items():
+            if check.comparison is not None:
+                margin = argued(key, name)
+                failing = value_on(key, group, name, failing_numbers(key, group, name))
+                found.append(Line(group, name, check.comparison, failing, margin[0] if len(margin) == 1 else None))
+    return found
+
+
+@pytest.mark.parametrize("key", LESSONS)
+def test_every_threshold_check_has_one_margin(key):
+    """Each check written as below()/above() has one entry in MARGINS, and nothing else has one."""
+    problems = [
+        f"{line.name!r}: {len(argued(key, line.name))} MARGINS entries (one needed)"
+        for line in lines(key)
+        if line.margin is None
+    ]
+    for name, check in verdict(key, baseline(key)).items():
+        if check.comparison is None and argued(key, name):
+            problems.append(f"{name!r} has a margin but no below()/above()")
+    assert not problems, f"lesson {key}:\n" + "\n".join(problems)
+
+
+def placed(line: Line, threshold: float) -> str:
+    """Where ``threshold`` sits against the line's two values and its argued margin, for a failure message."""
+    scale, own_margin, other_margin, at_most = line.margin
+    got_own, got_other = sides(line.comparison.op, threshold, line.comparison.value, line.failing, scale)
+    return (
+        f"{line.comparison.op} {threshold:g} sits {got_own:.3g} from its own run ({line.comparison.value:.3g}, argued "
+        f"{own_margin:g} to {at_most:g}) and {got_other:.3g} from the value it must fail ({line.failing:.3g}, argued "
+        f"{other_margin:g})"
+    )
+
+
+def within(line: Line, threshold: float) -> bool:
+    """Whether ``threshold`` keeps the line's argued margin: at least ``own`` (and at most ``at_most``) from its own
+    value, at least ``other`` from the value it must fail."""
+    scale, own_margin, other_margin, at_most = line.margin
+    got_own, got_other = sides(line.comparison.op, threshold, line.comparison.value, line.failing, scale)
+    return own_margin <= got_own <= at_most and got_other >= other_margin
+
+
 @pytest.mark.parametrize("key", LESSONS)
 def test_every_threshold_sits_between_the_runs_with_the_argued_margin(key):
-    """Each check written as below()/above() has a margin in MARGINS, and on the fixture and on the other run's
-    numbers it is at least that margin from the line on each side: loosening or tightening it fails here."""
-    own = groups(key, baseline(key))
+    """On the fixture and on the numbers it must fail (the other run's, or the check's mutation), each line is at
+    least its argued margin from each value (and at most ``at_most`` from its own): tightening it toward its own run
+    fails here, and so does loosening it past the margin on the other side."""
+    problems = [
+        f"{line.name!r}: {placed(line, line.comparison.threshold)}"
+        for line in lines(key)
+        if line.margin is not None and not within(line, line.comparison.threshold)
+    ]
+    assert not problems, f"lesson {key}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("key", LESSONS)
+def test_a_threshold_loosened_toward_the_failure_breaks_its_argued_margin(key):
+    """Every threshold moved tenfold toward the value its check must fail, or halfway to it where that is nearer,
+    falls short of its argued margin on that side (or strays past ``at_most`` from its own), so the test above fails:
+    no check's line can be loosened that far unseen. A check the other run fails without a number (a row it does not
+    record, NaN) names its failure with a mutation, as a shared check does, or bounds its line from its own run."""
     problems = []
-    for group in ("symptom", "fix"):
-        other = groups(key, table(key).OTHER_RUN[group](copy.deepcopy(baseline(key))))[group]
-        for name, check in own[group].items():
-            argued = [m for part, m in margins(key).items() if part in name]
-            if check.comparison is None:
-                if argued:
-                    problems.append(f"{name!r} has a margin but no below()/above()")
-                continue
-            if len(argued) != 1:
-                problems.append(f"{name!r}: {len(argued)} MARGINS entries (one needed)")
-                continue
-            scale, own_margin, other_margin = argued[0]
-            if is_shared(key, name) or name not in other or other[name].comparison is None:
-                continue
-            comparison = check.comparison
-            got_own, got_other = sides(
-                comparison.op, comparison.threshold, comparison.value, other[name].comparison.value, scale
-            )
-            if got_own < own_margin or got_other < other_margin:
-                problems.append(
-                    f"{name!r}: {check.comparison.op} {check.comparison.threshold:g} sits {got_own:.3g} from its own "
-                    f"run ({check.comparison.value:.3g}, argued {own_margin:g}) and {got_other:.3g} from the other "
-                    f"({other[name].comparison.value:.3g}, argued {other_margin:g})"
-                )
+    for line in (line for line in lines(key) if line.margin is not None):
+        threshold = loosened(line.comparison.op, line.comparison.threshold, line.failing, line.margin[0])
+        if within(line, threshold):
+            problems.append(f"{line.name!r} loosened: {placed(line, threshold)}")
     assert not problems, f"lesson {key}:\n" + "\n".join(problems)
 
 

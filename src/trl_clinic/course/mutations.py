@@ -1,5 +1,7 @@
 """Small helpers the mutation tables share."""
 
+import math
+
 
 def set_all(rows, field, value):
     for row in rows:
@@ -11,16 +13,18 @@ def cycled(values: list, length: int) -> list:
     return (values * (length // len(values) + 1))[:length]
 
 
-def log(own: float, other: float) -> tuple[str, float, float]:
-    """A margin on the log scale: the threshold sits at least ``own`` times from the run's own value and
-    ``other`` times from the other run's (``MARGINS`` in a mutation table)."""
-    return ("log", own, other)
+def log(own: float, other: float, at_most: float = math.inf) -> tuple[str, float, float, float]:
+    """A margin on the log scale: the threshold sits at least ``own`` times from the run's own value and ``other``
+    times from the value the check must fail (the other run's, or its mutation's); ``at_most``: and no more than
+    that many times from its own value, where the value it must fail is too far to show a loosened line (NaN)
+    (``MARGINS`` in a mutation table)."""
+    return ("log", own, other, at_most)
 
 
-def linear(own: float, other: float) -> tuple[str, float, float]:
-    """A margin on the linear scale: at least ``own`` from the run's own value and ``other`` from the other's,
-    for numbers that can be 0 or negative (a cosine's distance from 1, a shift in logits)."""
-    return ("linear", own, other)
+def linear(own: float, other: float, at_most: float = math.inf) -> tuple[str, float, float, float]:
+    """A margin on the linear scale, as ``log`` with differences: for numbers that can be 0 or negative (a cosine's
+    distance from 1, a shift in logits, a count)."""
+    return ("linear", own, other, at_most)
 
 
 def run_in_place_of(n: dict, own: str, theirs: str) -> dict:

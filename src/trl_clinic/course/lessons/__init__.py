@@ -69,6 +69,10 @@ class Lesson:
     # a core's figure for the presenter's deck (trl_clinic.course.deck): the mechanism's where the lesson draws
     # one, else its one figure; a file under docs/executed/figures/<notebook>/
     figure: str | None = None
+    # the numbers README's row and the docs quote from this notebook's executed copy (docs/executed/, cpu profile,
+    # seed 0): each {text, output, in (a doc's path; README.md's row when absent)}; tests/test_quoted_numbers.py
+    # finds the text where it is quoted and each of its numbers in that output of the copy
+    quotes: tuple[dict, ...] = ()
 
     def sizes(self, profile: str) -> Sizes:
         return self.shapes[profile]
@@ -169,6 +173,7 @@ def lessons() -> dict[str, Lesson]:
             folder=entry["folder"],
             readme=entry.get("readme"),
             figure=entry.get("figure"),
+            quotes=tuple(entry.get("quotes", ())),
         )
         for key, entry in _table()["lessons"].items()
     }

@@ -11,13 +11,14 @@ Margins (factors on the log scale), from seeds 0-5 on the cpu profile, one threa
 - "misses the big batch at every count (> 1e-2)": the per-process run's smallest error was 1.10 to 1.29 over
   accumulation 1, 2, 4 (seed 0: 1.10), from weights 1/(W N_p) against 1/sum(N) with N_0 = 3 per row and N_1 = 27 to
   157 per row: a 40x reweighting whatever the seed. The fixed run's largest was 1.1e-7 to 1.6e-7 (float32 sums in
-  another order and gloo's average of two float32 gradients). Argued: 10x from its own run, 100x from the other.
+  another order and gloo's average of two float32 gradients), 6e4x to 9e4x under the line. Argued: 10x from its own
+  run, 2e4x from the other (within tenfold of where the line sits: loosened tenfold, it fails).
 - "by hand (< 1e-4)": the per-process run against the formula, 1.0e-7 to 1.5e-7 (the same float32 rounding); the
-  fixed run against the same formula is as far as the two objectives are (about 1.1). 10x and 100x.
-- "match the big batch at every count (< 1e-4)": the mirror of the first: 1e-7 own, about 1.1 other. 10x and 100x.
+  fixed run against the same formula is as far as the two objectives are (0.89 at seed 0). 10x and 2e3x.
+- "match the big batch at every count (< 1e-4)": the mirror of the first: 1e-7 own, 1.1 to 1.3 other. 10x and 5e3x.
 - "the portable check's one-process gradient is the reference (< 1e-6)": shared (both settings compare with the
   same one-process gradient); 0.0 at every seed (the same computation through two callbacks), and a real failure
-  (a callback that read the gradients after they were zeroed) gives 1.0.
+  (a callback that read the gradients after they were zeroed) gives 1.0, 1e6x above the line: 10x and 2e5x.
 
 gpu profile: 2 processes with a small Llama (about 30M parameters, random init) at accumulation 1, 2, 4, 8, with a
 GPU per process over NCCL, else (one GPU) as CPU processes over gloo (``child.placed``); every trainer is fp32
@@ -50,10 +51,10 @@ MUTATIONS = {
 }
 
 MARGINS = {
-    "misses the big batch at every count": log(10, 100),
-    "by hand": log(10, 100),
-    "match the big batch at every count": log(10, 100),
-    "portable check's one-process gradient": log(10, 1),
+    "misses the big batch at every count": log(10, 2e4),
+    "by hand": log(10, 2e3),
+    "match the big batch at every count": log(10, 5e3),
+    "portable check's one-process gradient": log(10, 2e5),
 }
 
 

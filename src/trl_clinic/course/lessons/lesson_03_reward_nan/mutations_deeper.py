@@ -13,17 +13,22 @@ Margins, with the values of seeds 0-5 (cpu profile, one thread; see the issue-37
   AdamW's v being 0 and the step's real |g| being below (2**-25 / (1 - beta2)) ** 0.5 disagree. fp16 state: 0 at
   every seed (v = fp16((1 - beta2) * g**2) in fp32 arithmetic, so the threshold is exact but for a gradient within
   fp32 rounding of it); float32 state keeps every one of them, so its count is the weights below the threshold:
-  MISMATCHES_FP32 at seeds 0-5. The line at 0.5 is as far as an integer count allows from 0: linear(0.5, 5).
+  MISMATCHES_FP32 at seeds 0-5. The line at 0.5 is as far as an integer count allows from 0 and from the smallest
+  failure, one mismatch (the mutation; the float32 run's 17 at seed 0 would let the line move to 5 unseen):
+  linear(0.5, 0.5).
 - "replay gives every logged number (within 1e-2)": the Trainer adds fp32 tensors, the replay float64; they met to
-  REPLAY at seeds 0-5 (fp16 and float32 runs alike): log(10, 1), shared.
+  REPLAY at seeds 0-5 (fp16 and float32 runs alike), shared; a filter that doubled the running sum (the mutation) is
+  100 % off, 100x the line: log(10, 50).
 - "more accumulation inflates ... (over 1e3x each step of the sweep)": the filter's log is 13**a / 25 x step 1's loss,
   so 1 -> 8 multiplies it by about 13**7 = 6e7 and 8 -> 32 by 13**24 (INFLATE at seeds 0-5); float32's log is the mean
-  loss at every count, ratios near 1 (FP32_RATIO): log(1e3, 10).
+  loss at every count, ratios near 1 (FP32_RATIO; 0.96 at seed 0, 1e3x under the line): log(1e3, 500).
 - "at accumulation 32 the log is a huge finite number (> 1e30)": 13**32 / 25 x a first loss near 0.69: 1.2e34 or so
-  (HUGE at seeds 0-5); float32 logs its mean loss, under 1: log(1e3, 1e20).
+  (HUGE at seeds 0-5); float32 logs its mean loss, under 1, over 1e30x under the line: log(1e3, 1e30).
 - "reload under another seed changes the rewards (> 1e-3)" and "the fixed reload reproduces the rewards (within
   1e-4)": a reload on a base with another random head moved the frozen head's rewards by RELOAD_FROZEN at seeds 0-5;
-  the saved head reloads to RELOAD_FIXED (the same fp32 arithmetic): log(10, 10) for both.
+  the saved head reloads to RELOAD_FIXED (the same fp32 arithmetic). "within 1e-4" sits 3.5e3x under the frozen
+  head's 0.35 at seed 0: log(10, 1e3). The fixed reload's 0 is infinitely far on a log scale, so the "> 1e-3" line is
+  bounded from its own run instead: 0.35 sits 348x above it, log(10, 10, at_most=2e3) (loosened tenfold, 3.5e3x).
 The rest are equalities on names, dtypes, statuses, error messages and NaN arithmetic.
 """
 
@@ -52,6 +57,8 @@ MUTATIONS = {
     "'half' is rejected": lambda n: n["spellings"].update(
         {"{'dtype': 'half'} on checkpoint-float32": "loads with weights in torch.float16"}
     ),
+    # fp16 AdamW whose v kept one weight below the threshold (or lost one above it): the smallest mismatch
+    "no mismatch": lambda n: n["runs"]["without_fix"]["adam"].update(mismatches=1),
     # a Trainer whose filter differs from the replay: twice the running sum at the log of accumulation 32
     "replay gives every logged number": lambda n: n["runs"]["without_fix"]["sweep"]["32"]["logged"].__setitem__(
         0, 2 * n["runs"]["without_fix"]["sweep"]["32"]["logged"][0]
@@ -59,12 +66,12 @@ MUTATIONS = {
 }
 
 MARGINS = {
-    "no mismatch": linear(0.5, 5),
-    "replay gives every logged number": log(10, 1),
-    "more accumulation inflates": log(1e3, 10),
-    "huge finite number": log(1e3, 1e20),
-    "reload under another seed changes": log(10, 10),
-    "fixed reload reproduces": log(10, 10),
+    "no mismatch": linear(0.5, 0.5),
+    "replay gives every logged number": log(10, 50),
+    "more accumulation inflates": log(1e3, 500),
+    "huge finite number": log(1e3, 1e30),
+    "reload under another seed changes": log(10, 10, at_most=2e3),
+    "fixed reload reproduces": log(10, 1e3),
 }
 
 

@@ -12,13 +12,17 @@ Margins, with the values of seeds 0-5 (cpu profile, one thread):
 - "first new token from a pad slot" / "from its own last token" (match gap < 1e-2): the distance between
   generate()'s first-step logits and a cache-free forward of the same batch and positions at the slot the lesson
   names (GAP at seeds 0-5: the same fp32 SmolLM2, the same reduction order up to a few ulps), while a wrong slot
-  is 2 to 34 away; the other side names a slot of the other kind (NaN, infinitely far): log(10, 1).
+  is 2 to 34 away; the other side names a slot of the other kind (NaN, infinitely far), so each check is held
+  against its mutation, the nearest wrong slot's 2 (the fixtures record only the matching slot's gap): 200x the
+  line, log(10, 100) (a line loosened tenfold would sit 20x under it).
 - "over 1000x the unpadded rows' first-token shift": a padded row is predicted from a pad (first-token logits moved
   SHIFT_PADDED), an unpadded one only by the batch's reduction order (SHIFT_UNPADDED): a ratio of 1e5 or more;
-  left padding moves every row by rounding alike, a ratio near 1: log(10, 10).
+  left padding moves every row by rounding alike, a ratio near 1 (1.1 at seed 0, 900x under the line):
+  log(10, 200).
 - "changes SmolLM2's answers" (> 0.5) and "gives the answers one at a time" (< 0.5): counts of changed answers
   (CHANGED_RIGHT right, 0 left, seeds 0-5); greedy decoding of 8 tokens from logits that moved by 20 or by 1e-5:
-  linear(0.5, 0.5), as far as an integer count allows.
+  linear(0.5, 0.5), as far as an integer count allows; "one at a time" is held against one changed answer (the
+  mutation: right padding's CHANGED_RIGHT would let its line move to 1.75 unseen).
 - the hook's counts on generate() (> 0.5 / < 0.5): one right-padded prefill a call, or none: linear(0.5, 0.5).
 The era's checks and the DPO counts compare verdicts, file names and counts: the era runs on the CPU in both
 profiles, and TRL's use_cache=False is the same on any device.
@@ -43,12 +47,17 @@ SHARED = {
 MUTATIONS = {
     # a DPO collator that honoured tokenizer.padding_side="left"
     "DPO's batches end in padding": lambda n: n["dpo_padding"].update(on_the_left=n["dpo_padding"]["padded"]),
+    # the first new token matched at the nearest wrong slot, 2 away (seeds 0-5: 2 to 34)
+    "from a pad slot": lambda n: n["runs"]["without_fix"]["grid"][-1].update(match_gap=2.0),
+    "from its own last token": lambda n: n["runs"]["with_fix"]["grid"][-1].update(match_gap=2.0),
+    # left padding that changed one answer of the batch
+    "one at a time": lambda n: n["runs"]["with_fix"]["generation"].update(changed=1),
 }
 
 MARGINS = {
-    "from a pad slot": log(10, 1),
-    "from its own last token": log(10, 1),
-    "over 1000x the unpadded": log(10, 10),
+    "from a pad slot": log(10, 100),
+    "from its own last token": log(10, 100),
+    "over 1000x the unpadded": log(10, 200),
     "changes SmolLM2's answers": linear(0.5, 0.5),
     "one at a time": linear(0.5, 0.5),
     "the hook flags the right-padded": linear(0.5, 0.5),
