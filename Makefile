@@ -188,8 +188,8 @@ clean:
 	rm -rf $(OUT) outputs
 
 # --- Eras: side environments with the library versions where each bug lived (trl_clinic.course.eras) ---
-# eras/NAME.txt in a lesson's folder pins one era (src/trl_clinic/course/eras/requirements/ holds those no lesson
-# owns; package data: a wheel install builds its eras in the cache folder on first use); `make eras` builds each
+# eras/NAME.txt in a lesson's folder pins one era (package data: a wheel install builds its eras in the cache folder
+# on first use); `make eras` builds each
 # into .eras/NAME/ with uv, once per content of
 # its file (a stamp holds the file's SHA-256; a failed build leaves none), and reuses it after.
 # ERAS="02-transformers-4.45 04-transformers-4.51" picks some (default: every one).
@@ -197,7 +197,8 @@ clean:
 ERAS ?=
 # The eras whose scripts the tests run for real; under `make test` a missing one fails, not skips. They build in
 # the background while the first tests run (what needs an era waits for the build lock: eras.build.wait_for_builds).
-TEST_ERAS := 01-trl-0.14 01-transformers-4.55 02-transformers-4.45 04-transformers-4.51 04-transformers-4.40 06-trl-0.24 08-trl-1.14
+# Every era a lesson's folder pins: a new lesson's era joins without touching this file.
+TEST_ERAS := $(sort $(basename $(notdir $(wildcard src/trl_clinic/course/lessons/lesson_*/eras/*.txt))))
 
 eras: $(STAMP)
 	$(BIN)/python -m trl_clinic.course.eras $(ERAS)

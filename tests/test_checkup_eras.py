@@ -1,7 +1,7 @@
 """The check-up installed as a user installs it, where the bugs lived.
 
 The wheel is built once from this checkout. For each era (``.eras/<name>``, built by ``make eras`` from
-``trl_clinic/course/eras/requirements/<name>.txt``) a copy of the era's environment is made with hard links
+``eras/<name>.txt`` in a lesson's folder) a copy of the era's environment is made with hard links
 (``cp -al``: seconds, no space), the wheel is installed into the copy the way a user installs it, resolving its
 dependencies against what is there (uv, and pip for one era), and the copy's torch, transformers, TRL, peft,
 accelerate and datasets must keep their versions. A copy, not the era itself: the era stays exactly what its

@@ -103,8 +103,14 @@ def test_an_era_pins_torch_and_the_four_libraries_and_says_who_uses_it(path):
 
 def test_make_test_requires_the_eras_its_tests_run():
     makefile = (ROOT / "Makefile").read_text()
-    required = re.search(r"^TEST_ERAS := (.+)$", makefile, re.M).group(1).split()
-    assert {"02-transformers-4.45", "04-transformers-4.51", "04-transformers-4.40"} <= set(required)
+    shown = subprocess.run(
+        ["make", "-s", "--eval", "show-test-eras: ; @echo $(TEST_ERAS)", "show-test-eras"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shown.stdout.split() == eras.era_names(), "make test builds every era the lessons' folders pin (TEST_ERAS)"
     recipe = re.search(r"^test: .*\n((?:\t.*\n)+)", makefile, re.M).group(1)
     assert re.search(r"trl_clinic\.course\.eras --background .*\$\(TEST_ERAS\)", recipe), "make test builds TEST_ERAS"
     assert ".eras/" in (ROOT / ".gitignore").read_text()
@@ -118,7 +124,10 @@ def test_the_eras_module_imports_without_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_era_scripts_ship_with_the_package_and_do_not_import_trl_clinic():
+def test_era_scripts_ship_with_the_package_and_never_import_the_course():
+    """An era holds its own torch, transformers and TRL, not the course's dependencies: an era script imports nothing
+    of the course. It may run the library on the era's trainer (lesson 08's ``then.py`` puts the package's folder on
+    ``sys.path`` and imports ``trl_clinic.checkup``, as tests/checkup_eras/run.py does with the wheel installed)."""
     from setuptools import find_packages
 
     packages = find_packages(ROOT / "src")
@@ -127,7 +136,9 @@ def test_era_scripts_ship_with_the_package_and_do_not_import_trl_clinic():
     assert all(f"trl_clinic.course.lessons.{path.parent.name}" in packages for path in scripts)
     for path in scripts:
         source = path.read_text()
-        assert not re.search(r"^\s*(from|import) trl_clinic", source, re.M), f"{path.name} imports trl_clinic"
+        assert not re.search(r"^\s*(from|import) trl_clinic\.course", source, re.M), f"{path.name} imports the course"
+        imported = re.findall(r"^\s*(?:from|import) (trl_clinic[\w.]*)", source, re.M)
+        assert set(imported) <= {"trl_clinic"}, f"{path.name} imports {imported}: only `from trl_clinic import checkup`"
         assert "transformers" in source.split('"""')[1], f"{path.name}: its docstring names the versions"
 
 
@@ -255,14 +266,13 @@ def wheel_install(tmp_path, monkeypatch):
     from trl_clinic.course.eras import spec
 
     packaged = tmp_path / "package"
-    packaged.mkdir()
-    (packaged / "99-test.txt").write_text("# test era\ntorch==2.13.0\n")
+    (packaged / "lesson_99_test" / "eras").mkdir(parents=True)
+    (packaged / "lesson_99_test" / "eras" / "99-test.txt").write_text("# test era\ntorch==2.13.0\n")
     uv = tmp_path / "fake-uv"
     uv.write_text(FAKE_UV.format(python=sys.executable))
     uv.chmod(uv.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setattr(paths, "checkout", lambda: None)
-    monkeypatch.setattr(spec, "SHARED", packaged)
-    monkeypatch.setattr(spec, "LESSONS", tmp_path / "no-lessons")
+    monkeypatch.setattr(spec, "LESSONS", packaged)
     monkeypatch.setattr(eras_build, "uv_command", lambda: [str(uv)])
     monkeypatch.setattr(eras_build, "local_torch_links", lambda version: None)
     monkeypatch.setattr(eras_build, "PROBE_IMPORTS", ("json",))
@@ -292,7 +302,7 @@ def test_outside_a_checkout_an_era_that_cannot_be_built_is_skipped_with_what_the
     """No PyPI (here: an install that fails) and no `make eras` to point at: the message says what failed, in plain
     text even inside a Jupyter kernel (ipykernel sets FORCE_COLOR=1, and uv then colours its errors)."""
     monkeypatch.setenv("FORCE_COLOR", "1")
-    (wheel_install / "package" / "99-test.txt").write_text("# test era\nFAIL\n")
+    (wheel_install / "package" / "lesson_99_test" / "eras" / "99-test.txt").write_text("# test era\nFAIL\n")
     run = eras.run_in_era("99-test", "then_02", {}, wheel_install / "work")
     assert run.skipped and run.message.startswith("skipped: era 99-test could not be built here: uv pip install failed")
     assert run.message.endswith("error: no such release") and "\x1b" not in run.message

@@ -113,7 +113,7 @@ def trained_headers(batch: dict, header: list[int]) -> tuple[int, int]:
 
 @probe(
     "prompt_in_loss",
-    "-",
+    "08",
     "a completion-only loss (prompt-completion data, assistant_only_loss) whose labels train on the chat "
     "template's generation prompt, the header that ends every prompt: the completion mask starts inside the prompt "
     "(TRL #6105: trl < 0.27.1 with transformers >= 5.0.0 counted a BatchEncoding's keys as the prompt's length).",

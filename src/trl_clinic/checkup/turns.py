@@ -135,7 +135,7 @@ def first_label_batches(view: TrainerView) -> list[dict]:
 
 @probe(
     "turn_end",
-    "-",
+    "08",
     "chat-formatted batches in which the model never learns to end its turn: the turn-end token (EOS, the "
     "generation config's EOS, or the template's end-of-turn such as <|im_end|>) that closes a trained turn is not "
     "itself a label. With assistant_only_loss, a template that leaves it outside {% generation %} trains the answers "

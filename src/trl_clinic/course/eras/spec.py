@@ -1,8 +1,7 @@
 """Finding and reading eras: which the course defines, where each is built, and whether it is ready.
 
-``eras/<name>.txt`` in a lesson's folder pins one of that lesson's eras, and ``requirements/<name>.txt`` beside
-this module one that no lesson owns (the check-up's era tests'); both are package data, so a wheel install has
-them too;
+``eras/<name>.txt`` in a lesson's folder pins one of that lesson's eras (the check-up's era tests use them too);
+they are package data, so a wheel install has them too;
 ``.eras/<name>/`` under the root (``paths.repo_root``: the checkout, or the cache folder outside one) is its
 virtual environment, with a stamp (``.stamp.json``) that records the SHA-256 of the requirements file it was
 built from and the versions its libraries report. An era is ready when its stamp matches its file and its
@@ -23,7 +22,6 @@ from trl_clinic.course import paths
 from trl_clinic.course.paths import ROOT_ENV, repo_root
 from trl_clinic.probes.environments import CHILD_ENV, STAMP, python_in  # noqa: F401 (the eras' names for them)
 
-SHARED = Path(__file__).resolve().parent / "requirements"  # era files no lesson owns
 LESSONS = Path(__file__).resolve().parents[1] / "lessons"  # each lesson's own: lessons/lesson_*/eras/*.txt
 REQUIREMENTS_DIR = "eras"  # a fake checkout's era files, under the root it is given as
 ERAS_DIR = ".eras"
@@ -42,8 +40,8 @@ def given_root(root: Path | None = None) -> Path | None:
 
 
 def packaged_files() -> list[Path]:
-    """The course's era files: every lesson folder's ``eras/*.txt`` and the shared ``requirements/*.txt``."""
-    return sorted([*LESSONS.glob("lesson_*/eras/*.txt"), *SHARED.glob("*.txt")], key=lambda path: path.stem)
+    """The course's era files: every lesson folder's ``eras/*.txt``."""
+    return sorted(LESSONS.glob("lesson_*/eras/*.txt"), key=lambda path: path.stem)
 
 
 def requirements_files(root: Path | None = None) -> dict[str, Path]:
@@ -65,9 +63,10 @@ def era_names(root: Path | None = None) -> list[str]:
 
 
 def requirements_file(name: str, root: Path | None = None) -> Path:
-    """The era's requirements file; for an unknown era, where a shared one would be (it does not exist)."""
+    """The era's requirements file; for an unknown era, a path that does not exist (``era_state`` says so)."""
     given = given_root(root)
-    return requirements_files(root).get(name) or (SHARED if given is None else given / REQUIREMENTS_DIR) / f"{name}.txt"
+    folder = LESSONS if given is None else given / REQUIREMENTS_DIR
+    return requirements_files(root).get(name) or folder / f"{name}.txt"
 
 
 def era_dir(name: str, root: Path | None = None) -> Path:

@@ -73,6 +73,8 @@ class Lesson:
     # seed 0): each {text, output, in (a doc's path; README.md's row when absent)}; tests/test_quoted_numbers.py
     # finds the text where it is quoted and each of its numbers in that output of the copy
     quotes: tuple[dict, ...] = ()
+    # why a core has no deep dive, where its whole story fits the core's shape (None: it has one, or must)
+    one_notebook: str | None = None
 
     def sizes(self, profile: str) -> Sizes:
         return self.shapes[profile]
@@ -174,6 +176,7 @@ def lessons() -> dict[str, Lesson]:
             readme=entry.get("readme"),
             figure=entry.get("figure"),
             quotes=tuple(entry.get("quotes", ())),
+            one_notebook=entry.get("one_notebook"),
         )
         for key, entry in _table()["lessons"].items()
     }

@@ -229,10 +229,8 @@ def answers(label: str, trainer, rows: list[dict], max_new_tokens: int) -> dict:
         new = out[0, prompt["input_ids"].shape[1] :].tolist()
         ended += turn_end in new
         said.append(tokenizer.decode(new))
-    print(
-        f"  {ended} of {len(rows)} answers ended with <|im_end|> within {max_new_tokens} tokens; the first: "
-        f"{said[0][:70]!r}"
-    )
+    print(f"  {ended} of {len(rows)} answers ended with <|im_end|> within {max_new_tokens} tokens; the first:")
+    print(f"    {said[0][:100]!r}")
     return {"ended": ended, "asked": len(rows)}
 
 

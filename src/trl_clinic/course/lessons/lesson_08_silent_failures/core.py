@@ -9,16 +9,16 @@
 # %% [markdown]
 # # 08 · Today's silent failures: three runs whose loss falls and which are wrong
 #
-# Three failures reported in 2025-26 that stop nothing: a prompt trained as the answer
-# ([TRL #6105](https://github.com/huggingface/trl/issues/6105)), a turn end never learned, and a DoRA magnitude
-# that never moves ([TRL #7268](https://github.com/huggingface/trl/issues/7268)).
+# Three failures of 2025-26 that stop nothing: a prompt trained as the answer
+# ([TRL #6105](https://github.com/huggingface/trl/issues/6105)), a turn end never learned, a DoRA magnitude that
+# never moves ([TRL #7268](https://github.com/huggingface/trl/issues/7268)).
 #
 # **You will learn**
 # * to read what a trainer trains: its labels and its trainable dtypes;
 # * the three fixes, as the lines you change;
 # * that `checkup(trainer)` finds all three before the first step.
 #
-# **You should know**: TRL's `SFTTrainer`; chat templates; what LoRA is (lesson 03).
+# **You should know**: `SFTTrainer`, chat templates, LoRA (lesson 03).
 #
 # **Time**: 30 s to run on the cpu [profile](../README.md#words-the-lessons-use); about 25 minutes to work through.
 #
@@ -46,29 +46,28 @@ from trl_clinic.course.tokenizer import build_tokenizer
 run = start_run("08", profile, seed, output_dir)
 tokenizer = build_tokenizer()  # a ChatML tokenizer (<|im_start|>, <|im_end|>) trained on the course's small world
 rows = companion.chat_rows(run.sizes.rows, run.subseed("rows"))  # conversational prompt-completion rows
-print(rows[0])
+print(rows[0]["prompt"], rows[0]["completion"], sep="\n")
 # three eras (side environments with the reports' versions) start on these rows in the background
 old = companion.start_eras(run, tokenizer, rows)
 
 # %% [markdown]
 # ## 1. The prompt trained as the answer (TRL #6105)
 #
-# In an *era* with TRL 0.24 and transformers 5 (a side environment, built by `make eras`), the real `SFTTrainer`
-# builds its dataset from the rows above, completion-only as TRL does for this format, and trains a tiny Llama:
+# In an *era* with the report's TRL and transformers 5 (a side environment, built by `make eras`), the real
+# `SFTTrainer` builds its dataset from the rows above, completion-only as TRL does for this format, and trains a tiny
+# Llama:
 
 # %% tags=["symptom"]
 prompt_era = old["prompt"].result()  # waits for the side environment
 companion.show(prompt_era)
 
 # %% [markdown]
-# A warning, a falling loss. The row says what the loss trains: everything after the first two tokens, the question
-# and the assistant header included. The model is taught to write the user's question.
+# A warning, a falling loss, and a row trained from its third token on: the model learns to write the question.
 #
 # ### Why: `len()` of a dictionary
 #
-# That TRL took the prompt's length as `len(processing_class.apply_chat_template(prompt, tokenize=True, ...))` and
-# wrote `completion_mask = [0] * len(prompt_ids) + [1] * (...)`. Since transformers 5, `apply_chat_template`
-# returns a dictionary by default. On today's transformers:
+# The old TRL wrote `completion_mask = [0] * len(prompt_ids) + [1] * (...)`, with `prompt_ids` from
+# `apply_chat_template(prompt, tokenize=True, ...)`, which returns a dictionary since transformers 5:
 
 # %% tags=["mechanism"]
 prompt = rows[0]["prompt"]
@@ -89,8 +88,7 @@ print("return_dict=False:", len(ids), "token ids")
 # ```
 #
 # Today's TRL on the same rows, and the [check-up](../README.md#words-the-lessons-use)'s `prompt_in_loss`
-# [probe](../README.md#words-the-lessons-use) (it finds the assistant header in the trainer's own batches and asks
-# whether the loss trains it) on the era's trainer and on today's:
+# [probe](../README.md#words-the-lessons-use) on the era's trainer and on today's (is the assistant header trained?):
 
 # %%
 def sft_trainer(name: str, data, tokenizer, **settings) -> SFTTrainer:
@@ -109,8 +107,8 @@ prompt_report = checkup(today, only=["prompt_in_loss"])
 # %% [markdown]
 # ## 2. A turn end the model never learns
 #
-# `assistant_only_loss=True` trains what the chat template marks with `{% generation %}`. A template that closes the
-# block *before* the turn end (GLM's did, until TRL PR #5988) trains every answer and never the token that ends it:
+# `assistant_only_loss=True` trains what the template marks with `{% generation %}`. A block that closes *before*
+# the turn end (GLM's did, until TRL PR #5988) trains every answer, never the token that ends it:
 #
 # ```jinja
 # {{ '<|im_start|>assistant\n' }}{% generation %}{{ m['content'] }}{% endgeneration %}{{ '<|im_end|>\n' }}
@@ -134,8 +132,8 @@ outside.train()
 outside_answers = companion.answers("turn end outside the mask", outside, questions, run.sizes.max_new_tokens)
 
 # %% [markdown]
-# The loss fell like any other run's; one warning went by at the start. The answers run on to `max_new_tokens`.
-# What the loss trains, on one conversation (the template's own assistant mask, trained tokens in brackets):
+# The loss fell; one warning went by at the start; the answers run on. The template's own assistant mask on one
+# conversation (trained tokens in brackets):
 
 # %% tags=["mechanism"]
 chat, talk = outside.processing_class, rows[0]["prompt"] + rows[0]["completion"]
@@ -144,7 +142,7 @@ pairs = zip(rendered["input_ids"], rendered["assistant_masks"])
 print("".join(f"[{chat.decode([t])}]" if trained else chat.decode([t]) for t, trained in pairs))
 
 # %% [markdown]
-# `<|im_end|>` is outside the brackets: no step asked the model to emit it, so every step pushed it down.
+# No step asked the model to emit `<|im_end|>`, so every step pushed it down.
 #
 # ### The fix: the turn end inside `{% generation %}`
 
@@ -154,8 +152,7 @@ print("".join(f"[{chat.decode([t])}]" if trained else chat.decode([t]) for t, tr
 # + {% generation %}{{ m['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}
 # ```
 #
-# The same run with that template, then the check-up's `turn_end` probe on both (is the turn end a label at the end
-# of each trained turn of the first batches?):
+# The same run with that template, then the check-up's `turn_end` probe on both (is the turn end a label?):
 
 # %%
 with companion.heard() as inside_warned:
@@ -169,21 +166,21 @@ turn_ends = {name: companion.verdict(checkup(trainer, only=["turn_end"], show=Fa
 # ## 3. QDoRA's magnitude that never moves (TRL #7268)
 #
 # DoRA splits each adapted weight into a direction (LoRA's A and B) and a magnitude (`lora_magnitude_vector`).
-# TRL 1.14 casts every trainable tensor of a quantized model to bfloat16, the magnitude included. In an era with
-# that TRL and bitsandbytes (a 4-bit model trains on a CPU too): the rows above, DoRA on every linear layer,
-# learning rate 2e-4 and bf16, as in the report; then the same run with the magnitude cast back to float32:
+# The report's TRL casts a quantized model's trainable tensors to bfloat16, the magnitude too. In an era with it and
+# bitsandbytes (4 bits train on a CPU too): DoRA on every linear layer, lr 2e-4, bf16, as reported; then the same
+# run with the magnitude cast back to float32:
 
 # %% tags=["symptom"]
 qdora = old["qdora"].result()
 companion.show(qdora)
 
 # %% [markdown]
-# The loss moved, LoRA's B moved, the magnitude did not move at all: the run trains LoRA and calls it DoRA.
+# LoRA's B moved, the magnitude did not: the run trains LoRA and calls it DoRA.
 #
 # ### Why: half a gap of bfloat16
 #
-# bfloat16 keeps 8 bits of mantissa. A sum rounds to the nearest value it holds, so a step must cross half the gap
-# to the next one to move a weight at all. AdamW's steps are about the learning rate:
+# bfloat16 keeps 8 bits of mantissa; a sum rounds to the nearest value it holds, so a step must cross half the gap
+# to move a weight. AdamW's steps are about the learning rate:
 
 # %% tags=["mechanism"]
 magnitude = torch.tensor(0.5, dtype=torch.bfloat16)
@@ -192,12 +189,12 @@ eps = torch.finfo(torch.bfloat16).eps  # the gap above 1
 print("its neighbours:", 0.5 - eps / 4, 0.5 + eps / 2, "| in float32:", (magnitude.float() - 2e-4).item())
 
 # %% [markdown]
-# The magnitudes above (their range is printed) sit between neighbours as far apart: every step rounds back.
+# The magnitudes above (range printed) have gaps as wide: every step rounds back.
 #
 # ### The fix
 #
-# TRL 1.15 leaves the magnitude in float32. Pinned to the older TRL? Cast it back after the trainer is built,
-# before `train()` makes the optimizer (the era's "workaround" run above):
+# The next TRL release keeps the magnitude in float32. Pinned? Cast it back before `train()` makes the optimizer
+# (the era's "workaround" run):
 
 # %% [markdown] tags=["fix"]
 # ```diff
@@ -210,8 +207,8 @@ print("its neighbours:", 0.5 - eps / 4, 0.5 + eps / 2, "| in float32:", (magnitu
 # +         param.data = param.data.float()
 # ```
 #
-# The same run on today's TRL (an era with the same libraries otherwise), and the check-up's `stalled_update`
-# probe on both (one optimizer step at the run's settings on copies of its 16-bit trainable tensors):
+# The same run on today's TRL (an era, the other libraries unchanged), and the check-up's `stalled_update` probe on
+# both (one optimizer step on copies of the 16-bit trainable tensors):
 
 # %%
 qdora_today = old["qdora_today"].result()
@@ -228,8 +225,7 @@ companion.figure(run, numbers)
 # %% [markdown]
 # ## 4. Check your own trainer
 #
-# Two reads before `train()`: what the loss trains (one row of the first batch, trained tokens in brackets), and
-# the dtype each kind of trainable tensor is kept in.
+# Two reads before `train()`: what the loss trains (one row of the first batch) and the trainable tensors' dtypes.
 
 # %% tags=["portable-check"]
 def trained_text(trainer, row: int = 0) -> str:
@@ -257,15 +253,13 @@ dora = SFTTrainer(model=make_causal_lm(tokenizer, seed=run.seed, dtype=torch.bfl
 print("a bfloat16 model with DoRA adapters, today:", trainable_dtypes(dora))
 
 # %% [markdown]
-# The answer is in brackets, `<|im_end|>` is not: this model will never stop. A bfloat16 model's DoRA adapters
-# train in float32 here (peft keeps them so, and the model is not quantized); on the older TRL's QDoRA trainer the
-# magnitude reads bfloat16 (the era printed it). `checkup(trainer)` runs every probe, these three among them, in
-# about two training steps.
+# `<|im_end|>` is outside the brackets: this model will never stop. The DoRA adapters of an unquantized model train
+# in float32; the older TRL's QDoRA trainer reads bfloat16. `checkup(trainer)` runs every probe, these three too.
 #
 # ## Recap
 #
 # * A falling loss says nothing about *what* is trained: read the labels of one row.
-# * TRL 0.24 on transformers 5 trains the prompt (`len()` of a dictionary); TRL 0.27.1 fixed it.
+# * The old TRL on transformers 5 trains the prompt (`len()` of a dictionary); upgrade TRL.
 # * A template's `{% generation %}` block must hold the turn end, or the model never learns to stop.
 # * bfloat16 rounds away steps below half its gap: DoRA's magnitude at lr 2e-4 in TRL #7268.
 # * `trained_text(trainer)`, `trainable_dtypes(trainer)`, or `checkup(trainer)`, before `train()`.
@@ -276,8 +270,7 @@ print("a bfloat16 model with DoRA adapters, today:", trainable_dtypes(dora))
 #    trained? Check your answer on the era's counts (`prompt_era.result["masks"]`).
 #    <details><summary>Hint</summary>The mask starts with <code>len()</code> of a two-key dictionary.</details>
 # 2. Print `trained_text(inside)` and `trained_text(today)`. What is in brackets in each, and why?
-#    <details><summary>Hint</summary>One trains whole answers with their turn end, the other the completion of a
-#    prompt-completion row.</details>
+#    <details><summary>Hint</summary>Conversations against prompt-completion rows.</details>
 # 3. How large must a step be to move a bfloat16 one half down, and up? Try steps with the mechanism cell's lines.
 #    <details><summary>Hint</summary>Half the gap to each neighbour.</details>
 #
@@ -291,7 +284,10 @@ def trained_by_old_trl(p: int) -> int:
 print(trained_by_old_trl(len(ids)))
 
 # %% tags=["exercise"]
-# exercise 2: trained_text(inside) and trained_text(today); exercise 3: steps around torch.tensor(0.5, bfloat16)
+# exercise 2: trained_text(inside) and trained_text(today)
+
+# %% tags=["exercise"]
+# exercise 3: steps around torch.tensor(0.5, dtype=torch.bfloat16)
 
 # %% [markdown]
 # ## Checks

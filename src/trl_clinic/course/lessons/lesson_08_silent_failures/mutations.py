@@ -26,3 +26,10 @@ MARGINS = {
     "under half of the magnitude's elements stay frozen": linear(0.4, 0.4),
     "under half stay frozen": linear(0.4, 0.4),
 }
+
+
+def gpu_shape(numbers: dict, sizes: dict) -> dict:
+    """The gpu profile runs the same sizes (``sizes`` equal the cpu's: rows, steps, questions) and its eras run on the
+    CPU, as every era does: only today's runs move to the GPU, under bf16 autocast. The shape is the cpu run's, at
+    the gpu's precision; not run on a GPU (no task had one)."""
+    return {**numbers, "precision": "bf16"}
