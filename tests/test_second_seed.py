@@ -1,15 +1,16 @@
 """Every lesson holds at seeds its thresholds were not set on (the thresholds were first argued on seed 0).
 
 ``make test`` runs every core and deep dive at seed 0 (tests/test_notebooks.py, tests/test_deep_dives.py) and, here,
-one core and one deep dive at a second seed, chosen by a rotation: all fourteen at a second seed would add about
+one core and one deep dive at a second seed, chosen by a rotation, and the newest core (the highest key: the lesson
+added last, until the next one) at that seed too: all fourteen at a second seed would add about
 nine minutes to its ten, one of each adds 50-115 s. The rotation index is ``TRL_CLINIC_ROTATION`` when set (CI can
 set it, and a failure is rerun with the index its test id names: a red test prints the command, ``rerun``), else
 today's date (days since 0001-01-01, UTC), so that consecutive days walk through the lessons:
 
-    core = cores[i % 8], deep dive = deep_dives[i % 6], seed = 1 + i % 5
+    core = cores[i % 9], deep dive = deep_dives[i % 6], seed = 1 + i % 5
 
-(8 and 5 share no factor, nor 6 and 5 beyond 1: every core meets every seed 1-5 within 40 days, every deep dive
-within 30). The test ids say the lesson, the seed and the index: ``06-deeper-seed3-rotation739215``.
+(9 and 5 share no factor, nor 6 and 5: every core meets every seed 1-5 within 45 days, every deep dive within
+30). The test ids say the lesson, the seed and the index: ``06-deeper-seed3-rotation739215``.
 
 ``make test-slow`` runs every core and deep dive at seeds 1-5 (``TRL_CLINIC_SEEDS`` narrows them).
 """
@@ -41,13 +42,15 @@ def todays(index: int) -> tuple[str, str, int]:
 
 INDEX = rotation()
 CORE, DEEP, SEED = todays(INDEX)
+NEWEST = max(CORE_NAMES, key=lambda name: KEYS[name])  # the lesson added last: at a second seed in every make test
+TODAYS = list(dict.fromkeys([CORE, NEWEST, DEEP]))
 
 
 def rerun(name: str, index: int = INDEX) -> str:
     """What reruns a red second-seed test on another day: the same rotation under pytest, or the lesson alone at
     its seed (the date moves the rotation on, so the index must be given)."""
     core, deep, seed = todays(index)
-    assert name in (core, deep), f"{name} is not in rotation {index}"
+    assert name in (core, deep, NEWEST), f"{name} is not in rotation {index}"
     test = test_todays_core_and_deep_dive_pass_at_a_second_seed.__name__
     node = f"tests/test_second_seed.py::{test}[{KEYS[name]}-seed{seed}-rotation{index}]"
     return (
@@ -58,11 +61,11 @@ def rerun(name: str, index: int = INDEX) -> str:
 
 @pytest.fixture(scope="session")
 def second_seed(tmp_path_factory):
-    return run_workbook(tmp_path_factory.mktemp(f"seed-{SEED}"), CORE, DEEP, "--seed", str(SEED))  # exact names
+    return run_workbook(tmp_path_factory.mktemp(f"seed-{SEED}"), *TODAYS, "--seed", str(SEED))  # exact names
 
 
 @pytest.mark.notebook
-@pytest.mark.parametrize("name", [CORE, DEEP], ids=[f"{KEYS[n]}-seed{SEED}-rotation{INDEX}" for n in (CORE, DEEP)])
+@pytest.mark.parametrize("name", TODAYS, ids=[f"{KEYS[n]}-seed{SEED}-rotation{INDEX}" for n in TODAYS])
 def test_todays_core_and_deep_dive_pass_at_a_second_seed(second_seed, name):
     out, _, results = second_seed
     try:
@@ -83,7 +86,7 @@ def test_a_red_second_seed_names_the_command_that_reruns_it():
 def test_the_rotation_walks_through_every_lesson_and_seed():
     assert DEEP_NAMES and all(is_deep_dive(NOTEBOOKS_DIR / "deeper" / f"{name}.ipynb") for name in DEEP_NAMES)
     assert set(CORE_NAMES) | set(DEEP_NAMES) == set(KEYS)
-    days = [todays(i) for i in range(40)]
+    days = [todays(i) for i in range(len(CORE_NAMES) * 5)]
     assert {(core, seed) for core, _, seed in days} == {(c, s) for c in CORE_NAMES for s in range(1, 6)}
     assert {(deep, seed) for _, deep, seed in days[:30]} == {(d, s) for d in DEEP_NAMES for s in range(1, 6)}
 
