@@ -171,19 +171,15 @@ def prompt_part(spec: dict, folder: str) -> dict:
         processing_class=tokenizer,
     )
     logging.getLogger("trl").removeHandler(heard)
-    prompt = spec["rows"][0]["prompt"]
     findings = checkup_findings(trainer)
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.train()
+    ids, masks = trainer_masks(trainer)
     return {
         "tokenizer": spec["tokenizer"],
-        "len_of_apply_chat_template": len(
-            tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True)
-        ),
         "warnings": [m for m in heard.messages if MISMATCH in m],
-        "other_warnings": [m for m in heard.messages if MISMATCH not in m],
-        "first_row": {"input_ids": trainer_masks(trainer)[0][0], "completion_mask": trainer_masks(trainer)[1][0]},
-        "masks": trained_prompt_tokens(tokenizer, spec["rows"], *trainer_masks(trainer)),
+        "first_row": {"input_ids": ids[0], "completion_mask": masks[0]},
+        "masks": trained_prompt_tokens(tokenizer, spec["rows"], ids, masks),
         "losses": losses(trainer),
         "checkup": findings,
     }
