@@ -169,8 +169,8 @@ CHAT_TEMPLATE = (
 )
 
 
-def chat_tokenizer():
-    words = tokenizer()
+def chat_tokenizer(type_ids: bool = True):
+    words = tokenizer(type_ids)
     words.chat_template = CHAT_TEMPLATE
     return words
 
@@ -295,14 +295,25 @@ def the_same(completions, **kwargs):
     return [1.0 for _ in completions]
 
 
-def grpo_trainer(reward=spread, **settings):
+def spread_of_messages(prompts, completions, **kwargs):
+    """``spread`` on conversational rows, as trl 0.14.0 passes them (grpo_trainer.py:465-466): each prompt a list of
+    messages, each completion one assistant message, whose content's length it is. ``spread`` would give every
+    completion 1 there (a list of one message), and a completion passed as text makes this raise."""
+    assert all(isinstance(p, list) and p[0]["role"] == "user" for p in prompts), prompts
+    return [float(len(c[0]["content"])) for c in completions]
+
+
+def grpo_trainer(reward=spread, chat: bool = False, **settings):
     """GRPOTrainer on a tiny Qwen2 policy, 4 generations of up to 12 tokens a prompt. ``per_device_train_batch_size``
     counts prompts on trl 0.14.0 (4 prompts, 16 completions a micro-batch) and completions from 0.15.0 on (its
-    grpo_trainer.py:341-350 divides the global batch by ``num_generations``: 1 prompt)."""
+    grpo_trainer.py:341-350 divides the global batch by ``num_generations``: 1 prompt). ``chat``: conversational
+    prompts (one user message each) and a tokenizer with ``CHAT_TEMPLATE``, which TRL applies to them."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    prompts = Dataset.from_dict({"prompt": preference_rows()["prompt"]})
+    texts = preference_rows()["prompt"]
+    rows = [[{"role": "user", "content": text}] for text in texts] if chat else texts
+    prompts = Dataset.from_dict({"prompt": rows})
     config = GRPOConfig(
         **common(
             per_device_train_batch_size=4,
@@ -317,7 +328,7 @@ def grpo_trainer(reward=spread, **settings):
         reward_funcs=reward,
         args=config,
         train_dataset=prompts,
-        processing_class=tokenizer(type_ids=False),
+        processing_class=(chat_tokenizer if chat else tokenizer)(type_ids=False),
     )
 
 
@@ -483,6 +494,8 @@ SCENARIOS = {
         "GRPO, the same reward for every completion": lambda: grpo_trainer(the_same),
         "GRPO, a reward with spread, bf16=True": lambda: grpo_trainer(bf16=True),
         "GRPO, a reward taking prompts and completions only": lambda: grpo_trainer(spread_of_its_time),
+        "GRPO, conversational prompts, a reward with spread": lambda: grpo_trainer(spread_of_messages, chat=True),
+        "GRPO, conversational prompts, the same reward": lambda: grpo_trainer(the_same, chat=True),
     },
     # TRL #7268: QLoRA with DoRA, trl 1.14.2's cast of every trainable tensor to bfloat16
     "08-trl-1.14": {
