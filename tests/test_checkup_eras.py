@@ -291,21 +291,34 @@ def test_05_trl_0_14_grpo_checkup_reaches_its_verdict_and_equal_rewards_fail_by_
     top_p or reward_weights, so the check-up's equal_rewards takes its own generation path here. A reward that
     ignores the completion fails it by measurement (4 of 4 groups); a reward with spread passes, in fp32 and with
     the report's bf16=True, and with a reward that takes only the prompts and completions trl 0.14.0 passes (the
-    probe passed completion_ids, which later versions add, and raised a TypeError). The report's crash (SIGFPE in
-    a bf16 GEMM) needs an H20 GPU and an old cuBLAS and is not made here: on this CPU the known-bugs table matches
-    nothing (decided by the table, no GPU name read), and the same trainer's facts with the report's device and
-    cuBLAS put in match 05-h20-cublas-bf16 from the era's
-    GRPOConfig(bf16=True), and nothing with bf16=False."""
+    probe passed completion_ids, which later versions add, and raised a TypeError). Conversational prompts take the
+    probe's own chat path on this TRL (the tokenizer's chat template applied, completions passed as messages): the
+    same verdicts, measured, and padding_cache measures TRL's own generation and loss on them. The probe generates
+    from the prompt ids trl 0.14.0 builds: no second BOS where the template writes one, cut to max_prompt_length
+    (it added one and cut nothing before). The report's crash (SIGFPE in a bf16 GEMM) needs an H20 GPU and an old
+    cuBLAS and is not made here: on this CPU the known-bugs table matches nothing (decided by the table, no GPU name
+    read), and the same trainer's facts with the report's device and cuBLAS put in match 05-h20-cublas-bf16 from the
+    era's GRPOConfig(bf16=True), and nothing with bf16=False."""
     outcome = checkup_in("01-trl-0.14", wheel, tmp_path, scenarios="01-trl-0.14, lesson 05")
     assert (outcome["versions"]["transformers"], outcome["versions"]["trl"]) == ("4.48.3", "0.14.0")
-    flat = findings(outcome, "GRPO, the same reward for every completion")["equal_rewards"]
-    assert (flat["status"], flat["decided"], flat["value"]) == ("fail", "measured", 1.0), flat
-    assert flat["measured"].startswith("4 of 4 groups")  # 4 prompts: trl 0.14.0's per-device batch counts prompts
+    for same in ("GRPO, the same reward for every completion", "GRPO, conversational prompts, the same reward"):
+        flat = findings(outcome, same)["equal_rewards"]
+        assert (flat["status"], flat["decided"], flat["value"]) == ("fail", "measured", 1.0), flat
+        assert flat["measured"].startswith("4 of 4 groups")  # 4 prompts: trl 0.14.0's per-device batch counts prompts
     healthy_runs = ("GRPO, a reward with spread", "GRPO, a reward with spread, bf16=True")
-    for healthy in (*healthy_runs, "GRPO, a reward taking prompts and completions only"):
+    chat = "GRPO, conversational prompts, a reward with spread"  # a completion passed as text makes its reward raise
+    for healthy in (*healthy_runs, "GRPO, a reward taking prompts and completions only", chat):
         found = findings(outcome, healthy)["equal_rewards"]
         assert (found["status"], found["decided"]) == ("ok", "measured") and found["measured"].startswith("0 of 4")
         no_fail(outcome, healthy)
+    for conversational in (chat, "GRPO, conversational prompts, the same reward"):
+        padding = findings(outcome, conversational)["padding_cache"]
+        assert (padding["status"], padding["decided"]) == ("ok", "measured"), padding
+    prompts = outcome["also"]["generation_prompts"]  # what equal_rewards and trl 0.14.0 each generate from
+    for limit, seen in prompts.items():
+        assert seen["probe"] == seen["trl"], (limit, seen)
+    whole, cut = (len(prompts[f"max_prompt_length={n}"]["trl"]["input_ids"][0]) for n in (16, 6))
+    assert cut == 6 < whole
     table = findings(outcome, "GRPO, a reward with spread, bf16=True")["known_bugs"]
     assert (table["status"], table["decided"], table["value"]) == ("ok", "table", 0)
     assert "trl 0.14.0" in table["reason"]

@@ -169,8 +169,8 @@ CHAT_TEMPLATE = (
 )
 
 
-def chat_tokenizer():
-    words = tokenizer()
+def chat_tokenizer(type_ids: bool = True):
+    words = tokenizer(type_ids)
     words.chat_template = CHAT_TEMPLATE
     return words
 
@@ -295,29 +295,34 @@ def the_same(completions, **kwargs):
     return [1.0 for _ in completions]
 
 
-def grpo_trainer(reward=spread, **settings):
+def spread_of_messages(prompts, completions, **kwargs):
+    """``spread`` on conversational rows, as trl 0.14.0 passes them (grpo_trainer.py:465-466): each prompt a list of
+    messages, each completion one assistant message, whose content's length it is. ``spread`` would give every
+    completion 1 there (a list of one message), and a completion passed as text makes this raise."""
+    assert all(isinstance(p, list) and p[0]["role"] == "user" for p in prompts), prompts
+    return [float(len(c[0]["content"])) for c in completions]
+
+
+def grpo_trainer(reward=spread, chat: bool = False, words=None, **settings):
     """GRPOTrainer on a tiny Qwen2 policy, 4 generations of up to 12 tokens a prompt. ``per_device_train_batch_size``
     counts prompts on trl 0.14.0 (4 prompts, 16 completions a micro-batch) and completions from 0.15.0 on (its
-    grpo_trainer.py:341-350 divides the global batch by ``num_generations``: 1 prompt)."""
+    grpo_trainer.py:341-350 divides the global batch by ``num_generations``: 1 prompt). ``chat``: conversational
+    prompts (one user message each) and a tokenizer with ``CHAT_TEMPLATE``, which TRL applies to them; ``words``: the
+    tokenizer, where another is meant."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    prompts = Dataset.from_dict({"prompt": preference_rows()["prompt"]})
-    config = GRPOConfig(
-        **common(
-            per_device_train_batch_size=4,
-            num_generations=4,
-            max_completion_length=12,
-            max_prompt_length=16,
-            **settings,
-        )
-    )
+    texts = preference_rows()["prompt"]
+    rows = [[{"role": "user", "content": text}] for text in texts] if chat else texts
+    prompts = Dataset.from_dict({"prompt": rows})
+    sizes = {"per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 12}
+    config = GRPOConfig(**common(**sizes, **{"max_prompt_length": 16, **settings}))
     return GRPOTrainer(
         model=model("qwen2"),
         reward_funcs=reward,
         args=config,
         train_dataset=prompts,
-        processing_class=tokenizer(type_ids=False),
+        processing_class=words or (chat_tokenizer if chat else tokenizer)(type_ids=False),
     )
 
 
@@ -423,9 +428,49 @@ def qlora_trainer(use_dora: bool):
     )
 
 
+def bos_chat_tokenizer(type_ids: bool = True):
+    """``chat_tokenizer`` that adds a BOS to every text it tokenizes, and whose template writes one too, as Llama 3's
+    does: t2 stands for it (the vocabulary has no spare word)."""
+    from tokenizers.processors import TemplateProcessing
+
+    words = chat_tokenizer(type_ids)
+    words._tokenizer.post_processor = TemplateProcessing(single="t2 $A", special_tokens=[("t2", 2)])
+    words.bos_token = "t2"
+    words.chat_template = "{{ bos_token + ' ' }}" + CHAT_TEMPLATE
+    return words
+
+
+def generation_prompts(max_prompt_length: int) -> dict:
+    """The prompt ids and mask equal_rewards' own path (TRL < 0.16) generates from, and those trl 0.14.0's own
+    ``compute_loss`` generates from, for the same conversational rows, with a tokenizer that adds a BOS where its
+    template writes one already."""
+    from trl_clinic.checkup.grpo import group_rewards
+    from trl_clinic.checkup.view import TrainerView
+
+    words = bos_chat_tokenizer(type_ids=False)
+    trainer = grpo_trainer(spread_of_messages, chat=True, words=words, max_prompt_length=max_prompt_length)
+    seen, generate = [], trainer.model.generate
+
+    def recording(**inputs):
+        seen.append({"input_ids": inputs["input_ids"].tolist(), "attention_mask": inputs["attention_mask"].tolist()})
+        return generate(**inputs)
+
+    trainer.model.generate = recording
+    view = TrainerView(trainer)
+    group_rewards(view)
+    trainer.compute_loss(trainer.model, view.grpo_prompts(4))
+    probe, trl = seen
+    return {"probe": probe, "trl": trl}
+
+
+def prompts_cut_and_whole() -> dict:
+    """``generation_prompts`` where ``max_prompt_length`` keeps the whole prompts (16) and where it cuts them (6)."""
+    return {f"max_prompt_length={limit}": generation_prompts(limit) for limit in (16, 6)}
+
+
 ALSO = {  # what a scenario set reads besides the check-up's reports
     "01-trl-0.14, lesson 03": {"defaults": reward_defaults, "grad_norms": reward_runs},
-    "01-trl-0.14, lesson 05": {"known_bugs": known_bugs_for_2906},
+    "01-trl-0.14, lesson 05": {"known_bugs": known_bugs_for_2906, "generation_prompts": prompts_cut_and_whole},
 }
 
 
@@ -483,6 +528,8 @@ SCENARIOS = {
         "GRPO, the same reward for every completion": lambda: grpo_trainer(the_same),
         "GRPO, a reward with spread, bf16=True": lambda: grpo_trainer(bf16=True),
         "GRPO, a reward taking prompts and completions only": lambda: grpo_trainer(spread_of_its_time),
+        "GRPO, conversational prompts, a reward with spread": lambda: grpo_trainer(spread_of_messages, chat=True),
+        "GRPO, conversational prompts, the same reward": lambda: grpo_trainer(the_same, chat=True),
     },
     # TRL #7268: QLoRA with DoRA, trl 1.14.2's cast of every trainable tensor to bfloat16
     "08-trl-1.14": {

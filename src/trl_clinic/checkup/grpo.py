@@ -58,21 +58,33 @@ def refused_keyword(error: BaseException, trainer: object) -> str | None:
     return named.group(1) if traceback.extract_tb(error.__traceback__)[-1].filename in callers else None
 
 
+def _prompt_inputs(view: TrainerView, rows: list[dict]) -> dict[str, torch.Tensor]:
+    """The ids and mask the trainer generates from for ``rows``, built as the first GRPOTrainer's ``compute_loss``
+    builds them (compared with it in its era by tests/test_checkup_eras.py): padded left, no special tokens added,
+    since a chat template writes its own BOS and a tokenizer adding one more (Llama 3's) would sample from a prompt
+    the trainer never sees, then cut to the last ``max_prompt_length`` tokens. No token_type_ids: some models'
+    generate refuses them."""
+    tokenizer = view.tokenizer
+    texts = [_prompt_text(view, row["prompt"]) for row in rows]
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    finally:
+        tokenizer.padding_side = side
+    limit = getattr(view.args, "max_prompt_length", None)
+    kept = slice(-limit, None) if limit else slice(None)
+    return {key: encoded[key][:, kept].to(view.device) for key in ("input_ids", "attention_mask")}
+
+
 @torch.no_grad()
 def group_rewards(view: TrainerView) -> list[list[float]]:
     """Rewards of ``num_generations`` sampled completions for each of the first prompts, from the
-    trainer's own reward functions and weights, sampled with its temperature."""
+    trainer's own reward functions and weights, sampled with its temperature from the prompt ids it builds."""
     trainer, args, tokenizer = view.trainer, view.args, view.tokenizer
     if any(isinstance(f, nn.Module) for f in trainer.reward_funcs):
         raise Skip("a reward model is among the reward functions: only reward functions are called here")
     rows = view.grpo_prompts(MAX_PROMPTS)
-    prompts = [_prompt_text(view, row["prompt"]) for row in rows]
-    side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    try:
-        encoded = tokenizer(prompts, return_tensors="pt", padding=True)
-        inputs = {key: encoded[key].to(view.device) for key in ("input_ids", "attention_mask")}  # no token_type_ids
-    finally:
-        tokenizer.padding_side = side
+    inputs = _prompt_inputs(view, rows)
     view.model.eval()
     out = view.model.generate(
         **inputs,
