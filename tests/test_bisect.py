@@ -65,8 +65,36 @@ def test_the_listing_comes_from_pip_index_versions_with_pre_on_request():
 
 
 def test_a_listing_without_versions_is_an_error_that_says_what_pip_said():
-    with pytest.raises(ValueError, match="no such package"):
+    with pytest.raises(versions.IndexUnavailable, match="no such package"):
         versions.parse_index_listing("ERROR: no such package")
+
+
+UNREACHABLE = "ERROR: No matching distribution found for trl"  # pip 23.2's stderr, --index-url on a closed port
+
+
+def test_an_index_pip_cannot_read_is_an_index_failure_not_a_usage_error():
+    def fake_run(command, **kwargs):
+        return subprocess.CompletedProcess(command, 1, stdout="", stderr=UNREACHABLE)
+
+    with pytest.raises(versions.IndexUnavailable, match="No matching distribution") as raised:
+        versions.index_versions("trl", run=fake_run)
+    assert not isinstance(raised.value, ValueError)
+
+
+def test_an_index_failure_is_exit_code_3_and_says_so_in_json(tmp_path, monkeypatch, capsys):
+    def unreachable(package, pre=False):
+        raise versions.IndexUnavailable(f"pip could not list {package}'s versions: {UNREACHABLE}")
+
+    monkeypatch.setattr(runner.versions, "index_versions", unreachable)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("per_device_train_batch_size: 1\n")
+    argv = ["bisect", "sft", "--config", str(recipe), "--package", "trl", "--good", "0.18.2", "--bad", "0.19.1"]
+    assert cli.main([*argv, "--json"]) == 3
+    said = json.loads(capsys.readouterr().out)
+    assert said["exit_code"] == 3 and not said["decided"] and UNREACHABLE in said["verdict"]
+    assert cli.main(argv) == 3 and capsys.readouterr().out.startswith("undecided: trl's releases could not be listed")
+    backwards = [*argv[:-4], "--good", "0.19.1", "--bad", "0.18.2"]
+    assert cli.main(backwards) == 2  # the ends are checked before the index is asked
 
 
 def test_the_rest_of_the_stack_is_pinned_from_this_environment_and_overrides_win():

@@ -57,23 +57,38 @@ def read_recipe(path: Path) -> dict:
     return recipe
 
 
+def unlisted(args: argparse.Namespace, why: str) -> int:
+    """Exit code 3: the index did not list the window, so nothing was measured (said as JSON with ``--json``)."""
+    said = f"undecided: {args.package}'s releases could not be listed: {why}"
+    if args.json:
+        listed = {"package": args.package, "good": args.good, "bad": args.bad, "decided": False, "exit_code": 3}
+        print(json.dumps(listed | {"verdict": said}, indent=1))
+    else:
+        print(said)
+    return 3
+
+
 def handle(args: argparse.Namespace) -> int:
     from trl_clinic.bisect.report import table, to_json, verdict
     from trl_clinic.bisect.runner import bisect
+    from trl_clinic.bisect.versions import IndexUnavailable
 
-    outcome = bisect(
-        args.kind,
-        read_recipe(args.config),
-        args.package,
-        args.good,
-        args.bad,
-        pins=args.pin,
-        pre=args.pre,
-        linear=args.linear,
-        seed=args.seed,
-        threads=args.threads,
-        cache=args.cache,
-    )
+    try:
+        outcome = bisect(
+            args.kind,
+            read_recipe(args.config),
+            args.package,
+            args.good,
+            args.bad,
+            pins=args.pin,
+            pre=args.pre,
+            linear=args.linear,
+            seed=args.seed,
+            threads=args.threads,
+            cache=args.cache,
+        )
+    except IndexUnavailable as error:
+        return unlisted(args, str(error))
     if args.json:
         print(json.dumps(to_json(outcome, args.package), indent=1))
     else:

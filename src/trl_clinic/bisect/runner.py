@@ -45,14 +45,16 @@ def bisect(
     (the config a ``trl <kind> --config`` YAML holds, as a dict) differs from ``good``'s.
 
     ``pins`` override what is pinned from this environment ("NAME==X", or a bare "NAME" for the resolver to
-    choose); ``window`` replaces the index's listing (the ends are kept). A ValueError is a usage error.
+    choose); ``window`` replaces the index's listing (the ends are kept). A ValueError is a usage error, raised
+    before the index is asked; ``versions.IndexUnavailable`` says the index listed nothing (undecided).
     """
     if kind not in KINDS:
         raise ValueError(f"bisect builds {', '.join(KINDS)} trainers so far, not {kind}")
-    listed = window if window is not None else versions.index_versions(package, pre=pre)
-    chosen = versions.between(listed, good, bad, pre=pre)
+    versions.ends(good, bad)
     pinned = versions.pins(package, pins)
     spec = first_step_spec(kind, recipe, seed=seed, threads=threads)
+    listed = window if window is not None else versions.index_versions(package, pre=pre)
+    chosen = versions.between(listed, good, bad, pre=pre)
     progress(f"bisect {package} {good}..{bad}: {len(chosen)} versions; pinned: {', '.join(pinned.values())}")
     count = iter(range(1, len(chosen) + 1))
 
