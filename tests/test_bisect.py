@@ -196,22 +196,53 @@ def test_binary_search_finds_the_first_change_in_about_log2_n_measurements(first
     outcome = search.binary(WINDOW, fake)
     assert outcome.first == WINDOW[first_change] and outcome.last_same == WINDOW[first_change - 1]
     assert outcome.part == "loss scale" and outcome.exit_code == 1
-    assert len(fake.asked) <= 2 + math.ceil(math.log2(len(WINDOW)))  # the issue's 30 releases: at most 7
     assert len(set(fake.asked)) == len(fake.asked)  # no version measured twice
 
 
-def test_nothing_changed_is_exit_code_0():
+def test_a_30_release_window_costs_at_most_6_builds_wherever_the_change_is():
+    """Issue 48's cost: the good end and five halvings of the 30 answers left (a change at one of the 29 others,
+    or none). Measuring the bad end first, as the search once did, made it 7 (2 + ceil(log2 29))."""
+    asked = []
+    for first_change in range(1, len(WINDOW) + 1):  # len(WINDOW): nothing changed
+        fake = FakeIndex(monotone(first_change))
+        outcome = search.binary(WINDOW, fake)
+        assert outcome.first == (WINDOW[first_change] if first_change < len(WINDOW) else None)
+        assert len(set(fake.asked)) == len(fake.asked) and fake.asked[0] == WINDOW[0]
+        asked.append(len(fake.asked))
+    assert max(asked) == 6
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 17, 27, 31, 64, 100])
+def test_binary_search_measures_at_most_1_plus_ceil_log2_n_versions(n):
+    window = WINDOW[:n] if n <= len(WINDOW) else [f"2.{i}.0" for i in range(n)]
+    for first_change in range(1, n + 1):
+        records = {v: (fake_record(loss=9.6) if i >= first_change else fake_record()) for i, v in enumerate(window)}
+        fake = FakeIndex(records)
+        search.binary(window, fake)
+        assert len(fake.asked) <= 1 + math.ceil(math.log2(n))
+
+
+def test_nothing_changed_is_exit_code_0_once_the_bad_end_is_measured_the_same():
     fake = FakeIndex(monotone(len(WINDOW)))
     outcome = search.binary(WINDOW, fake)
-    assert outcome.first is None and outcome.exit_code == 0 and fake.asked == [WINDOW[0], WINDOW[-1]]
+    assert outcome.first is None and outcome.exit_code == 0 and fake.asked[-1] == WINDOW[-1]
+
+
+def test_nothing_changed_but_a_bad_end_that_cannot_be_built_is_undecided():
+    fake = FakeIndex(monotone(len(WINDOW)) | {WINDOW[-1]: "failed"})
+    outcome = search.binary(WINDOW, fake)
+    assert outcome.first is None and outcome.exit_code == 3
+    assert report.verdict(outcome, "trl").endswith(f"not measured: {WINDOW[-1]} (failed)")
 
 
 def test_a_change_that_went_back_is_missed_by_binary_search_and_shown_by_linear():
-    records = monotone(len(WINDOW)) | {v: fake_record(labels=99) for v in WINDOW[10:20]}
-    assert search.binary(WINDOW, FakeIndex(records)).exit_code == 0  # the ends agree: binary sees nothing
+    records = monotone(len(WINDOW)) | {v: fake_record(labels=99) for v in WINDOW[3:6]}
+    fake = FakeIndex(records)
+    assert search.binary(WINDOW, fake).exit_code == 0  # its halvings step over 3 to 5: binary sees nothing
+    assert not set(fake.asked) & set(WINDOW[3:6])
     outcome = search.linear(WINDOW, FakeIndex(records))
-    assert outcome.first == WINDOW[10] and outcome.part == "label count" and outcome.exit_code == 1
-    assert outcome.changed_back == WINDOW[20:]
+    assert outcome.first == WINDOW[3] and outcome.part == "label count" and outcome.exit_code == 1
+    assert outcome.changed_back == WINDOW[6:]
 
 
 def test_a_conflicting_version_is_stepped_around_and_never_counted_good_or_bad():
@@ -242,10 +273,11 @@ def test_a_good_end_that_cannot_be_measured_is_undecided_and_nothing_is_called_s
     assert search.linear(WINDOW, FakeIndex(records)).exit_code == 3
     outcome = search.binary(WINDOW, FakeIndex(records))
     assert outcome.exit_code == 3 and report.verdict(outcome, "trl").endswith(f"step failed for {WINDOW[0]}")
-    assert [line.split("|")[-2].strip() for line in report.table(outcome).splitlines()[2:]] == [
-        "step failed",
-        "not compared",
-    ]
+    assert verdict_column(outcome) == ["step failed"]  # nothing else is measured against no reference
+
+
+def verdict_column(outcome) -> list[str]:
+    return [line.split("|")[-2].strip() for line in report.table(outcome).splitlines()[2:]]
 
 
 @pytest.mark.parametrize(
