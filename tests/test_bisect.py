@@ -1,6 +1,7 @@
 """``trl-clinic bisect``: the window from an index listing, the search on fake records (monotone, changed back,
-untestable versions), the table, JSON and exit codes, the first-step script on today's stack, and (slow) lessons
-02's and 01's windows found for real: transformers 4.46.0 in the loss scale, trl 0.23.1 in the batch."""
+untestable versions, the number of builds), the table, JSON and exit codes, the first-step script on today's stack
+(SFT, DPO, reward, GRPO), and (slow) lessons 02's and 01's windows found for real: transformers 4.46.0 in the loss
+scale, trl 0.23.1 in the batch."""
 
 from __future__ import annotations
 
@@ -343,9 +344,9 @@ def test_usage_errors_are_exit_code_2(argv, capsys):
     assert code == 2
 
 
-def test_a_trainer_the_first_step_cannot_build_yet_is_a_usage_error():
-    with pytest.raises(ValueError, match="sft, dpo"):
-        runner.bisect("reward", {}, "trl", "0.18.2", "0.19.1", window=["0.18.2", "0.19.1"])
+def test_a_trainer_the_first_step_cannot_build_is_a_usage_error():
+    with pytest.raises(ValueError, match="sft, dpo, reward, grpo"):
+        runner.bisect("ppo", {}, "trl", "0.18.2", "0.19.1", window=["0.18.2", "0.19.1"])
 
 
 # --- the first-step script ------------------------------------------------------------------------------------
@@ -377,6 +378,31 @@ def test_a_dpo_first_step_scores_the_reference_weights():
     assert record is not None, why
     assert abs(record["loss"] - math.log(2)) < 1e-6 and record["grad_norm"] > 0 and record["label_tokens"] > 0
     assert any("attention_mask" in key and digest != "absent" for key, digest in record["parts"].items())
+
+
+def test_a_reward_first_step_scores_the_pairs_with_a_one_label_head():
+    """The score head is drawn at std 0.02 like every weight, so both rewards are near 0 and the first loss,
+    -log sigmoid(chosen - rejected), is near log 2; the batch holds the chosen and rejected ids, no labels."""
+    spec = records.first_step_spec("reward", {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2})
+    record, why = records.record_first_step(Path(sys.executable), spec)
+    assert record is not None, why
+    assert abs(record["loss"] - math.log(2)) < 0.05 and record["grad_norm"] > 0 and record["micro_batches"] == 2
+    assert record["parts"]["labels"] == "absent" and record["label_tokens"] == 0
+    assert any("input_ids" in key and digest != "absent" for key, digest in record["parts"].items())
+
+
+def test_a_grpo_first_step_records_the_generated_batch_and_its_reference_is_the_policy():
+    """The batch is what GRPO generated (completion ids and mask, sampled from the seed: the same twice); with
+    beta > 0 the reference is loaded from the policy's saved copy, so the KL term is 0 and the loss is beta 0's."""
+    recipe = {"per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 16}
+    plain, why = records.record_first_step(Path(sys.executable), records.first_step_spec("grpo", recipe))
+    assert plain is not None, why
+    kl, why = records.record_first_step(Path(sys.executable), records.first_step_spec("grpo", recipe | {"beta": 0.04}))
+    assert kl is not None, why
+    assert plain["parts"]["completion_ids"] != "absent" and plain["shape"]["completion_ids"] == [4, 16]
+    assert 0 < plain["label_tokens"] <= 4 * 16  # the completion mask: tokens up to each completion's end
+    assert kl["batch_sha256"] == plain["batch_sha256"] and kl["loss"] == plain["loss"]
+    assert search.differing_parts(plain, kl) == [] and plain["grad_norm"] > 0
 
 
 def test_a_first_step_that_fails_says_the_exception_on_its_first_line():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-TRAINER_KINDS = ("sft", "dpo", "reward", "grpo")
+TRAINER_KINDS = ("sft", "dpo", "reward", "grpo")  # what first_step.py builds (its TRAINERS)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -26,7 +26,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         epilog="example: trl-clinic bisect sft --config recipe.yaml --package transformers --good 4.45.0 "
         "--bad 4.46.0 --pin trl==0.11.4 --pin peft==0.13.2 --pin accelerate==1.0.1 --pin datasets --pin rich",
     )
-    parser.add_argument("kind", choices=TRAINER_KINDS, help="the trainer the recipe builds (sft and dpo so far)")
+    parser.add_argument("kind", choices=TRAINER_KINDS, help="the trainer the recipe builds")
     parser.add_argument("--config", type=Path, required=True, help="the recipe: a `trl <kind> --config` YAML")
     parser.add_argument("--package", required=True, help="the package that moves (trl, transformers, ...)")
     parser.add_argument("--good", required=True, help="a version whose first step is the reference")

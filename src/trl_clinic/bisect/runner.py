@@ -14,10 +14,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from trl_clinic.bisect import search, versions
+from trl_clinic.bisect.command import TRAINER_KINDS
 from trl_clinic.bisect.environments import prepare
 from trl_clinic.bisect.records import first_step_spec, record_first_step
-
-KINDS = ("sft", "dpo")  # the trainers first_step.py builds today (reward, grpo: issue 48's next slice)
 
 
 def _stderr(line: str) -> None:
@@ -48,8 +47,8 @@ def bisect(
     choose); ``window`` replaces the index's listing (the ends are kept). A ValueError is a usage error, raised
     before the index is asked; ``versions.IndexUnavailable`` says the index listed nothing (undecided).
     """
-    if kind not in KINDS:
-        raise ValueError(f"bisect builds {', '.join(KINDS)} trainers so far, not {kind}")
+    if kind not in TRAINER_KINDS:
+        raise ValueError(f"bisect builds {', '.join(TRAINER_KINDS)} trainers, not {kind}")
     versions.ends(good, bad)
     pinned = versions.pins(package, pins)
     spec = first_step_spec(kind, recipe, seed=seed, threads=threads)
