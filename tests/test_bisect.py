@@ -164,9 +164,14 @@ def test_libraries_that_do_not_import_together_make_the_version_unusable(tmp_pat
 # --- search on fake records -----------------------------------------------------------------------------------
 
 
-def fake_record(loss=4.8, grad_norm=0.9, labels=120, input_ids="a", mask="m") -> dict:
+CAUSAL = {"pattern": "causal (124 tokens)", "visible_pairs": 7750, "sha256": "c" * 64}
+BLOCKS = {"pattern": "causal within 4 sequences (124 tokens)", "visible_pairs": 2484, "sha256": "b" * 64}
+
+
+def fake_record(loss=4.8, grad_norm=0.9, labels=120, input_ids="a", mask="m", attention=CAUSAL) -> dict:
     parts = {"input_ids": input_ids, "labels": input_ids, "position_ids": "absent", "attention_mask": mask}
-    return {"parts": parts, "batch_sha256": "f" * 64, "label_tokens": labels, "loss": loss, "grad_norm": grad_norm}
+    return {"parts": parts, "batch_sha256": "f" * 64, "label_tokens": labels, "loss": loss, "grad_norm": grad_norm,
+            "attention": attention}  # fmt: skip
 
 
 class FakeIndex:
@@ -286,6 +291,12 @@ def verdict_column(outcome) -> list[str]:
     [
         (fake_record(input_ids="b", labels=99, loss=9.0), ["batch", "label count", "loss scale"]),
         (fake_record(mask="n"), ["mask"]),
+        (fake_record(attention=BLOCKS), ["attention"]),
+        (
+            fake_record(input_ids="b", mask="n", attention=BLOCKS, labels=119),
+            ["batch", "mask", "attention", "label count"],
+        ),
+        (fake_record(attention=None), ["attention"]),  # measured at one end only: not the same
         (fake_record(labels=119), ["label count"]),
         (fake_record(grad_norm=0.9 * (1 + 3 * search.LOSS_BOUND)), ["loss scale"]),
         (fake_record(loss=4.8 * (1 + search.LOSS_BOUND / 2)), []),
@@ -293,6 +304,13 @@ def verdict_column(outcome) -> list[str]:
 )
 def test_parts_are_named_in_the_order_a_step_computes_them_and_rounding_is_not_a_change(changed, parts):
     assert search.differing_parts(fake_record(), changed) == parts
+
+
+def test_an_attention_change_is_named_with_both_patterns_and_shown_in_the_table():
+    outcome = search.binary(WINDOW, FakeIndex(monotone(9, fake_record(attention=BLOCKS))))
+    assert outcome.part == "attention" and outcome.first == WINDOW[9]
+    assert report.verdict(outcome, "trl").endswith(f"the attention ({CAUSAL['pattern']} -> {BLOCKS['pattern']})")
+    assert BLOCKS["pattern"] in report.table(outcome)
 
 
 # --- output ---------------------------------------------------------------------------------------------------
@@ -368,6 +386,17 @@ def test_the_first_step_on_todays_stack_records_every_part():
     assert set(record["parts"]) == {"input_ids", "labels", "position_ids", "attention_mask"}
     assert abs(record["loss"] - math.log(124)) < 0.05 * math.log(124)
     assert record["grad_norm"] > 0 and record["recipe_notes"]["ignored"] == ["max_seq_length"]
+    assert record["attention"]["pattern"] == f"causal ({record['shape']['input_ids'][1]} tokens)"
+
+
+def test_a_packed_rows_attention_is_measured_from_the_models_forward():
+    """Padding-free on today's stack (no mask, position ids restarting, use_cache off in TRL's SFT loss): each
+    token's output moves only with its own sequence's tokens, four sequences in the packed row; trl 0.23.0 beside
+    transformers 4.57.1 gave ``causal (124 tokens)`` on this row, the contamination lesson 01 draws."""
+    recipe = {"per_device_train_batch_size": 4, "padding_free": True, "max_length": None}
+    record, why = records.record_first_step(Path(sys.executable), records.first_step_spec("sft", recipe))
+    assert record is not None, why
+    assert record["attention"]["pattern"] == "causal within 4 sequences (124 tokens)"
 
 
 def test_a_dpo_first_step_scores_the_reference_weights():
@@ -427,9 +456,12 @@ def test_lesson_02s_window_is_found_unaided():
 def test_lesson_01s_padding_free_window_is_found_unaided():
     """trl 0.19.0 good (its padding-free collator sends the packed row with a ones mask and no position ids, so on sdpa
     every token sees the earlier sequences), 0.24.0 bad, transformers 4.57.1 beside both: the first change is 0.23.1,
-    in the batch (position ids sent, the labels at each sequence's start masked), then the mask."""
+    in the batch (position ids sent, the labels at each sequence's start masked), then the mask, then the attention
+    (every token saw the earlier sequences of the packed row; from 0.23.1 only its own)."""
     recipe = {"per_device_train_batch_size": 4, "padding_free": True, "max_length": None, "max_seq_length": None}
     pins = ["transformers==4.57.1", "accelerate", "peft", "datasets", "rich"]
     outcome = runner.bisect("sft", recipe, "trl", "0.19.0", "0.24.0", pins=pins)
     assert (outcome.first, outcome.last_same, outcome.part) == ("0.23.1", "0.23.0", "batch")
-    assert outcome.measured["0.23.1"].parts == ["batch", "mask", "label count", "loss scale"]
+    assert outcome.measured["0.23.1"].parts == ["batch", "mask", "attention", "label count", "loss scale"]
+    assert outcome.measured["0.23.0"].record["attention"]["pattern"] == "causal (124 tokens)"
+    assert outcome.measured["0.23.1"].record["attention"]["pattern"] == "causal within 4 sequences (124 tokens)"

@@ -8,8 +8,9 @@
 
 Each version gets a side environment (uv, cached; ``trl_clinic.probes.environments``, shared with the
 course's eras) with the rest of the stack pinned from this environment, and the recipe's trainer is built
-there by that version's own TRL (``first_step.py``, standalone). A record is the first collated batch's
-hashes, the label tokens, and the first step's loss and gradient norm at learning rate 0; the search compares
+there by that version's own TRL (``first_step.py``, standalone). A record is the first batch's hashes, the
+attention pattern of one row, the label tokens, and the first step's loss and gradient norm at learning rate 0
+(SFT, DPO, reward or GRPO); the search compares
 each with the good end's (``search``). A sibling of the check-up and the watch over ``probes``: it imports
 neither, nor the course. Importing it loads no torch.
 """

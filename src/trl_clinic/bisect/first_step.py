@@ -20,7 +20,8 @@ Recorded: a hash of each integer tensor of the first batch (input ids, labels, p
 batch, or for GRPO the generated one its ``_prepare_inputs`` returns (prompt and completion ids and masks). Then
 the label tokens over the first step's accumulation window (labels other than -100; where a batch has no labels,
 its completion mask), the step's loss (the sum of what ``Trainer.training_step`` returned over the window: the
-number the Trainer logs, before its rounding) and the gradient norm the Trainer logs (before clipping).
+number the Trainer logs, before its rounding), the gradient norm the Trainer logs (before clipping), and the
+attention pattern of one row in the first forward of the loss (``attention_pattern``).
 """
 
 from __future__ import annotations
@@ -245,20 +246,83 @@ def tensors(batch: dict) -> dict:
     return {k: v.clone() for k, v in batch.items() if torch.is_tensor(v) and not torch.is_floating_point(v)}
 
 
+def attention_pattern(model, call: tuple[tuple, dict]) -> dict | None:
+    """Which tokens of one row each token's output depends on, in the first forward call of the loss in the first
+    training step (``call``: its positional and keyword arguments), measured rather than read from the mask: copy k
+    of the row has token k's input embedding nudged, and token q sees token k where q's last hidden state moved in
+    copy k (a masked key's weight is exactly 0, so it moves nothing). The call's first row is replayed through the
+    model's body (``base_model``: the heads, and forwards TRL patches over them, do not build masks) with the
+    arguments of the call that the body's forward names: the mask, the position ids and flags such as
+    ``use_cache``, which decide what the mask builder does (transformers finds a packed row's sequences in its
+    position ids only without a mask and without a cache). Tokens the row's 2-D mask leaves out (padding) are left
+    out. None where the call sent no token ids."""
+    args, kwargs = call
+    input_ids = kwargs.get("input_ids", args[0] if args else None)
+    if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
+        return None
+    body = model.base_model
+    rows, length = input_ids.shape
+    copies = length + 1
+    named = inspect.signature(body.forward).parameters
+    replay = {key: value for key, value in kwargs.items() if key in named and key not in ("input_ids", "inputs_embeds")}
+    for key, value in replay.items():
+        if torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == rows:
+            replay[key] = value[:1].repeat(copies, *[1] * (value.dim() - 1))
+    nudged = torch.arange(length)
+    embeddings = model.get_input_embeddings()(input_ids[:1]).detach().repeat(copies, 1, 1)
+    embeddings[nudged + 1, nudged] += 1.0
+    body.train()  # as in the training step (dropout is 0 in the tiny model)
+    with torch.no_grad():
+        hidden = body(inputs_embeds=embeddings, **replay)[0]
+    sees = (hidden[1:] != hidden[:1]).any(-1).T  # sees[q, k]: q's output moved when k was nudged
+    mask = kwargs.get("attention_mask")
+    if torch.is_tensor(mask) and mask.dim() == 2:
+        real = mask[0].bool()
+        sees = sees[real][:, real]
+    return {
+        "pattern": pattern_name(sees),
+        "visible_pairs": int(sees.sum()),
+        "sha256": hashlib.sha256(str(tuple(sees.shape)).encode() + sees.numpy().tobytes()).hexdigest(),
+    }
+
+
+def pattern_name(sees) -> str:
+    """``causal`` when each token sees itself and every earlier token, ``causal within N sequences`` when each sees
+    back to its own sequence's start only, ``other`` otherwise (with the count of pairs seen)."""
+    starts = 0
+    for query, row in enumerate(sees):
+        seen = row.nonzero().flatten().tolist()
+        if not seen or seen != list(range(seen[0], query + 1)):
+            return f"other ({int(sees.sum())} of {sees.numel()} pairs)"
+        starts += seen[0] == query
+    length = len(sees)
+    return f"causal ({length} tokens)" if starts == 1 else f"causal within {starts} sequences ({length} tokens)"
+
+
 def recording(trainer_class):
-    """The version's trainer with ``training_step`` and ``_prepare_inputs`` kept as they are, the losses returned
-    and the inputs prepared written down (GRPO's batch is made there: generated, scored, then split)."""
+    """The version's trainer with ``training_step`` and ``_prepare_inputs`` kept as they are, the losses returned,
+    the inputs prepared (GRPO's batch is made there: generated, scored, then split) and the model's first forward
+    call in a training step written down."""
 
     class Recording(trainer_class):
         def _prepare_inputs(self, *args, **kwargs):
             inputs = super()._prepare_inputs(*args, **kwargs)
             self.prepared_batches.append(tensors(inputs))
+            if self.first_forward is None and self.forward_hook is None:  # after GRPO's generation: the loss's forward
+                self.forward_hook = self.model.register_forward_pre_hook(self._keep_first_forward, with_kwargs=True)
             return inputs
 
         def training_step(self, *args, **kwargs):
             loss = super().training_step(*args, **kwargs)
+            if self.forward_hook is not None:
+                self.forward_hook.remove()
+                self.forward_hook = None
             self.recorded_losses.append(float(loss.detach().float()))
             return loss
+
+        def _keep_first_forward(self, module, args, kwargs):
+            if self.first_forward is None:
+                self.first_forward = (args, dict(kwargs))
 
     return Recording
 
@@ -270,6 +334,7 @@ def record(spec: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="trl-clinic-bisect-") as output_dir:
         trainer, notes = build(spec["kind"], spec["recipe"], spec["seed"], output_dir)
         trainer.recorded_losses, trainer.prepared_batches, collated = [], [], []
+        trainer.first_forward = trainer.forward_hook = None
         collate = trainer.data_collator
 
         def collate_and_keep(features):
@@ -284,6 +349,7 @@ def record(spec: dict) -> dict:
         batches = trainer.prepared_batches if generated else collated
         window = batches[: trainer.args.gradient_accumulation_steps]
         logged = next((entry for entry in trainer.state.log_history if "loss" in entry), {})
+        attention = attention_pattern(trainer.model, trainer.first_forward)
     first = window[0]
     parts = {key: "absent" for key in BATCH_KEYS} | {key: tensor_digest(value) for key, value in first.items()}
     grad_norm = logged.get("grad_norm")
@@ -294,6 +360,7 @@ def record(spec: dict) -> dict:
         "shape": {
             key: list(value.shape) for key, value in first.items() if "input_ids" in key or "completion_ids" in key
         },
+        "attention": attention,
         "label_tokens": sum(label_tokens(batch) for batch in window),
         "micro_batches": len(window),
         "loss": sum(trainer.recorded_losses),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trl_clinic.bisect.search import LOSS_BOUND, Measured, Outcome
 
-COLUMNS = ("version", "build", "batch", "label tokens", "loss", "grad norm", "seconds", "vs good")
+COLUMNS = ("version", "build", "batch", "attention", "label tokens", "loss", "grad norm", "seconds", "vs good")
 
 
 def _number(value: float | None) -> str:
@@ -26,6 +26,7 @@ def row(step: Measured, is_good: bool, compared: bool) -> tuple[str, ...]:
         step.version,
         step.status,
         record.get("batch_sha256", "-")[:12],
+        (record.get("attention") or {}).get("pattern", "-"),
         str(record.get("label_tokens", "-")),
         _number(record.get("loss")),
         _number(record.get("grad_norm")),
@@ -48,6 +49,8 @@ def table(outcome: Outcome) -> str:
 
 def change_detail(good: dict, other: dict, part: str) -> str:
     """The part's numbers at the good end and at the changed version."""
+    if part == "attention":
+        return " -> ".join((record.get("attention") or {}).get("pattern", "none") for record in (good, other))
     if part == "label count":
         return f"label tokens {good['label_tokens']} -> {other['label_tokens']}"
     if part == "loss scale":

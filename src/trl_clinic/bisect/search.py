@@ -2,7 +2,8 @@
 
 A record differs in a *part*, named in the order a step computes it: the ``batch`` (input ids, labels,
 position ids and any other tensor the collator sends, hashed exactly), the ``mask`` (every attention mask, hashed
-exactly), the ``label count`` (label
+exactly), the ``attention`` (which tokens of one row each token's output depends on, as the model's first forward
+of the loss measured it: what the mask builder made of the mask and the position ids), the ``label count`` (label
 tokens over the accumulation window) and the ``loss scale`` (the step's loss or gradient norm beyond the
 rounding bound). The first part that differs is the one named: a batch that changed changes everything after.
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-PARTS = ("batch", "mask", "label count", "loss scale")
+PARTS = ("batch", "mask", "attention", "label count", "loss scale")
 # Relative bound on the loss and the gradient norm between two records of the same weights and batch: the
 # worst case of a float32 sum of about 150 terms in another order (n * 2**-24 = 9e-6, a window's label tokens).
 # Measured (benchmarks/bisect_rounding.py, docs/bisect.md): the 24 orders of lesson 02's four micro-batches x
@@ -52,6 +53,11 @@ def _close(a: float | None, b: float | None, bound: float) -> bool:
     return abs(a - b) <= bound * max(abs(a), abs(b), 1e-12)
 
 
+def attention_hash(record: dict) -> str | None:
+    """The attention pattern's hash; None where the record has none (a batch without token ids, an older record)."""
+    return (record.get("attention") or {}).get("sha256")
+
+
 def differing_parts(good: dict, other: dict, bound: float = LOSS_BOUND) -> list[str]:
     """The parts in which ``other`` differs from ``good``, in the order a step computes them."""
     found = []
@@ -62,6 +68,8 @@ def differing_parts(good: dict, other: dict, bound: float = LOSS_BOUND) -> list[
         found.append("batch")
     if any("attention_mask" in key for key in changed):
         found.append("mask")
+    if attention_hash(good) != attention_hash(other):
+        found.append("attention")
     if good["label_tokens"] != other["label_tokens"]:
         found.append("label count")
     if not (_close(good["loss"], other["loss"], bound) and _close(good["grad_norm"], other["grad_norm"], bound)):
