@@ -6,6 +6,7 @@ scale, trl 0.23.1 in the batch."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import math
 import subprocess
@@ -296,7 +297,7 @@ def verdict_column(outcome) -> list[str]:
             fake_record(input_ids="b", mask="n", attention=BLOCKS, labels=119),
             ["batch", "mask", "attention", "label count"],
         ),
-        (fake_record(attention=None), ["attention"]),  # measured at one end only: not the same
+        (fake_record(attention={"pattern": "not measured (TypeError)", "sha256": None}), []),  # not compared
         (fake_record(labels=119), ["label count"]),
         (fake_record(grad_norm=0.9 * (1 + 3 * search.LOSS_BOUND)), ["loss scale"]),
         (fake_record(loss=4.8 * (1 + search.LOSS_BOUND / 2)), []),
@@ -387,6 +388,25 @@ def test_the_first_step_on_todays_stack_records_every_part():
     assert abs(record["loss"] - math.log(124)) < 0.05 * math.log(124)
     assert record["grad_norm"] > 0 and record["recipe_notes"]["ignored"] == ["max_seq_length"]
     assert record["attention"]["pattern"] == f"causal ({record['shape']['input_ids'][1]} tokens)"
+
+
+def first_step_module():
+    """The standalone script, imported as a module (it runs as a file in the side environments)."""
+    spec = importlib.util.spec_from_file_location("first_step", records.SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_patterns_are_named_causal_causal_within_sequences_or_other():
+    import torch
+
+    name = first_step_module().pattern_name
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    blocks = causal.clone()
+    blocks[2:, :2] = False  # two sequences: tokens 0-1, then 2-4
+    assert (name(causal), name(blocks)) == ("causal (5 tokens)", "causal within 2 sequences (5 tokens)")
+    assert name(torch.ones(5, 5, dtype=torch.bool)) == "other (25 of 25 pairs)"  # sees later tokens
 
 
 def test_a_packed_rows_attention_is_measured_from_the_models_forward():

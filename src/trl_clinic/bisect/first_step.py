@@ -349,7 +349,10 @@ def record(spec: dict) -> dict:
         batches = trainer.prepared_batches if generated else collated
         window = batches[: trainer.args.gradient_accumulation_steps]
         logged = next((entry for entry in trainer.state.log_history if "loss" in entry), {})
-        attention = attention_pattern(trainer.model, trainer.first_forward)
+        try:
+            attention = attention_pattern(trainer.model, trainer.first_forward)
+        except Exception as error:  # a replay this version's model refuses: the rest of the record still stands
+            attention = {"pattern": f"not measured ({type(error).__name__}: {str(error)[:160]})", "sha256": None}
     first = window[0]
     parts = {key: "absent" for key in BATCH_KEYS} | {key: tensor_digest(value) for key, value in first.items()}
     grad_norm = logged.get("grad_norm")

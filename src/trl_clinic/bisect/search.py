@@ -54,8 +54,15 @@ def _close(a: float | None, b: float | None, bound: float) -> bool:
 
 
 def attention_hash(record: dict) -> str | None:
-    """The attention pattern's hash; None where the record has none (a batch without token ids, an older record)."""
+    """The attention pattern's hash; None where the record has none (a batch without token ids, a replay the
+    version's model refused, an older record)."""
     return (record.get("attention") or {}).get("sha256")
+
+
+def attention_differs(good: dict, other: dict) -> bool:
+    """Both patterns measured and different: one not measured is not compared (the loss still is)."""
+    a, b = attention_hash(good), attention_hash(other)
+    return a is not None and b is not None and a != b
 
 
 def differing_parts(good: dict, other: dict, bound: float = LOSS_BOUND) -> list[str]:
@@ -68,7 +75,7 @@ def differing_parts(good: dict, other: dict, bound: float = LOSS_BOUND) -> list[
         found.append("batch")
     if any("attention_mask" in key for key in changed):
         found.append("mask")
-    if attention_hash(good) != attention_hash(other):
+    if attention_differs(good, other):
         found.append("attention")
     if good["label_tokens"] != other["label_tokens"]:
         found.append("label count")
