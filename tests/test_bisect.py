@@ -169,10 +169,19 @@ CAUSAL = {"pattern": "causal (124 tokens)", "visible_pairs": 7750, "sha256": "c"
 BLOCKS = {"pattern": "causal within 4 sequences (124 tokens)", "visible_pairs": 2484, "sha256": "b" * 64}
 
 
-def fake_record(loss=4.8, grad_norm=0.9, labels=120, input_ids="a", mask="m", attention=CAUSAL) -> dict:
+def verdicts(**statuses: str) -> dict:
+    """Check-up verdicts as a record holds them: packing ok and eos_label fail unless said otherwise."""
+    said = {"packing": "ok", "eos_label": "fail"} | statuses
+    return {probe: {"status": status, "value": None} for probe, status in said.items()}
+
+
+OK_VERDICTS = verdicts()
+
+
+def fake_record(loss=4.8, grad_norm=0.9, labels=120, input_ids="a", mask="m", attention=CAUSAL, said=None) -> dict:
     parts = {"input_ids": input_ids, "labels": input_ids, "position_ids": "absent", "attention_mask": mask}
     return {"parts": parts, "batch_sha256": "f" * 64, "label_tokens": labels, "loss": loss, "grad_norm": grad_norm,
-            "attention": attention}  # fmt: skip
+            "attention": attention, "verdicts": said or OK_VERDICTS}  # fmt: skip
 
 
 class FakeIndex:
@@ -298,6 +307,9 @@ def verdict_column(outcome) -> list[str]:
             ["batch", "mask", "attention", "label count"],
         ),
         (fake_record(attention={"pattern": "not measured (TypeError)", "sha256": None}), []),  # not compared
+        (fake_record(said=verdicts(packing="fail")), ["verdict"]),
+        (fake_record(said=verdicts(packing="error")), []),  # the check-up crashed: not a verdict on the version
+        (fake_record(said={"checkup": {"status": "not run", "value": None}}), []),
         (fake_record(labels=119), ["label count"]),
         (fake_record(grad_norm=0.9 * (1 + 3 * search.LOSS_BOUND)), ["loss scale"]),
         (fake_record(loss=4.8 * (1 + search.LOSS_BOUND / 2)), []),
@@ -312,6 +324,15 @@ def test_an_attention_change_is_named_with_both_patterns_and_shown_in_the_table(
     assert outcome.part == "attention" and outcome.first == WINDOW[9]
     assert report.verdict(outcome, "trl").endswith(f"the attention ({CAUSAL['pattern']} -> {BLOCKS['pattern']})")
     assert BLOCKS["pattern"] in report.table(outcome)
+
+
+def test_a_verdict_change_is_named_and_the_table_shows_the_loud_probes():
+    outcome = search.binary(WINDOW, FakeIndex(monotone(20, fake_record(loss=9.6, said=verdicts(packing="fail")))))
+    assert outcome.measured[WINDOW[20]].parts == ["loss scale", "verdict"]
+    assert report.change_detail(fake_record(), outcome.measured[WINDOW[20]].record, "verdict") == "packing ok -> fail"
+    assert report.verdict(outcome, "trl").endswith("; after it: verdict (packing ok -> fail)")
+    cells = [line.split("|")[8].strip() for line in report.table(outcome).splitlines()[2:]]  # the verdicts column
+    assert cells[0] == "eos_label fail" and cells[-1] == "packing fail, eos_label fail"
 
 
 # --- output ---------------------------------------------------------------------------------------------------
@@ -388,6 +409,18 @@ def test_the_first_step_on_todays_stack_records_every_part():
     assert abs(record["loss"] - math.log(124)) < 0.05 * math.log(124)
     assert record["grad_norm"] > 0 and record["recipe_notes"]["ignored"] == ["max_seq_length"]
     assert record["attention"]["pattern"] == f"causal ({record['shape']['input_ids'][1]} tokens)"
+    assert record["verdicts"]["accumulation"]["status"] == "ok"  # today's transformers: the window's label count
+
+
+def test_the_check_up_runs_only_when_asked_and_leaves_the_record_as_it_was():
+    spec = records.first_step_spec("sft", RECIPE, checkup=False)
+    record, why = records.record_first_step(Path(sys.executable), spec)
+    assert record is not None and record["verdicts"] is None, why
+    asked, why = records.record_first_step(Path(sys.executable), records.first_step_spec("sft", RECIPE))
+    assert asked is not None, why
+    assert {key: asked[key] for key in ("parts", "loss", "grad_norm", "label_tokens", "attention")} == {
+        key: record[key] for key in ("parts", "loss", "grad_norm", "label_tokens", "attention")
+    }
 
 
 def first_step_module():
@@ -465,11 +498,14 @@ def test_a_first_step_that_fails_says_the_exception_on_its_first_line():
 @pytest.mark.slow
 def test_lesson_02s_window_is_found_unaided():
     """transformers 4.45.0 good, 4.46.0 bad, TRL 0.11.4 beside both (the pins of era 02-transformers-4.45): the
-    first change is 4.46.0, in the loss scale (the window's label count reaches the loss), not the batch."""
+    first change is 4.46.0, in the loss scale (the window's label count reaches the loss), not the batch, and the
+    check-up's accumulation verdict goes from fail to ok."""
     pins = ["trl==0.11.4", "peft==0.13.2", "accelerate==1.0.1", "datasets", "rich"]
     outcome = runner.bisect("sft", RECIPE, "transformers", "4.45.0", "4.46.0", pins=pins)
     assert (outcome.first, outcome.last_same, outcome.part) == ("4.46.0", "4.45.2", "loss scale")
-    assert outcome.measured["4.46.0"].parts == ["loss scale"] and outcome.exit_code == 1
+    assert outcome.measured["4.46.0"].parts == ["loss scale", "verdict"] and outcome.exit_code == 1
+    said = {v: outcome.measured[v].record["verdicts"]["accumulation"]["status"] for v in ("4.45.2", "4.46.0")}
+    assert said == {"4.45.2": "fail", "4.46.0": "ok"}  # the check-up's accumulation probe, run in each version
 
 
 @pytest.mark.slow
@@ -482,6 +518,8 @@ def test_lesson_01s_padding_free_window_is_found_unaided():
     pins = ["transformers==4.57.1", "accelerate", "peft", "datasets", "rich"]
     outcome = runner.bisect("sft", recipe, "trl", "0.19.0", "0.24.0", pins=pins)
     assert (outcome.first, outcome.last_same, outcome.part) == ("0.23.1", "0.23.0", "batch")
-    assert outcome.measured["0.23.1"].parts == ["batch", "mask", "attention", "label count", "loss scale"]
+    assert outcome.measured["0.23.1"].parts == ["batch", "mask", "attention", "label count", "loss scale", "verdict"]
     assert outcome.measured["0.23.0"].record["attention"]["pattern"] == "causal (124 tokens)"
     assert outcome.measured["0.23.1"].record["attention"]["pattern"] == "causal within 4 sequences (124 tokens)"
+    said = {v: outcome.measured[v].record["verdicts"]["packing"]["status"] for v in ("0.23.0", "0.23.1")}
+    assert said == {"0.23.0": "fail", "0.23.1": "ok"}  # the check-up's packing probe, run in each version

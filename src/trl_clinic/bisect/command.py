@@ -41,6 +41,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--pre", action="store_true", help="walk pre-releases too")
     parser.add_argument("--linear", action="store_true", help="measure every version (a change that went back)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON (progress stays on stderr)")
+    parser.add_argument(
+        "--no-checkup", action="store_true", help="no check-up verdicts per version (they run before each first step)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads in each first step (default 1)")
     parser.add_argument("--cache", type=Path, default=None, help="where the side environments are kept")
@@ -85,6 +88,7 @@ def handle(args: argparse.Namespace) -> int:
             linear=args.linear,
             seed=args.seed,
             threads=args.threads,
+            checkup=not args.no_checkup,
             cache=args.cache,
         )
     except IndexUnavailable as error:

@@ -1,8 +1,10 @@
 """One recipe's first training step, recorded inside a side environment with that environment's own TRL.
 
 Usage: ``python first_step.py SPEC.json RESULT.json`` with the side environment's interpreter. Standalone: it
-imports torch, that environment's transformers, TRL and datasets, and the standard library, never
-``trl_clinic`` (today's code needs today's libraries; the old ones cannot import it).
+imports torch, that environment's transformers, TRL and datasets, and the standard library, never ``trl_clinic``
+(today's code may need today's libraries), so the record never depends on this project. The one exception is
+asked for by the spec and kept apart: the check-up's verdicts, imported from this project's source folder and run
+before the step (``checkup_verdicts``), which say "not run" where the version's libraries refuse it.
 
 The spec holds the recipe (``kind``: sft, dpo, reward or grpo, and the user's config as a dict), the seed and
 the thread count. The trainer is built by the version's own config class from the recipe's fields that class
@@ -29,6 +31,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import importlib
 import importlib.metadata
 import inspect
 import json
@@ -299,16 +302,51 @@ def pattern_name(sees) -> str:
     return f"causal ({length} tokens)" if starts == 1 else f"causal within {starts} sequences ({length} tokens)"
 
 
+def checkup_verdicts(trainer, source: str | None) -> dict | None:
+    """The check-up's verdicts on this version's trainer, just before its first step (where the check-up is meant
+    to run), by probe: status, the number it measured, and what it measured. The check-up is today's code, run
+    from this project's ``source`` folder put on the path (the side environment does not install it); the record
+    itself never depends on it. Where it cannot import or run beside this version's libraries, one entry says
+    so. Its probes leave the model, the optimizer and the random generators as they found them (its
+    ``view.untouched``), so the first step after it is the one recorded without it. None where not asked."""
+    if not source:
+        return None
+    sys.path.insert(0, source)
+    try:
+        report = importlib.import_module("trl_clinic.checkup").run_checkup(trainer, show=False)
+    except Exception as error:
+        return {"checkup": {"status": "not run", "value": None, "measured": f"{type(error).__name__}: {error}"[:300]}}
+    finally:
+        sys.path.remove(source)
+    return {
+        f.probe: {
+            "status": f.status,
+            "value": None if f.value is None else float(f.value),
+            "measured": f.measured or f.reason,
+        }
+        for f in report.findings
+        if f.status != "skipped"
+    }
+
+
 def recording(trainer_class):
     """The version's trainer with ``training_step`` and ``_prepare_inputs`` kept as they are, the losses returned,
     the inputs prepared (GRPO's batch is made there: generated, scored, then split) and the model's first forward
     call in a training step written down."""
 
     class Recording(trainer_class):
+        recording = False  # set by ``start_recording``: what the check-up's probes run before it is not written
+        first_forward = forward_hook = None
+
+        def start_recording(self):
+            self.recording, self.recorded_losses, self.prepared_batches = True, [], []
+            self.first_forward = self.forward_hook = None
+
         def _prepare_inputs(self, *args, **kwargs):
             inputs = super()._prepare_inputs(*args, **kwargs)
-            self.prepared_batches.append(tensors(inputs))
-            if self.first_forward is None and self.forward_hook is None:  # after GRPO's generation: the loss's forward
+            if self.recording:
+                self.prepared_batches.append(tensors(inputs))
+            if self.recording and self.first_forward is None and self.forward_hook is None:  # after GRPO's generation
                 self.forward_hook = self.model.register_forward_pre_hook(self._keep_first_forward, with_kwargs=True)
             return inputs
 
@@ -317,7 +355,8 @@ def recording(trainer_class):
             if self.forward_hook is not None:
                 self.forward_hook.remove()
                 self.forward_hook = None
-            self.recorded_losses.append(float(loss.detach().float()))
+            if self.recording:
+                self.recorded_losses.append(float(loss.detach().float()))
             return loss
 
         def _keep_first_forward(self, module, args, kwargs):
@@ -333,8 +372,9 @@ def record(spec: dict) -> dict:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trl-clinic-bisect-") as output_dir:
         trainer, notes = build(spec["kind"], spec["recipe"], spec["seed"], output_dir)
-        trainer.recorded_losses, trainer.prepared_batches, collated = [], [], []
-        trainer.first_forward = trainer.forward_hook = None
+        verdicts = checkup_verdicts(trainer, spec.get("checkup_source"))
+        trainer.start_recording()
+        collated = []
         collate = trainer.data_collator
 
         def collate_and_keep(features):
@@ -364,6 +404,7 @@ def record(spec: dict) -> dict:
             key: list(value.shape) for key, value in first.items() if "input_ids" in key or "completion_ids" in key
         },
         "attention": attention,
+        "verdicts": verdicts,
         "label_tokens": sum(label_tokens(batch) for batch in window),
         "micro_batches": len(window),
         "loss": sum(trainer.recorded_losses),

@@ -18,9 +18,14 @@ from trl_clinic.bisect.environments import CHILD_ENV
 SCRIPT = Path(__file__).with_name("first_step.py")
 
 
-def first_step_spec(kind: str, recipe: dict, *, seed: int = 0, threads: int = 1) -> dict:
-    """What the script reads: the trainer kind, the user's config as a dict, the seed and torch's threads."""
-    return {"kind": kind, "recipe": recipe, "seed": seed, "threads": threads}
+SOURCE = Path(__file__).parents[2]  # the folder holding trl_clinic: the script runs the check-up from there
+
+
+def first_step_spec(kind: str, recipe: dict, *, seed: int = 0, threads: int = 1, checkup: bool = True) -> dict:
+    """What the script reads: the trainer kind, the user's config as a dict, the seed, torch's threads, and where
+    to import the check-up from (None: no verdicts)."""
+    source = str(SOURCE) if checkup else None
+    return {"kind": kind, "recipe": recipe, "seed": seed, "threads": threads, "checkup_source": source}
 
 
 def record_first_step(python: Path, spec: dict, *, timeout: float = 900) -> tuple[dict | None, str]:

@@ -1,11 +1,12 @@
 """Comparing first-step records with the good end's, and searching a window for the first one that differs.
 
-A record differs in a *part*, named in the order a step computes it: the ``batch`` (input ids, labels,
-position ids and any other tensor the collator sends, hashed exactly), the ``mask`` (every attention mask, hashed
-exactly), the ``attention`` (which tokens of one row each token's output depends on, as the model's first forward
-of the loss measured it: what the mask builder made of the mask and the position ids), the ``label count`` (label
-tokens over the accumulation window) and the ``loss scale`` (the step's loss or gradient norm beyond the
-rounding bound). The first part that differs is the one named: a batch that changed changes everything after.
+A record differs in a *part*, named in the order a step computes it: the ``batch`` (input ids, labels, position ids
+and any other tensor the collator sends, hashed exactly), the ``mask`` (every attention mask, hashed exactly), the
+``attention`` (which tokens of one row each token's output depends on, as the model's first forward of the loss
+measured it: what the mask builder made of the mask and the position ids), the ``label count`` (label tokens over
+the accumulation window), the ``loss scale`` (the step's loss or gradient norm beyond the rounding bound) and a
+``verdict`` (a check-up probe that said ok, warn or fail at both ends, differently). The first part that differs is
+the one named: a batch that changed changes everything after.
 
 The search never measures a version twice and never counts an untestable one (a conflict, libraries that do
 not import, a failed build) as good or bad: binary search steps around it, and the result says which
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-PARTS = ("batch", "mask", "attention", "label count", "loss scale")
+PARTS = ("batch", "mask", "attention", "label count", "loss scale", "verdict")
 # Relative bound on the loss and the gradient norm between two records of the same weights and batch: the
 # worst case of a float32 sum of about 150 terms in another order (n * 2**-24 = 9e-6, a window's label tokens).
 # Measured (benchmarks/bisect_rounding.py, docs/bisect.md): the 24 orders of lesson 02's four micro-batches x
@@ -65,6 +66,18 @@ def attention_differs(good: dict, other: dict) -> bool:
     return a is not None and b is not None and a != b
 
 
+def changed_verdicts(good: dict, other: dict) -> list[str]:
+    """The probes whose verdict (ok, warn, fail) differs between the records; a probe that was skipped, crashed or
+    not run at either end is not compared (the check-up is today's code, and an old library can trip it)."""
+    a, b = good.get("verdicts") or {}, other.get("verdicts") or {}
+    said = ("ok", "warn", "fail")
+    return sorted(
+        probe
+        for probe in a.keys() & b.keys()
+        if a[probe]["status"] in said and b[probe]["status"] in said and a[probe]["status"] != b[probe]["status"]
+    )
+
+
 def differing_parts(good: dict, other: dict, bound: float = LOSS_BOUND) -> list[str]:
     """The parts in which ``other`` differs from ``good``, in the order a step computes them."""
     found = []
@@ -81,6 +94,8 @@ def differing_parts(good: dict, other: dict, bound: float = LOSS_BOUND) -> list[
         found.append("label count")
     if not (_close(good["loss"], other["loss"], bound) and _close(good["grad_norm"], other["grad_norm"], bound)):
         found.append("loss scale")
+    if changed_verdicts(good, other):
+        found.append("verdict")
     return found
 
 
