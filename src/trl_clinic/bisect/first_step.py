@@ -249,7 +249,7 @@ def tensors(batch: dict) -> dict:
     return {k: v.clone() for k, v in batch.items() if torch.is_tensor(v) and not torch.is_floating_point(v)}
 
 
-def attention_pattern(model, call: tuple[tuple, dict]) -> dict | None:
+def attention_pattern(model, call: tuple[tuple, dict] | None) -> dict | None:
     """Which tokens of one row each token's output depends on, in the first forward call of the loss in the first
     training step (``call``: its positional and keyword arguments), measured rather than read from the mask: copy k
     of the row has token k's input embedding nudged, and token q sees token k where q's last hidden state moved in
@@ -258,7 +258,9 @@ def attention_pattern(model, call: tuple[tuple, dict]) -> dict | None:
     arguments of the call that the body's forward names: the mask, the position ids and flags such as
     ``use_cache``, which decide what the mask builder does (transformers finds a packed row's sequences in its
     position ids only without a mask and without a cache). Tokens the row's 2-D mask leaves out (padding) are left
-    out. None where the call sent no token ids."""
+    out. None where the model was not called in the step or the call sent no token ids."""
+    if call is None:
+        return None
     args, kwargs = call
     input_ids = kwargs.get("input_ids", args[0] if args else None)
     if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
