@@ -412,6 +412,14 @@ def test_the_first_step_on_todays_stack_records_every_part():
     assert record["verdicts"]["accumulation"]["status"] == "ok"  # today's transformers: the window's label count
 
 
+def test_the_check_up_is_put_on_the_scripts_path_alone(tmp_path):
+    """Only a link to trl_clinic: the folder holding the package may be a site-packages whose other libraries would
+    shadow the side environment's."""
+    source = Path(records.checkup_source(tmp_path))
+    assert [p.name for p in source.iterdir()] == ["trl_clinic"]
+    assert (source / "trl_clinic" / "checkup" / "__init__.py").is_file()
+
+
 def test_the_check_up_runs_only_when_asked_and_leaves_the_record_as_it_was():
     spec = records.first_step_spec("sft", RECIPE, checkup=False)
     record, why = records.record_first_step(Path(sys.executable), spec)
