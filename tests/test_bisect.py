@@ -1,10 +1,12 @@
 """``trl-clinic bisect``: the window from an index listing, the search on fake records (monotone, changed back,
-untestable versions), the table, JSON and exit codes, the first-step script on today's stack, and (slow) lessons
-02's and 01's windows found for real: transformers 4.46.0 in the loss scale, trl 0.23.1 in the batch."""
+untestable versions, the number of builds), the table, JSON and exit codes, the first-step script on today's stack
+(SFT, DPO, reward, GRPO), and (slow) lessons 02's and 01's windows found for real: transformers 4.46.0 in the loss
+scale, trl 0.23.1 in the batch."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import math
 import subprocess
@@ -65,8 +67,36 @@ def test_the_listing_comes_from_pip_index_versions_with_pre_on_request():
 
 
 def test_a_listing_without_versions_is_an_error_that_says_what_pip_said():
-    with pytest.raises(ValueError, match="no such package"):
+    with pytest.raises(versions.IndexUnavailable, match="no such package"):
         versions.parse_index_listing("ERROR: no such package")
+
+
+UNREACHABLE = "ERROR: No matching distribution found for trl"  # pip 23.2's stderr, --index-url on a closed port
+
+
+def test_an_index_pip_cannot_read_is_an_index_failure_not_a_usage_error():
+    def fake_run(command, **kwargs):
+        return subprocess.CompletedProcess(command, 1, stdout="", stderr=UNREACHABLE)
+
+    with pytest.raises(versions.IndexUnavailable, match="No matching distribution") as raised:
+        versions.index_versions("trl", run=fake_run)
+    assert not isinstance(raised.value, ValueError)
+
+
+def test_an_index_failure_is_exit_code_3_and_says_so_in_json(tmp_path, monkeypatch, capsys):
+    def unreachable(package, pre=False):
+        raise versions.IndexUnavailable(f"pip could not list {package}'s versions: {UNREACHABLE}")
+
+    monkeypatch.setattr(runner.versions, "index_versions", unreachable)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("per_device_train_batch_size: 1\n")
+    argv = ["bisect", "sft", "--config", str(recipe), "--package", "trl", "--good", "0.18.2", "--bad", "0.19.1"]
+    assert cli.main([*argv, "--json"]) == 3
+    said = json.loads(capsys.readouterr().out)
+    assert said["exit_code"] == 3 and not said["decided"] and UNREACHABLE in said["verdict"]
+    assert cli.main(argv) == 3 and capsys.readouterr().out.startswith("undecided: trl's releases could not be listed")
+    backwards = [*argv[:-4], "--good", "0.19.1", "--bad", "0.18.2"]
+    assert cli.main(backwards) == 2  # the ends are checked before the index is asked
 
 
 def test_the_rest_of_the_stack_is_pinned_from_this_environment_and_overrides_win():
@@ -135,9 +165,23 @@ def test_libraries_that_do_not_import_together_make_the_version_unusable(tmp_pat
 # --- search on fake records -----------------------------------------------------------------------------------
 
 
-def fake_record(loss=4.8, grad_norm=0.9, labels=120, input_ids="a", mask="m") -> dict:
+CAUSAL = {"pattern": "causal (124 tokens)", "visible_pairs": 7750, "sha256": "c" * 64}
+BLOCKS = {"pattern": "causal within 4 sequences (124 tokens)", "visible_pairs": 2484, "sha256": "b" * 64}
+
+
+def verdicts(**statuses: str) -> dict:
+    """Check-up verdicts as a record holds them: packing ok and eos_label fail unless said otherwise."""
+    said = {"packing": "ok", "eos_label": "fail"} | statuses
+    return {probe: {"status": status, "value": None} for probe, status in said.items()}
+
+
+OK_VERDICTS = verdicts()
+
+
+def fake_record(loss=4.8, grad_norm=0.9, labels=120, input_ids="a", mask="m", attention=CAUSAL, said=None) -> dict:
     parts = {"input_ids": input_ids, "labels": input_ids, "position_ids": "absent", "attention_mask": mask}
-    return {"parts": parts, "batch_sha256": "f" * 64, "label_tokens": labels, "loss": loss, "grad_norm": grad_norm}
+    return {"parts": parts, "batch_sha256": "f" * 64, "label_tokens": labels, "loss": loss, "grad_norm": grad_norm,
+            "attention": attention, "verdicts": said or OK_VERDICTS}  # fmt: skip
 
 
 class FakeIndex:
@@ -168,22 +212,53 @@ def test_binary_search_finds_the_first_change_in_about_log2_n_measurements(first
     outcome = search.binary(WINDOW, fake)
     assert outcome.first == WINDOW[first_change] and outcome.last_same == WINDOW[first_change - 1]
     assert outcome.part == "loss scale" and outcome.exit_code == 1
-    assert len(fake.asked) <= 2 + math.ceil(math.log2(len(WINDOW)))  # the issue's 30 releases: at most 7
     assert len(set(fake.asked)) == len(fake.asked)  # no version measured twice
 
 
-def test_nothing_changed_is_exit_code_0():
+def test_a_30_release_window_costs_at_most_6_builds_wherever_the_change_is():
+    """Issue 48's cost: the good end and five halvings of the 30 answers left (a change at one of the 29 others,
+    or none). Measuring the bad end first, as the search once did, made it 7 (2 + ceil(log2 29))."""
+    asked = []
+    for first_change in range(1, len(WINDOW) + 1):  # len(WINDOW): nothing changed
+        fake = FakeIndex(monotone(first_change))
+        outcome = search.binary(WINDOW, fake)
+        assert outcome.first == (WINDOW[first_change] if first_change < len(WINDOW) else None)
+        assert len(set(fake.asked)) == len(fake.asked) and fake.asked[0] == WINDOW[0]
+        asked.append(len(fake.asked))
+    assert max(asked) == 6
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 17, 27, 31, 64, 100])
+def test_binary_search_measures_at_most_1_plus_ceil_log2_n_versions(n):
+    window = WINDOW[:n] if n <= len(WINDOW) else [f"2.{i}.0" for i in range(n)]
+    for first_change in range(1, n + 1):
+        records = {v: (fake_record(loss=9.6) if i >= first_change else fake_record()) for i, v in enumerate(window)}
+        fake = FakeIndex(records)
+        search.binary(window, fake)
+        assert len(fake.asked) <= 1 + math.ceil(math.log2(n))
+
+
+def test_nothing_changed_is_exit_code_0_once_the_bad_end_is_measured_the_same():
     fake = FakeIndex(monotone(len(WINDOW)))
     outcome = search.binary(WINDOW, fake)
-    assert outcome.first is None and outcome.exit_code == 0 and fake.asked == [WINDOW[0], WINDOW[-1]]
+    assert outcome.first is None and outcome.exit_code == 0 and fake.asked[-1] == WINDOW[-1]
+
+
+def test_nothing_changed_but_a_bad_end_that_cannot_be_built_is_undecided():
+    fake = FakeIndex(monotone(len(WINDOW)) | {WINDOW[-1]: "failed"})
+    outcome = search.binary(WINDOW, fake)
+    assert outcome.first is None and outcome.exit_code == 3
+    assert report.verdict(outcome, "trl").endswith(f"not measured: {WINDOW[-1]} (failed)")
 
 
 def test_a_change_that_went_back_is_missed_by_binary_search_and_shown_by_linear():
-    records = monotone(len(WINDOW)) | {v: fake_record(labels=99) for v in WINDOW[10:20]}
-    assert search.binary(WINDOW, FakeIndex(records)).exit_code == 0  # the ends agree: binary sees nothing
+    records = monotone(len(WINDOW)) | {v: fake_record(labels=99) for v in WINDOW[3:6]}
+    fake = FakeIndex(records)
+    assert search.binary(WINDOW, fake).exit_code == 0  # its halvings step over 3 to 5: binary sees nothing
+    assert not set(fake.asked) & set(WINDOW[3:6])
     outcome = search.linear(WINDOW, FakeIndex(records))
-    assert outcome.first == WINDOW[10] and outcome.part == "label count" and outcome.exit_code == 1
-    assert outcome.changed_back == WINDOW[20:]
+    assert outcome.first == WINDOW[3] and outcome.part == "label count" and outcome.exit_code == 1
+    assert outcome.changed_back == WINDOW[6:]
 
 
 def test_a_conflicting_version_is_stepped_around_and_never_counted_good_or_bad():
@@ -214,10 +289,11 @@ def test_a_good_end_that_cannot_be_measured_is_undecided_and_nothing_is_called_s
     assert search.linear(WINDOW, FakeIndex(records)).exit_code == 3
     outcome = search.binary(WINDOW, FakeIndex(records))
     assert outcome.exit_code == 3 and report.verdict(outcome, "trl").endswith(f"step failed for {WINDOW[0]}")
-    assert [line.split("|")[-2].strip() for line in report.table(outcome).splitlines()[2:]] == [
-        "step failed",
-        "not compared",
-    ]
+    assert verdict_column(outcome) == ["step failed"]  # nothing else is measured against no reference
+
+
+def verdict_column(outcome) -> list[str]:
+    return [line.split("|")[-2].strip() for line in report.table(outcome).splitlines()[2:]]
 
 
 @pytest.mark.parametrize(
@@ -225,6 +301,15 @@ def test_a_good_end_that_cannot_be_measured_is_undecided_and_nothing_is_called_s
     [
         (fake_record(input_ids="b", labels=99, loss=9.0), ["batch", "label count", "loss scale"]),
         (fake_record(mask="n"), ["mask"]),
+        (fake_record(attention=BLOCKS), ["attention"]),
+        (
+            fake_record(input_ids="b", mask="n", attention=BLOCKS, labels=119),
+            ["batch", "mask", "attention", "label count"],
+        ),
+        (fake_record(attention={"pattern": "not measured (TypeError)", "sha256": None}), []),  # not compared
+        (fake_record(said=verdicts(packing="fail")), ["verdict"]),
+        (fake_record(said=verdicts(packing="error")), []),  # the check-up crashed: not a verdict on the version
+        (fake_record(said={"checkup": {"status": "not run", "value": None}}), []),
         (fake_record(labels=119), ["label count"]),
         (fake_record(grad_norm=0.9 * (1 + 3 * search.LOSS_BOUND)), ["loss scale"]),
         (fake_record(loss=4.8 * (1 + search.LOSS_BOUND / 2)), []),
@@ -232,6 +317,22 @@ def test_a_good_end_that_cannot_be_measured_is_undecided_and_nothing_is_called_s
 )
 def test_parts_are_named_in_the_order_a_step_computes_them_and_rounding_is_not_a_change(changed, parts):
     assert search.differing_parts(fake_record(), changed) == parts
+
+
+def test_an_attention_change_is_named_with_both_patterns_and_shown_in_the_table():
+    outcome = search.binary(WINDOW, FakeIndex(monotone(9, fake_record(attention=BLOCKS))))
+    assert outcome.part == "attention" and outcome.first == WINDOW[9]
+    assert report.verdict(outcome, "trl").endswith(f"the attention ({CAUSAL['pattern']} -> {BLOCKS['pattern']})")
+    assert BLOCKS["pattern"] in report.table(outcome)
+
+
+def test_a_verdict_change_is_named_and_the_table_shows_the_loud_probes():
+    outcome = search.binary(WINDOW, FakeIndex(monotone(20, fake_record(loss=9.6, said=verdicts(packing="fail")))))
+    assert outcome.measured[WINDOW[20]].parts == ["loss scale", "verdict"]
+    assert report.change_detail(fake_record(), outcome.measured[WINDOW[20]].record, "verdict") == "packing ok -> fail"
+    assert report.verdict(outcome, "trl").endswith("; after it: verdict (packing ok -> fail)")
+    cells = [line.split("|")[8].strip() for line in report.table(outcome).splitlines()[2:]]  # the verdicts column
+    assert cells[0] == "eos_label fail" and cells[-1] == "packing fail, eos_label fail"
 
 
 # --- output ---------------------------------------------------------------------------------------------------
@@ -283,9 +384,9 @@ def test_usage_errors_are_exit_code_2(argv, capsys):
     assert code == 2
 
 
-def test_a_trainer_the_first_step_cannot_build_yet_is_a_usage_error():
-    with pytest.raises(ValueError, match="sft, dpo"):
-        runner.bisect("reward", {}, "trl", "0.18.2", "0.19.1", window=["0.18.2", "0.19.1"])
+def test_a_trainer_the_first_step_cannot_build_is_a_usage_error():
+    with pytest.raises(ValueError, match="sft, dpo, reward, grpo"):
+        runner.bisect("ppo", {}, "trl", "0.18.2", "0.19.1", window=["0.18.2", "0.19.1"])
 
 
 # --- the first-step script ------------------------------------------------------------------------------------
@@ -307,6 +408,56 @@ def test_the_first_step_on_todays_stack_records_every_part():
     assert set(record["parts"]) == {"input_ids", "labels", "position_ids", "attention_mask"}
     assert abs(record["loss"] - math.log(124)) < 0.05 * math.log(124)
     assert record["grad_norm"] > 0 and record["recipe_notes"]["ignored"] == ["max_seq_length"]
+    assert record["attention"]["pattern"] == f"causal ({record['shape']['input_ids'][1]} tokens)"
+    assert record["verdicts"]["accumulation"]["status"] == "ok"  # today's transformers: the window's label count
+
+
+def test_the_check_up_is_put_on_the_scripts_path_alone(tmp_path):
+    """Only a link to trl_clinic: the folder holding the package may be a site-packages whose other libraries would
+    shadow the side environment's."""
+    source = Path(records.checkup_source(tmp_path))
+    assert [p.name for p in source.iterdir()] == ["trl_clinic"]
+    assert (source / "trl_clinic" / "checkup" / "__init__.py").is_file()
+
+
+def test_the_check_up_runs_only_when_asked_and_leaves_the_record_as_it_was():
+    spec = records.first_step_spec("sft", RECIPE, checkup=False)
+    record, why = records.record_first_step(Path(sys.executable), spec)
+    assert record is not None and record["verdicts"] is None, why
+    asked, why = records.record_first_step(Path(sys.executable), records.first_step_spec("sft", RECIPE))
+    assert asked is not None, why
+    assert {key: asked[key] for key in ("parts", "loss", "grad_norm", "label_tokens", "attention")} == {
+        key: record[key] for key in ("parts", "loss", "grad_norm", "label_tokens", "attention")
+    }
+
+
+def first_step_module():
+    """The standalone script, imported as a module (it runs as a file in the side environments)."""
+    spec = importlib.util.spec_from_file_location("first_step", records.SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_patterns_are_named_causal_causal_within_sequences_or_other():
+    import torch
+
+    name = first_step_module().pattern_name
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    blocks = causal.clone()
+    blocks[2:, :2] = False  # two sequences: tokens 0-1, then 2-4
+    assert (name(causal), name(blocks)) == ("causal (5 tokens)", "causal within 2 sequences (5 tokens)")
+    assert name(torch.ones(5, 5, dtype=torch.bool)) == "other (25 of 25 pairs)"  # sees later tokens
+
+
+def test_a_packed_rows_attention_is_measured_from_the_models_forward():
+    """Padding-free on today's stack (no mask, position ids restarting, use_cache off in TRL's SFT loss): each
+    token's output moves only with its own sequence's tokens, four sequences in the packed row; trl 0.23.0 beside
+    transformers 4.57.1 gave ``causal (124 tokens)`` on this row, the contamination lesson 01 draws."""
+    recipe = {"per_device_train_batch_size": 4, "padding_free": True, "max_length": None}
+    record, why = records.record_first_step(Path(sys.executable), records.first_step_spec("sft", recipe))
+    assert record is not None, why
+    assert record["attention"]["pattern"] == "causal within 4 sequences (124 tokens)"
 
 
 def test_a_dpo_first_step_scores_the_reference_weights():
@@ -317,6 +468,31 @@ def test_a_dpo_first_step_scores_the_reference_weights():
     assert record is not None, why
     assert abs(record["loss"] - math.log(2)) < 1e-6 and record["grad_norm"] > 0 and record["label_tokens"] > 0
     assert any("attention_mask" in key and digest != "absent" for key, digest in record["parts"].items())
+
+
+def test_a_reward_first_step_scores_the_pairs_with_a_one_label_head():
+    """The score head is drawn at std 0.02 like every weight, so both rewards are near 0 and the first loss,
+    -log sigmoid(chosen - rejected), is near log 2; the batch holds the chosen and rejected ids, no labels."""
+    spec = records.first_step_spec("reward", {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2})
+    record, why = records.record_first_step(Path(sys.executable), spec)
+    assert record is not None, why
+    assert abs(record["loss"] - math.log(2)) < 0.05 and record["grad_norm"] > 0 and record["micro_batches"] == 2
+    assert record["parts"]["labels"] == "absent" and record["label_tokens"] == 0
+    assert any("input_ids" in key and digest != "absent" for key, digest in record["parts"].items())
+
+
+def test_a_grpo_first_step_records_the_generated_batch_and_its_reference_is_the_policy():
+    """The batch is what GRPO generated (completion ids and mask, sampled from the seed: the same twice); with
+    beta > 0 the reference is loaded from the policy's saved copy, so the KL term is 0 and the loss is beta 0's."""
+    recipe = {"per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 16}
+    plain, why = records.record_first_step(Path(sys.executable), records.first_step_spec("grpo", recipe))
+    assert plain is not None, why
+    kl, why = records.record_first_step(Path(sys.executable), records.first_step_spec("grpo", recipe | {"beta": 0.04}))
+    assert kl is not None, why
+    assert plain["parts"]["completion_ids"] != "absent" and plain["shape"]["completion_ids"] == [4, 16]
+    assert 0 < plain["label_tokens"] <= 4 * 16  # the completion mask: tokens up to each completion's end
+    assert kl["batch_sha256"] == plain["batch_sha256"] and kl["loss"] == plain["loss"]
+    assert search.differing_parts(plain, kl) == [] and plain["grad_norm"] > 0
 
 
 def test_a_first_step_that_fails_says_the_exception_on_its_first_line():
@@ -330,20 +506,28 @@ def test_a_first_step_that_fails_says_the_exception_on_its_first_line():
 @pytest.mark.slow
 def test_lesson_02s_window_is_found_unaided():
     """transformers 4.45.0 good, 4.46.0 bad, TRL 0.11.4 beside both (the pins of era 02-transformers-4.45): the
-    first change is 4.46.0, in the loss scale (the window's label count reaches the loss), not the batch."""
+    first change is 4.46.0, in the loss scale (the window's label count reaches the loss), not the batch, and the
+    check-up's accumulation verdict goes from fail to ok."""
     pins = ["trl==0.11.4", "peft==0.13.2", "accelerate==1.0.1", "datasets", "rich"]
     outcome = runner.bisect("sft", RECIPE, "transformers", "4.45.0", "4.46.0", pins=pins)
     assert (outcome.first, outcome.last_same, outcome.part) == ("4.46.0", "4.45.2", "loss scale")
-    assert outcome.measured["4.46.0"].parts == ["loss scale"] and outcome.exit_code == 1
+    assert outcome.measured["4.46.0"].parts == ["loss scale", "verdict"] and outcome.exit_code == 1
+    said = {v: outcome.measured[v].record["verdicts"]["accumulation"]["status"] for v in ("4.45.2", "4.46.0")}
+    assert said == {"4.45.2": "fail", "4.46.0": "ok"}  # the check-up's accumulation probe, run in each version
 
 
 @pytest.mark.slow
 def test_lesson_01s_padding_free_window_is_found_unaided():
     """trl 0.19.0 good (its padding-free collator sends the packed row with a ones mask and no position ids, so on sdpa
     every token sees the earlier sequences), 0.24.0 bad, transformers 4.57.1 beside both: the first change is 0.23.1,
-    in the batch (position ids sent, the labels at each sequence's start masked), then the mask."""
+    in the batch (position ids sent, the labels at each sequence's start masked), then the mask, then the attention
+    (every token saw the earlier sequences of the packed row; from 0.23.1 only its own)."""
     recipe = {"per_device_train_batch_size": 4, "padding_free": True, "max_length": None, "max_seq_length": None}
     pins = ["transformers==4.57.1", "accelerate", "peft", "datasets", "rich"]
     outcome = runner.bisect("sft", recipe, "trl", "0.19.0", "0.24.0", pins=pins)
     assert (outcome.first, outcome.last_same, outcome.part) == ("0.23.1", "0.23.0", "batch")
-    assert outcome.measured["0.23.1"].parts == ["batch", "mask", "label count", "loss scale"]
+    assert outcome.measured["0.23.1"].parts == ["batch", "mask", "attention", "label count", "loss scale", "verdict"]
+    assert outcome.measured["0.23.0"].record["attention"]["pattern"] == "causal (124 tokens)"
+    assert outcome.measured["0.23.1"].record["attention"]["pattern"] == "causal within 4 sequences (124 tokens)"
+    said = {v: outcome.measured[v].record["verdicts"]["packing"]["status"] for v in ("0.23.0", "0.23.1")}
+    assert said == {"0.23.0": "fail", "0.23.1": "ok"}  # the check-up's packing probe, run in each version

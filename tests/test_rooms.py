@@ -22,6 +22,10 @@ FORBIDDEN = {
     "watch": ("trl_clinic.course", "trl_clinic.checkup", "trl_clinic.bisect"),
     "bisect": ("trl_clinic.course", "trl_clinic.checkup", "trl_clinic.watch"),
 }
+# The one sibling import allowed, by file and name: bisect's first-step script, which runs as a program in each
+# side environment (never imported by the bisect package), runs the check-up there on that version's trainer,
+# because issue 48's record holds the check-up's verdicts per version. The bisect package itself imports none.
+ALLOWED = {"bisect/first_step.py": ("trl_clinic.checkup",)}
 
 
 def _module(path: Path) -> str:
@@ -76,7 +80,12 @@ def test_the_library_never_imports_the_course(path):
 @pytest.mark.parametrize("path", LIBRARY, ids=[str(p.relative_to(PACKAGE)) for p in LIBRARY])
 def test_checkup_and_watch_are_siblings_over_probes(path):
     forbidden = FORBIDDEN[_room(path)]
-    found = sorted(name for name in imported(path) if any(name == f or name.startswith(f + ".") for f in forbidden))
+    allowed = ALLOWED.get(str(path.relative_to(PACKAGE)), ())
+    found = sorted(
+        name
+        for name in imported(path)
+        if any(name == f or name.startswith(f + ".") for f in forbidden) and name not in allowed
+    )
     assert not found, f"{path.relative_to(PACKAGE)} ({_room(path)}) imports {found}"
 
 

@@ -8,10 +8,12 @@
 
 Each version gets a side environment (uv, cached; ``trl_clinic.probes.environments``, shared with the
 course's eras) with the rest of the stack pinned from this environment, and the recipe's trainer is built
-there by that version's own TRL (``first_step.py``, standalone). A record is the first collated batch's
-hashes, the label tokens, and the first step's loss and gradient norm at learning rate 0; the search compares
-each with the good end's (``search``). A sibling of the check-up and the watch over ``probes``: it imports
-neither, nor the course. Importing it loads no torch.
+there by that version's own TRL (``first_step.py``, standalone). A record is the first batch's hashes, the
+attention pattern of one row, the label tokens, and the first step's loss and gradient norm at learning rate 0
+(SFT, DPO, reward or GRPO), with the check-up's verdicts on that version's trainer; the search compares each
+with the good end's (``search``). A sibling of the check-up and the watch over ``probes``: it imports neither,
+nor the course (the check-up runs inside each side environment, from this project's source). Importing it loads
+no torch.
 """
 
 from trl_clinic.bisect.report import table, to_json, verdict

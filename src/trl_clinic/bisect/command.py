@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-TRAINER_KINDS = ("sft", "dpo", "reward", "grpo")
+TRAINER_KINDS = ("sft", "dpo", "reward", "grpo")  # what first_step.py builds (its TRAINERS)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -26,7 +26,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         epilog="example: trl-clinic bisect sft --config recipe.yaml --package transformers --good 4.45.0 "
         "--bad 4.46.0 --pin trl==0.11.4 --pin peft==0.13.2 --pin accelerate==1.0.1 --pin datasets --pin rich",
     )
-    parser.add_argument("kind", choices=TRAINER_KINDS, help="the trainer the recipe builds (sft and dpo so far)")
+    parser.add_argument("kind", choices=TRAINER_KINDS, help="the trainer the recipe builds")
     parser.add_argument("--config", type=Path, required=True, help="the recipe: a `trl <kind> --config` YAML")
     parser.add_argument("--package", required=True, help="the package that moves (trl, transformers, ...)")
     parser.add_argument("--good", required=True, help="a version whose first step is the reference")
@@ -41,6 +41,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--pre", action="store_true", help="walk pre-releases too")
     parser.add_argument("--linear", action="store_true", help="measure every version (a change that went back)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON (progress stays on stderr)")
+    parser.add_argument(
+        "--no-checkup", action="store_true", help="no check-up verdicts per version (they run before each first step)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads in each first step (default 1)")
     parser.add_argument("--cache", type=Path, default=None, help="where the side environments are kept")
@@ -57,23 +60,39 @@ def read_recipe(path: Path) -> dict:
     return recipe
 
 
+def unlisted(args: argparse.Namespace, why: str) -> int:
+    """Exit code 3: the index did not list the window, so nothing was measured (said as JSON with ``--json``)."""
+    said = f"undecided: {args.package}'s releases could not be listed: {why}"
+    if args.json:
+        listed = {"package": args.package, "good": args.good, "bad": args.bad, "decided": False, "exit_code": 3}
+        print(json.dumps(listed | {"verdict": said}, indent=1))
+    else:
+        print(said)
+    return 3
+
+
 def handle(args: argparse.Namespace) -> int:
     from trl_clinic.bisect.report import table, to_json, verdict
     from trl_clinic.bisect.runner import bisect
+    from trl_clinic.bisect.versions import IndexUnavailable
 
-    outcome = bisect(
-        args.kind,
-        read_recipe(args.config),
-        args.package,
-        args.good,
-        args.bad,
-        pins=args.pin,
-        pre=args.pre,
-        linear=args.linear,
-        seed=args.seed,
-        threads=args.threads,
-        cache=args.cache,
-    )
+    try:
+        outcome = bisect(
+            args.kind,
+            read_recipe(args.config),
+            args.package,
+            args.good,
+            args.bad,
+            pins=args.pin,
+            pre=args.pre,
+            linear=args.linear,
+            seed=args.seed,
+            threads=args.threads,
+            checkup=not args.no_checkup,
+            cache=args.cache,
+        )
+    except IndexUnavailable as error:
+        return unlisted(args, str(error))
     if args.json:
         print(json.dumps(to_json(outcome, args.package), indent=1))
     else:

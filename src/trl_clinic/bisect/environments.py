@@ -34,6 +34,8 @@ CACHE_ENV = "TRL_CLINIC_CACHE"
 IMPORTS = {
     "sft": ("torch", "transformers", "datasets", "trl:SFTTrainer"),
     "dpo": ("torch", "transformers", "datasets", "trl:DPOTrainer"),
+    "reward": ("torch", "transformers", "datasets", "trl:RewardTrainer"),
+    "grpo": ("torch", "transformers", "datasets", "trl:GRPOTrainer"),
 }
 # read at the build (the import check); every one is required by a first step (the record reads the rest)
 REPORTED = ("torch", "transformers", "trl", "accelerate", "datasets")

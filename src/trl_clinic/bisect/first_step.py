@@ -1,24 +1,29 @@
 """One recipe's first training step, recorded inside a side environment with that environment's own TRL.
 
 Usage: ``python first_step.py SPEC.json RESULT.json`` with the side environment's interpreter. Standalone: it
-imports torch, that environment's transformers, TRL and datasets, and the standard library, never
-``trl_clinic`` (today's code needs today's libraries; the old ones cannot import it).
+imports torch, that environment's transformers, TRL and datasets, and the standard library, never ``trl_clinic``
+(today's code may need today's libraries), so the record never depends on this project. The one exception is
+asked for by the spec and kept apart: the check-up's verdicts, imported from this project's source folder and run
+before the step (``checkup_verdicts``), which say "not run" where the version's libraries refuse it.
 
-The spec holds the recipe (``kind``: sft or dpo, and the user's config as a dict), the seed and the thread count.
-The trainer is built by the version's own config class from the recipe's fields that class knows (the others
-are listed, not guessed at), on a tiny Llama built from a config whose weights are drawn here from the seed,
-one generator per parameter name, so that every transformers version starts from the same numbers whatever
-its own initialisation does. The data are synthetic sentences of varied length over a fixed word-level
-vocabulary (no hub, no tokenizer download). What is changed in the recipe is what a record needs: learning
-rate 0 (every version scores the same weights), one optimizer step, the CPU in float32, no checkpointing, no
-NaN filter on the log.
+The spec holds the recipe (``kind``: sft, dpo, reward or grpo, and the user's config as a dict), the seed and
+the thread count. The trainer is built by the version's own config class from the recipe's fields that class
+knows (the others are listed, not guessed at), on a tiny Llama built from a config whose weights are drawn here
+from the seed, one generator per parameter name, so that every transformers version starts from the same numbers
+whatever its own initialisation does (a reward model: the same body with a one-label ``score`` head). The data
+are synthetic, over a fixed word-level vocabulary (no hub, no tokenizer download): sentences of varied length
+(SFT), prompt/chosen/rejected pairs (DPO, and reward with each answer after its prompt), prompts (GRPO, rewarded
+by the completion's length in words, its completions sampled from the seed). What is changed in the recipe is
+what a record needs: learning rate 0 (every version scores the same weights), one optimizer step, the CPU in
+float32, no checkpointing, no NaN filter on the log.
 
-Recorded: a hash of each tensor of the first collated batch (input ids, labels, position ids, attention mask:
-"absent" where the collator sends none; a DPO batch's chosen and rejected tensors under their own names), the
-label tokens over the first step's accumulation window (labels other than -100; where a batch has no labels, its
-completion mask), the step's loss (the sum of what
-``Trainer.training_step`` returned over the window: the number the Trainer logs, before its rounding) and
-the gradient norm the Trainer logs (before clipping).
+Recorded: a hash of each integer tensor of the first batch (input ids, labels, position ids, attention mask:
+"absent" where the batch has none; a DPO batch's chosen and rejected tensors under their own names): the collated
+batch, or for GRPO the generated one its ``_prepare_inputs`` returns (prompt and completion ids and masks). Then
+the label tokens over the first step's accumulation window (labels other than -100; where a batch has no labels,
+its completion mask), the step's loss (the sum of what ``Trainer.training_step`` returned over the window: the
+number the Trainer logs, before its rounding), the gradient norm the Trainer logs (before clipping), and the
+attention pattern of one row in the first forward of the loss (``attention_pattern``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import importlib
 import importlib.metadata
 import inspect
 import json
@@ -43,6 +49,7 @@ SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>")
 VERSIONS = ("torch", "transformers", "trl", "accelerate", "peft", "datasets", "tokenizers")
 MODEL_KEYS = ("attn_implementation",)  # the recipe's model arguments the tiny model takes
 MODEL_SIZE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+GENERATES = ("grpo",)  # kinds whose batch is generated in ``_prepare_inputs``, not collated (GRPO's collator: identity)
 
 
 def tokenizer():
@@ -56,7 +63,12 @@ def tokenizer():
     inner = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
     inner.pre_tokenizer = WhitespaceSplit()
     wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=inner, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>"
+        tokenizer_object=inner,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        bos_token="<bos>",
+        unk_token="<unk>",
+        model_input_names=["input_ids", "attention_mask"],  # a Llama tokenizer's: no token type ids to generate()
     )
     wrapped.model_max_length = 512
     return wrapped
@@ -68,9 +80,10 @@ def texts(seed: int, count: int = 64) -> list[str]:
     return [" ".join(draw.choice(WORDS) for _ in range(draw.randint(3, 60))) for _ in range(count)]
 
 
-def tiny_llama(seed: int, vocab_size: int, attn_implementation: str):
-    """A two-layer Llama whose every weight is drawn from ``seed`` and the parameter's name (norms at one)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_llama(seed: int, vocab_size: int, attn_implementation: str, *, scores: bool = False):
+    """A two-layer Llama whose every weight is drawn from ``seed`` and the parameter's name (norms at one); with
+    ``scores``, the one-label sequence classifier a reward model is (its head is ``score``, drawn the same way)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -81,9 +94,10 @@ def tiny_llama(seed: int, vocab_size: int, attn_implementation: str):
         bos_token_id=2,
         tie_word_embeddings=False,
         attn_implementation=attn_implementation,
+        **({"num_labels": 1} if scores else {}),
         **MODEL_SIZE,
     )
-    model = LlamaForCausalLM(config)
+    model = (LlamaForSequenceClassification if scores else LlamaForCausalLM)(config)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if parameter.ndim == 1:
@@ -150,21 +164,74 @@ def pairs(seed: int, count: int = 64) -> dict[str, list[str]]:
     return {"prompt": [r[0] for r in rows], "chosen": [r[1] for r in rows], "rejected": [r[2] for r in rows]}
 
 
+def completion_words(completions, **kwargs) -> list[float]:
+    """GRPO's reward: a completion's length in words (plain text or the last message's), so a group's completions
+    score differently and their advantages are not all zero."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [float(len(text.split())) for text in texts]
+
+
+TRAINERS = {  # kind: the names of its config and trainer classes in ``trl``
+    "sft": ("SFTConfig", "SFTTrainer"),
+    "dpo": ("DPOConfig", "DPOTrainer"),
+    "reward": ("RewardConfig", "RewardTrainer"),
+    "grpo": ("GRPOConfig", "GRPOTrainer"),
+}
+
+
+def dataset(kind: str, seed: int, tok) -> dict[str, list]:
+    """SFT: sentences; DPO: prompt, chosen, rejected; reward: each answer after its prompt (TRL's implicit-prompt
+    preference format), tokenized here too for a TRL that reads only tokenized pairs; GRPO: prompts only."""
+    if kind == "sft":
+        return {"text": texts(seed)}
+    rows = pairs(seed)
+    if kind == "grpo":
+        return {"prompt": rows["prompt"]}
+    if kind == "dpo":
+        return rows
+    chosen_rejected = {key: [p + a for p, a in zip(rows["prompt"], rows[key])] for key in ("chosen", "rejected")}
+    return chosen_rejected | (tokenized_pairs(chosen_rejected, tok) if reads_only_tokenized_pairs() else {})
+
+
+def reads_only_tokenized_pairs() -> bool:
+    """trl 0.11.4's RewardTrainer raised on text pairs ("The features should include `input_ids_chosen`, ..."),
+    0.12.0's tokenizes them itself (measured here; no release lies between them)."""
+    import trl
+    from packaging.version import Version
+
+    return Version(trl.__version__) < Version("0.12.0")
+
+
+def tokenized_pairs(rows: dict[str, list[str]], tok) -> dict[str, list]:
+    """The columns that TRL's RewardDataCollatorWithPadding read before 0.12, tokenized as 0.12's RewardTrainer does."""
+    columns = {}
+    for key in ("chosen", "rejected"):
+        encoded = tok(rows[key])
+        columns[f"input_ids_{key}"], columns[f"attention_mask_{key}"] = encoded["input_ids"], encoded["attention_mask"]
+    return columns
+
+
 def build(kind: str, recipe: dict, seed: int, output_dir: str):
     """The version's own trainer and config for ``kind``, on the tiny model, the tokenizer and the data."""
     import trl
     from datasets import Dataset
 
-    config_class, trainer_class = {"sft": (trl.SFTConfig, trl.SFTTrainer), "dpo": (trl.DPOConfig, trl.DPOTrainer)}[kind]
+    config_name, trainer_name = TRAINERS[kind]
+    config_class, trainer_class = getattr(trl, config_name), getattr(trl, trainer_name)
     tok = tokenizer()
-    model = tiny_llama(seed, len(tok), recipe.get("attn_implementation") or "sdpa")
+    model = tiny_llama(seed, len(tok), recipe.get("attn_implementation") or "sdpa", scores=kind == "reward")
     args, notes = training_config(config_class, recipe, seed, output_dir)
     takes = inspect.signature(trainer_class.__init__).parameters
     tokenizer_argument = "processing_class" if "processing_class" in takes else "tokenizer"
-    data = Dataset.from_dict({"text": texts(seed)} if kind == "sft" else pairs(seed))
     given = {tokenizer_argument: tok}
     if kind == "dpo":  # the reference: the same weights (TRL would load it from the model's hub id, which has none)
         given["ref_model"] = copy.deepcopy(model)
+    if kind == "grpo":
+        given["reward_funcs"] = completion_words
+        # with beta > 0 GRPO loads its reference from the policy's name: a saved copy of the same weights
+        model.save_pretrained(f"{output_dir}/policy")
+        model.config._name_or_path = f"{output_dir}/policy"
+    data = Dataset.from_dict(dataset(kind, seed, tok))
     trainer = recording(trainer_class)(model=model, args=args, train_dataset=data, **given)
     return trainer, notes
 
@@ -175,14 +242,128 @@ def label_tokens(batch: dict) -> int:
     return sum(int((batch[key] != -100).sum()) if key.endswith("labels") else int(batch[key].sum()) for key in counted)
 
 
+def tensors(batch: dict) -> dict:
+    """A batch's integer and boolean tensors, copied: the ids, labels and masks a batch hash compares exactly
+    (floating tensors, such as GRPO's advantages and log-probs, are computed and reach the loss, compared within
+    the rounding bound)."""
+    return {k: v.clone() for k, v in batch.items() if torch.is_tensor(v) and not torch.is_floating_point(v)}
+
+
+def attention_pattern(model, call: tuple[tuple, dict] | None) -> dict | None:
+    """Which tokens of one row each token's output depends on, in the first forward call of the loss in the first
+    training step (``call``: its positional and keyword arguments), measured rather than read from the mask: copy k
+    of the row has token k's input embedding nudged, and token q sees token k where q's last hidden state moved in
+    copy k (a masked key's weight is exactly 0, so it moves nothing). The call's first row is replayed through the
+    model's body (``base_model``: the heads, and forwards TRL patches over them, do not build masks) with the
+    arguments of the call that the body's forward names: the mask, the position ids and flags such as
+    ``use_cache``, which decide what the mask builder does (transformers finds a packed row's sequences in its
+    position ids only without a mask and without a cache). Tokens the row's 2-D mask leaves out (padding) are left
+    out. None where the model was not called in the step or the call sent no token ids."""
+    if call is None:
+        return None
+    args, kwargs = call
+    input_ids = kwargs.get("input_ids", args[0] if args else None)
+    if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
+        return None
+    body = model.base_model
+    rows, length = input_ids.shape
+    copies = length + 1
+    named = inspect.signature(body.forward).parameters
+    replay = {key: value for key, value in kwargs.items() if key in named and key not in ("input_ids", "inputs_embeds")}
+    for key, value in replay.items():
+        if torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == rows:
+            replay[key] = value[:1].repeat(copies, *[1] * (value.dim() - 1))
+    nudged = torch.arange(length)
+    embeddings = model.get_input_embeddings()(input_ids[:1]).detach().repeat(copies, 1, 1)
+    embeddings[nudged + 1, nudged] += 1.0
+    body.train()  # as in the training step (dropout is 0 in the tiny model)
+    with torch.no_grad():
+        hidden = body(inputs_embeds=embeddings, **replay)[0]
+    sees = (hidden[1:] != hidden[:1]).any(-1).T  # sees[q, k]: q's output moved when k was nudged
+    mask = kwargs.get("attention_mask")
+    if torch.is_tensor(mask) and mask.dim() == 2:
+        real = mask[0].bool()
+        sees = sees[real][:, real]
+    return {
+        "pattern": pattern_name(sees),
+        "visible_pairs": int(sees.sum()),
+        "sha256": hashlib.sha256(str(tuple(sees.shape)).encode() + sees.numpy().tobytes()).hexdigest(),
+    }
+
+
+def pattern_name(sees) -> str:
+    """``causal`` when each token sees itself and every earlier token, ``causal within N sequences`` when each sees
+    back to its own sequence's start only, ``other`` otherwise (with the count of pairs seen)."""
+    starts = 0
+    for query, row in enumerate(sees):
+        seen = row.nonzero().flatten().tolist()
+        if not seen or seen != list(range(seen[0], query + 1)):
+            return f"other ({int(sees.sum())} of {sees.numel()} pairs)"
+        starts += seen[0] == query
+    length = len(sees)
+    return f"causal ({length} tokens)" if starts == 1 else f"causal within {starts} sequences ({length} tokens)"
+
+
+def checkup_verdicts(trainer, source: str | None) -> dict | None:
+    """The check-up's verdicts on this version's trainer, just before its first step (where the check-up is meant
+    to run), by probe: status, the number it measured, and what it measured. The check-up is today's code, run
+    from this project's ``source`` folder put on the path (the side environment does not install it); the record
+    itself never depends on it. Where it cannot import or run beside this version's libraries, one entry says
+    so. Its probes leave the model, the optimizer and the random generators as they found them (its
+    ``view.untouched``), so the first step after it is the one recorded without it. None where not asked."""
+    if not source:
+        return None
+    sys.path.insert(0, source)
+    try:
+        report = importlib.import_module("trl_clinic.checkup").run_checkup(trainer, show=False)
+    except Exception as error:
+        return {"checkup": {"status": "not run", "value": None, "measured": f"{type(error).__name__}: {error}"[:300]}}
+    finally:
+        sys.path.remove(source)
+    return {
+        f.probe: {
+            "status": f.status,
+            "value": None if f.value is None else float(f.value),
+            "measured": f.measured or f.reason,
+        }
+        for f in report.findings
+        if f.status != "skipped"
+    }
+
+
 def recording(trainer_class):
-    """The version's trainer with ``training_step`` kept as is, its returned losses written down."""
+    """The version's trainer with ``training_step`` and ``_prepare_inputs`` kept as they are, the losses returned,
+    the inputs prepared (GRPO's batch is made there: generated, scored, then split) and the model's first forward
+    call in a training step written down."""
 
     class Recording(trainer_class):
+        recording = False  # set by ``start_recording``: what the check-up's probes run before it is not written
+        first_forward = forward_hook = None
+
+        def start_recording(self):
+            self.recording, self.recorded_losses, self.prepared_batches = True, [], []
+            self.first_forward = self.forward_hook = None
+
+        def _prepare_inputs(self, *args, **kwargs):
+            inputs = super()._prepare_inputs(*args, **kwargs)
+            if self.recording:
+                self.prepared_batches.append(tensors(inputs))
+            if self.recording and self.first_forward is None and self.forward_hook is None:  # after GRPO's generation
+                self.forward_hook = self.model.register_forward_pre_hook(self._keep_first_forward, with_kwargs=True)
+            return inputs
+
         def training_step(self, *args, **kwargs):
             loss = super().training_step(*args, **kwargs)
-            self.recorded_losses.append(float(loss.detach().float()))
+            if self.forward_hook is not None:
+                self.forward_hook.remove()
+                self.forward_hook = None
+            if self.recording:
+                self.recorded_losses.append(float(loss.detach().float()))
             return loss
+
+        def _keep_first_forward(self, module, args, kwargs):
+            if self.first_forward is None:
+                self.first_forward = (args, dict(kwargs))
 
     return Recording
 
@@ -193,19 +374,27 @@ def record(spec: dict) -> dict:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trl-clinic-bisect-") as output_dir:
         trainer, notes = build(spec["kind"], spec["recipe"], spec["seed"], output_dir)
-        trainer.recorded_losses = []
-        batches = []
+        verdicts = checkup_verdicts(trainer, spec.get("checkup_source"))
+        trainer.start_recording()
+        collated = []
         collate = trainer.data_collator
 
         def collate_and_keep(features):
             batch = collate(features)
-            batches.append({key: value.clone() for key, value in batch.items() if torch.is_tensor(value)})
+            collated.append(tensors(batch))
             return batch
 
-        trainer.data_collator = collate_and_keep
+        generated = spec["kind"] in GENERATES
+        if not generated:
+            trainer.data_collator = collate_and_keep
         trainer.train()
+        batches = trainer.prepared_batches if generated else collated
         window = batches[: trainer.args.gradient_accumulation_steps]
         logged = next((entry for entry in trainer.state.log_history if "loss" in entry), {})
+        try:
+            attention = attention_pattern(trainer.model, trainer.first_forward)
+        except Exception as error:  # a replay this version's model refuses: the rest of the record still stands
+            attention = {"pattern": f"not measured ({type(error).__name__}: {str(error)[:160]})", "sha256": None}
     first = window[0]
     parts = {key: "absent" for key in BATCH_KEYS} | {key: tensor_digest(value) for key, value in first.items()}
     grad_norm = logged.get("grad_norm")
@@ -213,7 +402,11 @@ def record(spec: dict) -> dict:
         "versions": {name: _version(name) for name in VERSIONS},
         "parts": parts,
         "batch_sha256": hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest(),
-        "shape": {key: list(value.shape) for key, value in first.items() if "input_ids" in key},
+        "shape": {
+            key: list(value.shape) for key, value in first.items() if "input_ids" in key or "completion_ids" in key
+        },
+        "attention": attention,
+        "verdicts": verdicts,
         "label_tokens": sum(label_tokens(batch) for batch in window),
         "micro_batches": len(window),
         "loss": sum(trainer.recorded_losses),

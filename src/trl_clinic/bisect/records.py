@@ -16,18 +16,31 @@ from pathlib import Path
 from trl_clinic.bisect.environments import CHILD_ENV
 
 SCRIPT = Path(__file__).with_name("first_step.py")
+PACKAGE = Path(__file__).parents[1]  # trl_clinic's folder: the script runs the check-up from it
 
 
-def first_step_spec(kind: str, recipe: dict, *, seed: int = 0, threads: int = 1) -> dict:
-    """What the script reads: the trainer kind, the user's config as a dict, the seed and torch's threads."""
-    return {"kind": kind, "recipe": recipe, "seed": seed, "threads": threads}
+def first_step_spec(kind: str, recipe: dict, *, seed: int = 0, threads: int = 1, checkup: bool = True) -> dict:
+    """What the script reads: the trainer kind, the user's config as a dict, the seed, torch's threads, and
+    whether to run the check-up first (``record_first_step`` says where it is)."""
+    return {"kind": kind, "recipe": recipe, "seed": seed, "threads": threads, "checkup": checkup}
+
+
+def checkup_source(folder: Path) -> str:
+    """A folder holding only a link named ``trl_clinic`` to this package, for the script's path: the folder that
+    holds the package itself may be a site-packages, whose other libraries must not shadow the side
+    environment's."""
+    source = folder / "source"
+    source.mkdir()
+    (source / "trl_clinic").symlink_to(PACKAGE, target_is_directory=True)
+    return str(source)
 
 
 def record_first_step(python: Path, spec: dict, *, timeout: float = 900) -> tuple[dict | None, str]:
     """``(record, "")`` from the script run by ``python``, or ``(None, why)`` when it failed."""
     with tempfile.TemporaryDirectory(prefix="trl-clinic-bisect-") as folder:
         spec_path, result_path = Path(folder) / "spec.json", Path(folder) / "record.json"
-        spec_path.write_text(json.dumps(spec))
+        source = checkup_source(Path(folder)) if spec.get("checkup") else None
+        spec_path.write_text(json.dumps(spec | {"checkup_source": source}))
         try:
             done = subprocess.run(
                 [str(python), str(SCRIPT), str(spec_path), str(result_path)],

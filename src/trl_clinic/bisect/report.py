@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
-from trl_clinic.bisect.search import LOSS_BOUND, Measured, Outcome
+from trl_clinic.bisect.search import LOSS_BOUND, Measured, Outcome, changed_verdicts
 
-COLUMNS = ("version", "build", "batch", "label tokens", "loss", "grad norm", "seconds", "vs good")
+COLUMNS = (
+    "version",
+    "build",
+    "batch",
+    "attention",
+    "label tokens",
+    "loss",
+    "grad norm",
+    "verdicts",
+    "seconds",
+    "vs good",
+)
+
+
+def verdicts_said(record: dict) -> str:
+    """The check-up's verdicts in a cell: the probes that warned or failed, else how many said ok."""
+    verdicts = record.get("verdicts")
+    if not verdicts:
+        return "-"
+    loud = [f"{probe} {v['status']}" for probe, v in verdicts.items() if v["status"] in ("warn", "fail", "not run")]
+    return ", ".join(loud) or f"{sum(v['status'] == 'ok' for v in verdicts.values())} ok"
 
 
 def _number(value: float | None) -> str:
@@ -26,9 +46,11 @@ def row(step: Measured, is_good: bool, compared: bool) -> tuple[str, ...]:
         step.version,
         step.status,
         record.get("batch_sha256", "-")[:12],
+        (record.get("attention") or {}).get("pattern", "-"),
         str(record.get("label_tokens", "-")),
         _number(record.get("loss")),
         _number(record.get("grad_norm")),
+        verdicts_said(record),
         f"{step.seconds:.1f}",
         verdict,
     )
@@ -48,6 +70,11 @@ def table(outcome: Outcome) -> str:
 
 def change_detail(good: dict, other: dict, part: str) -> str:
     """The part's numbers at the good end and at the changed version."""
+    if part == "verdict":
+        a, b = good["verdicts"], other["verdicts"]
+        return ", ".join(f"{p} {a[p]['status']} -> {b[p]['status']}" for p in changed_verdicts(good, other))
+    if part == "attention":
+        return " -> ".join((record.get("attention") or {}).get("pattern", "none") for record in (good, other))
     if part == "label count":
         return f"label tokens {good['label_tokens']} -> {other['label_tokens']}"
     if part == "loss scale":
@@ -79,8 +106,12 @@ def verdict(outcome: Outcome, package: str) -> str:
         f"first change: {package} {outcome.first} (last same: {outcome.last_same}): the {step.parts[0]} "
         f"({change_detail(good.record, step.record, step.parts[0])})"
     )
-    if len(step.parts) > 1:
-        said += f"; after it: {', '.join(step.parts[1:])}"
+    if len(step.parts) > 1:  # the later parts by name; a verdict with its probes (short, and what a reader acts on)
+        later = [
+            f"verdict ({change_detail(good.record, step.record, part)})" if part == "verdict" else part
+            for part in step.parts[1:]
+        ]
+        said += f"; after it: {', '.join(later)}"
     if outcome.between:
         said += f"; not testable between them: {', '.join(outcome.between)}"
     if outcome.changed_back:

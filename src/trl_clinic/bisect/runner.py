@@ -14,10 +14,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from trl_clinic.bisect import search, versions
+from trl_clinic.bisect.command import TRAINER_KINDS
 from trl_clinic.bisect.environments import prepare
 from trl_clinic.bisect.records import first_step_spec, record_first_step
-
-KINDS = ("sft", "dpo")  # the trainers first_step.py builds today (reward, grpo: issue 48's next slice)
 
 
 def _stderr(line: str) -> None:
@@ -37,6 +36,7 @@ def bisect(
     window: list[str] | None = None,
     seed: int = 0,
     threads: int = 1,
+    checkup: bool = True,
     cache: Path | None = None,
     bound: float = search.LOSS_BOUND,
     progress: Callable[[str], None] = _stderr,
@@ -45,14 +45,17 @@ def bisect(
     (the config a ``trl <kind> --config`` YAML holds, as a dict) differs from ``good``'s.
 
     ``pins`` override what is pinned from this environment ("NAME==X", or a bare "NAME" for the resolver to
-    choose); ``window`` replaces the index's listing (the ends are kept). A ValueError is a usage error.
+    choose); ``window`` replaces the index's listing (the ends are kept); ``checkup`` runs the check-up on each
+    version's trainer before its first step and keeps its verdicts. A ValueError is a usage error, raised
+    before the index is asked; ``versions.IndexUnavailable`` says the index listed nothing (undecided).
     """
-    if kind not in KINDS:
-        raise ValueError(f"bisect builds {', '.join(KINDS)} trainers so far, not {kind}")
+    if kind not in TRAINER_KINDS:
+        raise ValueError(f"bisect builds {', '.join(TRAINER_KINDS)} trainers, not {kind}")
+    versions.ends(good, bad)
+    pinned = versions.pins(package, pins)
+    spec = first_step_spec(kind, recipe, seed=seed, threads=threads, checkup=checkup)
     listed = window if window is not None else versions.index_versions(package, pre=pre)
     chosen = versions.between(listed, good, bad, pre=pre)
-    pinned = versions.pins(package, pins)
-    spec = first_step_spec(kind, recipe, seed=seed, threads=threads)
     progress(f"bisect {package} {good}..{bad}: {len(chosen)} versions; pinned: {', '.join(pinned.values())}")
     count = iter(range(1, len(chosen) + 1))
 

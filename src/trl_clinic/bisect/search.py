@@ -1,10 +1,12 @@
 """Comparing first-step records with the good end's, and searching a window for the first one that differs.
 
-A record differs in a *part*, named in the order a step computes it: the ``batch`` (input ids, labels,
-position ids and any other tensor the collator sends, hashed exactly), the ``mask`` (every attention mask, hashed
-exactly), the ``label count`` (label
-tokens over the accumulation window) and the ``loss scale`` (the step's loss or gradient norm beyond the
-rounding bound). The first part that differs is the one named: a batch that changed changes everything after.
+A record differs in a *part*, named in the order a step computes it: the ``batch`` (input ids, labels, position ids
+and any other tensor the collator sends, hashed exactly), the ``mask`` (every attention mask, hashed exactly), the
+``attention`` (which tokens of one row each token's output depends on, as the model's first forward of the loss
+measured it: what the mask builder made of the mask and the position ids), the ``label count`` (label tokens over
+the accumulation window), the ``loss scale`` (the step's loss or gradient norm beyond the rounding bound) and a
+``verdict`` (a check-up probe that said ok, warn or fail at both ends, differently). The first part that differs is
+the one named: a batch that changed changes everything after.
 
 The search never measures a version twice and never counts an untestable one (a conflict, libraries that do
 not import, a failed build) as good or bad: binary search steps around it, and the result says which
@@ -16,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-PARTS = ("batch", "mask", "label count", "loss scale")
+PARTS = ("batch", "mask", "attention", "label count", "loss scale", "verdict")
 # Relative bound on the loss and the gradient norm between two records of the same weights and batch: the
 # worst case of a float32 sum of about 150 terms in another order (n * 2**-24 = 9e-6, a window's label tokens).
 # Measured (benchmarks/bisect_rounding.py, docs/bisect.md): the 24 orders of lesson 02's four micro-batches x
@@ -52,6 +54,30 @@ def _close(a: float | None, b: float | None, bound: float) -> bool:
     return abs(a - b) <= bound * max(abs(a), abs(b), 1e-12)
 
 
+def attention_hash(record: dict) -> str | None:
+    """The attention pattern's hash; None where the record has none (a batch without token ids, a replay the
+    version's model refused, an older record)."""
+    return (record.get("attention") or {}).get("sha256")
+
+
+def attention_differs(good: dict, other: dict) -> bool:
+    """Both patterns measured and different: one not measured is not compared (the loss still is)."""
+    a, b = attention_hash(good), attention_hash(other)
+    return a is not None and b is not None and a != b
+
+
+def changed_verdicts(good: dict, other: dict) -> list[str]:
+    """The probes whose verdict (ok, warn, fail) differs between the records; a probe that was skipped, crashed or
+    not run at either end is not compared (the check-up is today's code, and an old library can trip it)."""
+    a, b = good.get("verdicts") or {}, other.get("verdicts") or {}
+    said = ("ok", "warn", "fail")
+    return sorted(
+        probe
+        for probe in a.keys() & b.keys()
+        if a[probe]["status"] in said and b[probe]["status"] in said and a[probe]["status"] != b[probe]["status"]
+    )
+
+
 def differing_parts(good: dict, other: dict, bound: float = LOSS_BOUND) -> list[str]:
     """The parts in which ``other`` differs from ``good``, in the order a step computes them."""
     found = []
@@ -62,10 +88,14 @@ def differing_parts(good: dict, other: dict, bound: float = LOSS_BOUND) -> list[
         found.append("batch")
     if any("attention_mask" in key for key in changed):
         found.append("mask")
+    if attention_differs(good, other):
+        found.append("attention")
     if good["label_tokens"] != other["label_tokens"]:
         found.append("label count")
     if not (_close(good["loss"], other["loss"], bound) and _close(good["grad_norm"], other["grad_norm"], bound)):
         found.append("loss scale")
+    if changed_verdicts(good, other):
+        found.append("verdict")
     return found
 
 
@@ -107,23 +137,19 @@ def _measure(version: str, measure: Measure, good: Measured | None, bound: float
     return done[version]
 
 
-def _ends(versions: list[str], measure: Measure, bound: float, done: dict) -> tuple[Measured, Measured]:
-    good = _measure(versions[0], measure, None, bound, done)
-    bad = _measure(versions[-1], measure, good, bound, done)
-    return good, bad
-
-
 def binary(versions: list[str], measure: Measure, bound: float = LOSS_BOUND) -> Outcome:
-    """About log2(n) measurements: assumes the record changes once (``linear`` shows every version)."""
+    """At most 1 + ceil(log2 n) measurements for n versions (issue 48: 6 for a 30-release window): the good end,
+    then halvings of what is left open, a first change at one of the n - 1 others or none at all. The bad end
+    is measured when the search reaches it, not first: measuring both ends first leaves n - 1 answers for the
+    halvings, 2 + ceil(log2 (n - 1)) in all (7 for 27 releases). Assumes the record changes once (``linear``
+    shows every version)."""
     done: dict[str, Measured] = {}
-    good, bad = _ends(versions, measure, bound, done)
+    good = _measure(versions[0], measure, None, bound, done)
     outcome = Outcome(versions, done)
-    if not (good.usable and bad.usable):
+    if not good.usable:
         outcome.decided = False
         return outcome
-    if not bad.parts:
-        return outcome
-    low, high = 0, len(versions) - 1
+    low, high = 0, len(versions)  # low: the newest measured same; high: the oldest that differs, or past the end
     untestable: set[int] = set()
     while candidates := [i for i in range(low + 1, high) if i not in untestable]:
         middle = min(candidates, key=lambda i: (abs(i - (low + high) / 2), i))
@@ -134,6 +160,9 @@ def binary(versions: list[str], measure: Measure, bound: float = LOSS_BOUND) -> 
             high = middle
         else:
             low = middle
+    if high == len(versions):  # nothing differs: decided only where the bad end itself was measured the same
+        outcome.decided = low == len(versions) - 1
+        return outcome
     return _settle(outcome, low, high)
 
 

@@ -20,6 +20,13 @@ from packaging.version import InvalidVersion, Version
 
 # The stack a first step depends on: pinned from this environment unless it is the package that moves.
 STACK = ("torch", "transformers", "trl", "accelerate", "peft", "datasets")
+LISTING_TIMEOUT = 300  # seconds for pip to answer
+
+
+class IndexUnavailable(RuntimeError):
+    """The index did not list the package's releases, so the search could not start: exit code 3 (undecided),
+    not 2. pip's answer does not tell a usage error from a failure: for an index it cannot reach it says only
+    "No matching distribution found" (pip 23.2, an index URL on a closed port), naming neither."""
 
 
 def parse_index_listing(text: str) -> list[str]:
@@ -27,27 +34,37 @@ def parse_index_listing(text: str) -> list[str]:
     for line in text.splitlines():
         if line.strip().startswith("Available versions:"):
             return [v.strip() for v in line.split(":", 1)[1].split(",") if v.strip()]
-    raise ValueError(f"pip listed no versions:\n{text.strip()[-500:]}")
+    raise IndexUnavailable(f"pip listed no versions:\n{text.strip()[-500:]}")
 
 
 def index_versions(package: str, *, pre: bool = False, run: Callable = subprocess.run) -> list[str]:
     """Every version of ``package`` the user's pip index lists (pre-releases with ``pre``)."""
     command = [sys.executable, "-m", "pip", "index", "versions", package, "--disable-pip-version-check"]
-    done = run([*command, *(["--pre"] if pre else [])], capture_output=True, text=True, timeout=300)
+    try:
+        done = run([*command, *(["--pre"] if pre else [])], capture_output=True, text=True, timeout=LISTING_TIMEOUT)
+    except subprocess.TimeoutExpired as error:
+        raise IndexUnavailable(f"pip did not list {package}'s versions in {LISTING_TIMEOUT} s") from error
     if done.returncode != 0:
-        raise ValueError(f"pip could not list {package}'s versions: {' '.join(done.stderr.split()[-40:])}")
+        raise IndexUnavailable(f"pip could not list {package}'s versions: {' '.join(done.stderr.split()[-40:])}")
     return parse_index_listing(done.stdout)
 
 
-def between(available: Iterable[str], good: str, bad: str, *, pre: bool = False) -> list[str]:
-    """The releases from ``good`` to ``bad``, both kept, oldest first; pre-releases and dev releases only
-    with ``pre``. A usage error (ValueError) when an end is not a version or ``good`` is not older."""
+def ends(good: str, bad: str) -> tuple[Version, Version]:
+    """The window's ends; a usage error (ValueError) when one is not a version or ``good`` is not older (checked
+    before the index is asked, so a usage error is never reported as an index failure)."""
     try:
         low, high = Version(good), Version(bad)
     except InvalidVersion as error:
         raise ValueError(f"not a version: {error}") from error
     if not low < high:
         raise ValueError(f"--good {good} must be older than --bad {bad}")
+    return low, high
+
+
+def between(available: Iterable[str], good: str, bad: str, *, pre: bool = False) -> list[str]:
+    """The releases from ``good`` to ``bad``, both kept, oldest first; pre-releases and dev releases only
+    with ``pre``."""
+    low, high = ends(good, bad)
     chosen = {low: good, high: bad}
     for text in available:
         try:
