@@ -109,10 +109,11 @@ SCANNED = [
     "src/trl_clinic/course/lessons/lesson_06_checkup_tour/lesson.yaml",
     "src/trl_clinic/course/lessons/lesson_07_watch/lesson.yaml",
     "src/trl_clinic/course/lessons/lesson_08_silent_failures/lesson.yaml",
+    "src/trl_clinic/course/lessons/lesson_01_padding_free/deeper.py",
+    "src/trl_clinic/course/lessons/lesson_02_accumulation/deeper.py",
 ]
 PENDING = [
     # the lessons' folders, not yet registered (issue 47): each moves to SCANNED as its claims are cited
-    "src/trl_clinic/course/lessons/lesson_01_padding_free/deeper.py",
     "src/trl_clinic/course/lessons/lesson_01_padding_free/solution.py",
     "src/trl_clinic/course/lessons/lesson_01_padding_free/companion.py",
     "src/trl_clinic/course/lessons/lesson_01_padding_free/then.py",
@@ -122,7 +123,6 @@ PENDING = [
     "src/trl_clinic/course/lessons/lesson_01_padding_free/mutations_deeper.py",
     "src/trl_clinic/course/lessons/lesson_01_padding_free/eras/01-transformers-4.55.txt",
     "src/trl_clinic/course/lessons/lesson_01_padding_free/eras/01-trl-0.14.txt",
-    "src/trl_clinic/course/lessons/lesson_02_accumulation/deeper.py",
     "src/trl_clinic/course/lessons/lesson_02_accumulation/solution.py",
     "src/trl_clinic/course/lessons/lesson_02_accumulation/companion.py",
     "src/trl_clinic/course/lessons/lesson_02_accumulation/companion_deeper.py",
