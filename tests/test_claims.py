@@ -111,6 +111,7 @@ SCANNED = [
     "src/trl_clinic/course/lessons/lesson_08_silent_failures/lesson.yaml",
     "src/trl_clinic/course/lessons/lesson_01_padding_free/deeper.py",
     "src/trl_clinic/course/lessons/lesson_02_accumulation/deeper.py",
+    "src/trl_clinic/course/lessons/lesson_03_reward_nan/deeper.py",
 ]
 PENDING = [
     # the lessons' folders, not yet registered (issue 47): each moves to SCANNED as its claims are cited
@@ -136,7 +137,6 @@ PENDING = [
     "src/trl_clinic/course/lessons/lesson_02b_accumulation_ddp/companion.py",
     "src/trl_clinic/course/lessons/lesson_02b_accumulation_ddp/checks.py",
     "src/trl_clinic/course/lessons/lesson_02b_accumulation_ddp/mutations.py",
-    "src/trl_clinic/course/lessons/lesson_03_reward_nan/deeper.py",
     "src/trl_clinic/course/lessons/lesson_03_reward_nan/solution.py",
     "src/trl_clinic/course/lessons/lesson_03_reward_nan/companion.py",
     "src/trl_clinic/course/lessons/lesson_03_reward_nan/checks.py",
