@@ -112,6 +112,8 @@ SCANNED = [
     "src/trl_clinic/course/lessons/lesson_01_padding_free/deeper.py",
     "src/trl_clinic/course/lessons/lesson_02_accumulation/deeper.py",
     "src/trl_clinic/course/lessons/lesson_03_reward_nan/deeper.py",
+    "src/trl_clinic/course/lessons/lesson_05_grpo_crash/deeper.py",
+    "src/trl_clinic/course/lessons/lesson_06_checkup_tour/deeper.py",
 ]
 PENDING = [
     # the lessons' folders, not yet registered (issue 47): each moves to SCANNED as its claims are cited
@@ -153,7 +155,6 @@ PENDING = [
     "src/trl_clinic/course/lessons/lesson_04_padding_side/mutations_deeper.py",
     "src/trl_clinic/course/lessons/lesson_04_padding_side/eras/04-transformers-4.40.txt",
     "src/trl_clinic/course/lessons/lesson_04_padding_side/eras/04-transformers-4.51.txt",
-    "src/trl_clinic/course/lessons/lesson_05_grpo_crash/deeper.py",
     "src/trl_clinic/course/lessons/lesson_05_grpo_crash/solution.py",
     "src/trl_clinic/course/lessons/lesson_05_grpo_crash/companion.py",
     "src/trl_clinic/course/lessons/lesson_05_grpo_crash/then.py",
@@ -161,7 +162,6 @@ PENDING = [
     "src/trl_clinic/course/lessons/lesson_05_grpo_crash/checks_deeper.py",
     "src/trl_clinic/course/lessons/lesson_05_grpo_crash/mutations.py",
     "src/trl_clinic/course/lessons/lesson_05_grpo_crash/mutations_deeper.py",
-    "src/trl_clinic/course/lessons/lesson_06_checkup_tour/deeper.py",
     "src/trl_clinic/course/lessons/lesson_06_checkup_tour/solution.py",
     "src/trl_clinic/course/lessons/lesson_06_checkup_tour/companion.py",
     "src/trl_clinic/course/lessons/lesson_06_checkup_tour/checks.py",
