@@ -114,6 +114,7 @@ SCANNED = [
     "src/trl_clinic/course/lessons/lesson_03_reward_nan/deeper.py",
     "src/trl_clinic/course/lessons/lesson_05_grpo_crash/deeper.py",
     "src/trl_clinic/course/lessons/lesson_06_checkup_tour/deeper.py",
+    "src/trl_clinic/course/lessons/lesson_04_padding_side/deeper.py",
 ]
 PENDING = [
     # the lessons' folders, not yet registered (issue 47): each moves to SCANNED as its claims are cited
@@ -145,7 +146,6 @@ PENDING = [
     "src/trl_clinic/course/lessons/lesson_03_reward_nan/checks_deeper.py",
     "src/trl_clinic/course/lessons/lesson_03_reward_nan/mutations.py",
     "src/trl_clinic/course/lessons/lesson_03_reward_nan/mutations_deeper.py",
-    "src/trl_clinic/course/lessons/lesson_04_padding_side/deeper.py",
     "src/trl_clinic/course/lessons/lesson_04_padding_side/solution.py",
     "src/trl_clinic/course/lessons/lesson_04_padding_side/companion.py",
     "src/trl_clinic/course/lessons/lesson_04_padding_side/then.py",
