@@ -140,6 +140,11 @@ SCANNED = [
     "src/trl_clinic/course/lessons/lesson_07_watch/solution.py",
     "src/trl_clinic/course/lessons/lesson_07_watch/companion.py",
     "src/trl_clinic/course/lessons/lesson_07_watch/checks.py",
+    "src/trl_clinic/course/lessons/lesson_08_silent_failures/solution.py",
+    "src/trl_clinic/course/lessons/lesson_08_silent_failures/then.py",
+    "src/trl_clinic/course/lessons/lesson_08_silent_failures/companion.py",
+    "src/trl_clinic/course/lessons/lesson_08_silent_failures/eras/08-trl-1.14.txt",
+    "src/trl_clinic/course/lessons/lesson_08_silent_failures/eras/08-trl-1.16.txt",
 ]
 PENDING = [
     # the lessons' folders, not yet registered (issue 47): each moves to SCANNED as its claims are cited
@@ -173,13 +178,8 @@ PENDING = [
     "src/trl_clinic/course/lessons/lesson_06_checkup_tour/mutations_deeper.py",
     "src/trl_clinic/course/lessons/lesson_06_checkup_tour/eras/06-trl-0.24.txt",
     "src/trl_clinic/course/lessons/lesson_07_watch/mutations.py",
-    "src/trl_clinic/course/lessons/lesson_08_silent_failures/solution.py",
-    "src/trl_clinic/course/lessons/lesson_08_silent_failures/companion.py",
-    "src/trl_clinic/course/lessons/lesson_08_silent_failures/then.py",
     "src/trl_clinic/course/lessons/lesson_08_silent_failures/checks.py",
     "src/trl_clinic/course/lessons/lesson_08_silent_failures/mutations.py",
-    "src/trl_clinic/course/lessons/lesson_08_silent_failures/eras/08-trl-1.14.txt",
-    "src/trl_clinic/course/lessons/lesson_08_silent_failures/eras/08-trl-1.16.txt",
 ]
 GENERATED = {
     "docs/zoo.md": "written by zoo/run.py from a zoo run's results; its sentences are the twins' descriptions in zoo/",
