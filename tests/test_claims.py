@@ -145,11 +145,13 @@ SCANNED = [
     "src/trl_clinic/course/lessons/lesson_08_silent_failures/companion.py",
     "src/trl_clinic/course/lessons/lesson_08_silent_failures/eras/08-trl-1.14.txt",
     "src/trl_clinic/course/lessons/lesson_08_silent_failures/eras/08-trl-1.16.txt",
+    "src/trl_clinic/course/lessons/lesson_01_padding_free/then.py",
+    "src/trl_clinic/course/lessons/lesson_02_accumulation/then.py",
+    "src/trl_clinic/course/lessons/lesson_05_grpo_crash/then.py",
 ]
 PENDING = [
     # the lessons' folders, not yet registered (issue 47): each moves to SCANNED as its claims are cited
     "src/trl_clinic/course/lessons/lesson_01_padding_free/companion.py",
-    "src/trl_clinic/course/lessons/lesson_01_padding_free/then.py",
     "src/trl_clinic/course/lessons/lesson_01_padding_free/checks.py",
     "src/trl_clinic/course/lessons/lesson_01_padding_free/checks_deeper.py",
     "src/trl_clinic/course/lessons/lesson_01_padding_free/mutations.py",
@@ -157,7 +159,6 @@ PENDING = [
     "src/trl_clinic/course/lessons/lesson_01_padding_free/eras/01-transformers-4.55.txt",
     "src/trl_clinic/course/lessons/lesson_01_padding_free/eras/01-trl-0.14.txt",
     "src/trl_clinic/course/lessons/lesson_02_accumulation/companion_deeper.py",
-    "src/trl_clinic/course/lessons/lesson_02_accumulation/then.py",
     "src/trl_clinic/course/lessons/lesson_02_accumulation/checks_deeper.py",
     "src/trl_clinic/course/lessons/lesson_02_accumulation/mutations_deeper.py",
     "src/trl_clinic/course/lessons/lesson_02_accumulation/eras/02-transformers-4.45.txt",
@@ -172,7 +173,6 @@ PENDING = [
     "src/trl_clinic/course/lessons/lesson_04_padding_side/eras/04-transformers-4.40.txt",
     "src/trl_clinic/course/lessons/lesson_04_padding_side/eras/04-transformers-4.51.txt",
     "src/trl_clinic/course/lessons/lesson_05_grpo_crash/companion.py",
-    "src/trl_clinic/course/lessons/lesson_05_grpo_crash/then.py",
     "src/trl_clinic/course/lessons/lesson_05_grpo_crash/checks_deeper.py",
     "src/trl_clinic/course/lessons/lesson_05_grpo_crash/mutations_deeper.py",
     "src/trl_clinic/course/lessons/lesson_06_checkup_tour/mutations_deeper.py",
