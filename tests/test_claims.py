@@ -148,6 +148,7 @@ SCANNED = [
     "src/trl_clinic/course/lessons/lesson_01_padding_free/then.py",
     "src/trl_clinic/course/lessons/lesson_02_accumulation/then.py",
     "src/trl_clinic/course/lessons/lesson_05_grpo_crash/then.py",
+    "src/trl_clinic/course/lessons/lesson_04_padding_side/then.py",
 ]
 PENDING = [
     # the lessons' folders, not yet registered (issue 47): each moves to SCANNED as its claims are cited
@@ -167,7 +168,6 @@ PENDING = [
     "src/trl_clinic/course/lessons/lesson_03_reward_nan/mutations.py",
     "src/trl_clinic/course/lessons/lesson_03_reward_nan/mutations_deeper.py",
     "src/trl_clinic/course/lessons/lesson_04_padding_side/companion.py",
-    "src/trl_clinic/course/lessons/lesson_04_padding_side/then.py",
     "src/trl_clinic/course/lessons/lesson_04_padding_side/mutations.py",
     "src/trl_clinic/course/lessons/lesson_04_padding_side/mutations_deeper.py",
     "src/trl_clinic/course/lessons/lesson_04_padding_side/eras/04-transformers-4.40.txt",
