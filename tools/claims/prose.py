@@ -34,6 +34,10 @@ FILE_LINE = re.compile(r"\b[\w/.-]+\.py:\d+(?:-\d+)?")
 # entry's own window is what makes the claim, so the scan blanks them out.
 KNOWN_BUGS = Path(__file__).resolve().parents[2] / "src" / "trl_clinic" / "checkup" / "known_bugs.yaml"
 ID_LINE = re.compile(r"^- id: (\S+)$", re.MULTILINE)
+# A lesson's era file (eras/NAME.txt) pins one requirement a line ("trl==0.14.0"): a pin is the era's input, what
+# a measurement in it ran on, not a claim about a library's code, so the scan blanks pin lines; the comment header
+# above them is prose and is scanned like any other.
+PIN_LINE = re.compile(r"^[A-Za-z0-9][\w.\[\],-]*==\S+$", re.MULTILINE)
 
 
 def known_bug_ids() -> list[str]:
@@ -79,9 +83,16 @@ def covers(version: str, read: set[tuple[str, str]] | None) -> bool:
     return any(v == version or v.startswith(version + ".") for _, v in read)
 
 
+def pins_blanked(text: str) -> str:
+    """An era file with its pin lines blanked (same length, so positions and lines hold)."""
+    return PIN_LINE.sub(lambda m: " " * len(m.group()), text)
+
+
 def uncited(path: Path, relative: str, register: Register) -> list[Mention]:
-    """The mentions of one file that no anchor of the register covers."""
+    """The mentions of one file that no anchor of the register covers (an era file's pins are no mentions)."""
     text = path.read_text()
+    if path.parent.name == "eras" and path.suffix == ".txt":
+        text = pins_blanked(text)
     anchors: list[tuple[tuple[int, int], set[tuple[str, str]] | None]] = []
     for where, read in register.anchors():
         if where.file == relative:
