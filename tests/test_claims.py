@@ -114,6 +114,7 @@ SCANNED = [
     "src/trl_clinic/course/lessons/lesson_03_reward_nan/deeper.py",
     "src/trl_clinic/course/lessons/lesson_05_grpo_crash/deeper.py",
     "src/trl_clinic/course/lessons/lesson_06_checkup_tour/deeper.py",
+    "src/trl_clinic/course/lessons/lesson_06_checkup_tour/eras/06-trl-0.24.txt",
     "src/trl_clinic/course/lessons/lesson_04_padding_side/deeper.py",
     "src/trl_clinic/course/lessons/lesson_01_padding_free/solution.py",
     "src/trl_clinic/course/lessons/lesson_02_accumulation/solution.py",
@@ -177,13 +178,7 @@ SCANNED = [
     "src/trl_clinic/course/lessons/lesson_08_silent_failures/checks.py",
     "src/trl_clinic/course/lessons/lesson_08_silent_failures/mutations.py",
 ]
-PENDING = [
-    # the lessons' folders, not yet registered (issue 47): each moves to SCANNED as its claims are cited
-    # registered but for its last comment, "trl 0.24.0 imports rich without declaring it": every rich import of the
-    # trl 0.24.0 wheel sits under `if is_rich_available():` (trainer/callbacks.py:46, trainer/utils.py:62,
-    # scripts/utils.py:231), so it does not need rich; left unedited (the file's digest stamps the built era)
-    "src/trl_clinic/course/lessons/lesson_06_checkup_tour/eras/06-trl-0.24.txt",
-]
+PENDING: list[str] = []  # prose in scope not yet registered: each moves to SCANNED as its claims are cited
 GENERATED = {
     "docs/zoo.md": "written by zoo/run.py from a zoo run's results; its sentences are the twins' descriptions in zoo/",
 }
