@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-TRAINER_KINDS = ("sft", "dpo", "reward", "grpo")  # what first_step.py builds (its TRAINERS)
+from trl_clinic.bisect.records import TRAINER_KINDS
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

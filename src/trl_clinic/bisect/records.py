@@ -15,6 +15,8 @@ from pathlib import Path
 
 from trl_clinic.bisect.environments import CHILD_ENV
 
+TRAINER_KINDS = ("sft", "dpo", "reward", "grpo")  # what first_step.py builds (its TRAINERS)
+
 SCRIPT = Path(__file__).with_name("first_step.py")
 PACKAGE = Path(__file__).parents[1]  # trl_clinic's folder: the script runs the check-up from it
 

@@ -14,9 +14,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from trl_clinic.bisect import search, versions
-from trl_clinic.bisect.command import TRAINER_KINDS
 from trl_clinic.bisect.environments import prepare
-from trl_clinic.bisect.records import first_step_spec, record_first_step
+from trl_clinic.bisect.records import TRAINER_KINDS, first_step_spec, record_first_step
 
 
 def _stderr(line: str) -> None:
