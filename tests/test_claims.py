@@ -178,7 +178,56 @@ SCANNED = [
     "src/trl_clinic/course/lessons/lesson_08_silent_failures/checks.py",
     "src/trl_clinic/course/lessons/lesson_08_silent_failures/mutations.py",
 ]
-PENDING: list[str] = []  # prose in scope not yet registered: each moves to SCANNED as its claims are cited
+# prose in scope not yet registered: each moves to SCANNED as its claims are cited. The library's other modules
+# (the course's shared modules and eras, the bisect, the package's top level) and CONTRIBUTING.md joined the scope
+# after the lessons (issue 47 says docstrings); they wait here until their versions are cited or exempted.
+PENDING: list[str] = [
+    "CONTRIBUTING.md",
+    "src/trl_clinic/__init__.py",
+    "src/trl_clinic/cli.py",
+    "src/trl_clinic/course/__init__.py",
+    "src/trl_clinic/course/child.py",
+    "src/trl_clinic/course/crash.py",
+    "src/trl_clinic/course/data.py",
+    "src/trl_clinic/course/deck.py",
+    "src/trl_clinic/course/doctor.py",
+    "src/trl_clinic/course/examples.py",
+    "src/trl_clinic/course/executed.py",
+    "src/trl_clinic/course/generate.py",
+    "src/trl_clinic/course/gpu_usage.py",
+    "src/trl_clinic/course/handshake.py",
+    "src/trl_clinic/course/hosted.py",
+    "src/trl_clinic/course/launch.py",
+    "src/trl_clinic/course/models.py",
+    "src/trl_clinic/course/mutations.py",
+    "src/trl_clinic/course/parameters.py",
+    "src/trl_clinic/course/paths.py",
+    "src/trl_clinic/course/plotting.py",
+    "src/trl_clinic/course/preflight.py",
+    "src/trl_clinic/course/profiles.py",
+    "src/trl_clinic/course/report.py",
+    "src/trl_clinic/course/results.py",
+    "src/trl_clinic/course/run.py",
+    "src/trl_clinic/course/runtime.py",
+    "src/trl_clinic/course/stand_ins.py",
+    "src/trl_clinic/course/tokenizer.py",
+    "src/trl_clinic/course/wheelhouse.py",
+    "src/trl_clinic/course/workbook.py",
+    "src/trl_clinic/course/eras/__init__.py",
+    "src/trl_clinic/course/eras/__main__.py",
+    "src/trl_clinic/course/eras/build.py",
+    "src/trl_clinic/course/eras/runner.py",
+    "src/trl_clinic/course/eras/spec.py",
+    "src/trl_clinic/bisect/__init__.py",
+    "src/trl_clinic/bisect/command.py",
+    "src/trl_clinic/bisect/environments.py",
+    "src/trl_clinic/bisect/first_step.py",
+    "src/trl_clinic/bisect/records.py",
+    "src/trl_clinic/bisect/report.py",
+    "src/trl_clinic/bisect/runner.py",
+    "src/trl_clinic/bisect/search.py",
+    "src/trl_clinic/bisect/versions.py",
+]
 GENERATED = {
     "docs/zoo.md": "written by zoo/run.py from a zoo run's results; its sentences are the twins' descriptions in zoo/",
 }
@@ -201,10 +250,14 @@ LESSON_PROSE = (
 
 def scope() -> list[str]:
     """The prose this test holds to the register: README, docs/ (not the executed notebooks), the known-bugs table,
-    the library's modules (fix texts and docstrings of the check-up, the probes and the watch), and each lesson's
-    folder, where the notebooks, README's table and the cheat sheet are written from."""
+    the library's modules (fix texts and docstrings of the check-up, the probes and the watch; the package's top
+    level, the course's shared modules and eras, the bisect), CONTRIBUTING.md, and each lesson's folder, where the
+    notebooks, README's table and the cheat sheet are written from."""
     paths = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "src/trl_clinic/checkup/known_bugs.yaml"]
     for room in ("checkup", "probes", "watch"):
+        paths += sorted((ROOT / "src" / "trl_clinic" / room).glob("*.py"))
+    paths += [ROOT / "CONTRIBUTING.md", *sorted((ROOT / "src" / "trl_clinic").glob("*.py"))]
+    for room in ("course", "course/eras", "bisect"):
         paths += sorted((ROOT / "src" / "trl_clinic" / room).glob("*.py"))
     for folder in sorted((ROOT / "src" / "trl_clinic" / "course" / "lessons").glob("lesson_*")):
         paths += [path for pattern in LESSON_PROSE for path in sorted(folder.glob(pattern))]
