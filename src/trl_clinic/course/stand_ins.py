@@ -76,11 +76,12 @@ class MeanLossTrainer(Trainer):
     """INJECTED: a user's ``compute_loss`` that takes the mean over its own micro-batch's tokens and ignores
     ``num_items_in_batch``, set on purpose.
 
-    Stands for the custom losses users write (lesson 02's deep dive, section 4): because the override accepts
-    ``num_items_in_batch``, today's Trainer believes the loss already normalised for accumulation and does not
-    divide it by the steps (transformers 5.23.0 ``trainer.py``, ``training_step``), so each micro-batch's tokens
-    weigh by its own count. Lesson 06 and the check-up's tests trip the ``accumulation`` probe and the watch with it;
-    ``examples.SumLossTrainer`` is the same loss written right.
+    Stands for the custom losses users write (lesson 02's deep dive, section 4): the override leaves
+    ``loss_is_scaled_for_ga`` unset and the model takes loss kwargs, so today's Trainer counts the window's tokens,
+    believes the loss already normalised by that count and does not divide it by the steps (transformers 5.23.0
+    ``trainer.py``, ``training_step``), so each micro-batch's tokens weigh by its own count. Lesson 06 and the
+    check-up's tests trip the ``accumulation`` probe and the watch with it; ``examples.SumLossTrainer`` is the same
+    loss written right.
     """
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
