@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
 
 NO_LOSS = -100
-# The architecture keys both transformers 4.45 and today's understand for llama and qwen2.
+# The architecture keys of llama and qwen2 that transformers 4.45 and today's both accept. 4.45's Qwen2Config takes
+# head_dim, attention_bias and mlp_bias only through **kwargs, and its Qwen2Attention does not read them (its
+# head_dim is hidden_size // num_attention_heads).
 NEUTRAL_KEYS = (
     "model_type",
     "vocab_size",
