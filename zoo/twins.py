@@ -3,10 +3,11 @@ broken it (the bug each stands for is in ``TWINS``). A twin runs in one process 
 ``expect`` (``fail``; ``warn`` for the probes that only warn).
 
 Which twins a recipe has (``applicable``): those whose change means something for it on today's stack (TRL 1.16,
-transformers 5.23). Probes whose failure lives only in an old release (``padding_cache``: transformers 4.49-4.52;
-``prompt_in_loss``: trl 0.24-0.27 on transformers 5) are tested in their eras (tests/test_checkup_eras.py), not here;
-so is ``eos_label``, whose trap TRL 1.16 closes for every format the zoo's recipes use (it appends EOS to every
-non-conversational row, and a chat template ends conversational ones).
+transformers 5.23). Probes whose failure lives only in old releases (``padding_cache``: transformers 4.37-4.41 and
+4.49-4.52, plus the few families and TRL forwards its known-bugs entries name; ``prompt_in_loss``: trl 0.19-0.27
+on transformers 5) are tested in their eras (tests/test_checkup_eras.py), not here; so is ``eos_label``, whose trap
+TRL 1.16 closes for every format the zoo's recipes use (it appends EOS to every non-conversational row, and a chat
+template ends conversational ones).
 
 Most twins change the recipe's config, data or template; two need what no config reaches, a change to the built
 trainer (``HOOKS``, applied by ``hooked.py`` between building and checking): a ``compute_loss`` override that
@@ -146,9 +147,11 @@ def applicable(recipe: dict) -> list[str]:
 # -- the hooks: a change to the built trainer (hooked.py applies one before the check-up) ----------------------------
 def own_compute_loss(trainer) -> None:
     """A user's ``compute_loss`` override that calls the trainer's without ``num_items_in_batch``. (Setting
-    ``model_accepts_loss_kwargs = False``, lesson 02's other case, changes nothing on TRL 1.16's SFTTrainer, whose
-    ``compute_loss`` divides by ``num_items_in_batch`` itself: sft_trainer.py, "loss = per_token_loss.sum() /
-    torch.as_tensor(num_tokens)".)"""
+    ``model_accepts_loss_kwargs = False``, lesson 02's other case, breaks the same arithmetic on TRL 1.16's
+    SFTTrainer: transformers 5.23 then counts no ``num_items_in_batch`` (trainer.py, ``_get_num_items_in_batch``),
+    so the SFTTrainer's ``compute_loss`` divides by the micro-batch's own tokens (sft_trainer.py, "num_tokens =
+    outputs.label_mask.sum() if num_items_in_batch is None else num_items_in_batch") and ``training_step`` divides
+    that by the accumulation steps.)"""
     compute = trainer.compute_loss
 
     def compute_loss(model, inputs, return_outputs=False, num_items_in_batch=None):
