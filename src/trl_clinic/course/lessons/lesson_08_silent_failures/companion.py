@@ -126,14 +126,12 @@ def show(subject) -> None:
         if subject.finished:
             (_show_prompt_era if "masks" in subject.result else _show_dora_era)(subject.result)
         return
-    masks = then.trained_prompt_tokens(
-        subject.processing_class, subject.train_dataset.to_list(), *then.trainer_masks(subject)
-    )
+    ids, trained = then.trainer_masks(subject)
+    masks = then.trained_prompt_tokens(subject.processing_class, subject.train_dataset.to_list(), ids, trained)
     print(
         f"trl {importlib.metadata.version('trl')}: {sum(masks['trained'])} of {sum(masks['prompt_tokens'])} prompt "
         f"tokens trained ({len(masks['trained'])} rows); the first row, [trained] tokens in brackets:"
     )
-    ids, trained = then.trainer_masks(subject)
     print(_wrapped(marked(subject.processing_class, ids[0], trained[0])))
 
 
@@ -188,8 +186,7 @@ def findings(source) -> list[dict]:
     """A check-up's findings as records: the era script's, or a report's here."""
     if isinstance(source, EraRun):
         return source.result["checkup"] if source.finished else []
-    keys = ("probe", "status", "decided", "value", "measured", "fix", "lesson", "known_bug")
-    return [{key: f[key] for key in keys} for f in source.to_dict()["findings"]]
+    return then.finding_records(source)
 
 
 def verdict(source, probe: str, label: str | None = None) -> str:

@@ -137,11 +137,13 @@ def checkup_findings(trainer) -> list[dict]:
     from trl_clinic import checkup
 
     with contextlib.redirect_stdout(io.StringIO()):
-        report = checkup(trainer, show=False)
-    return [
-        {key: finding[key] for key in ("probe", "status", "decided", "value", "measured", "fix", "lesson", "known_bug")}
-        for finding in report.to_dict()["findings"]
-    ]
+        return finding_records(checkup(trainer, show=False))
+
+
+def finding_records(report) -> list[dict]:
+    """A check-up report's findings as plain records: what the era's result and the notebook's numbers keep."""
+    keys = ("probe", "status", "decided", "value", "measured", "fix", "lesson", "known_bug")
+    return [{key: finding[key] for key in keys} for finding in report.to_dict()["findings"]]
 
 
 class Warnings(logging.Handler):
