@@ -330,6 +330,28 @@ def test_a_thread_needs_the_date_it_was_read(tmp_path):
         register.load(path)
 
 
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        (
+            "threads:\n- id: t\n  url: https://github.com/a/b/issues/1\n  quote: said\n  read: 2026-12-02\n"
+            "  where: [{file: README.md, anchor: TRL}, {file: README.md, anchor: TRL}]\n",
+            "one sentence twice",
+        ),
+        (
+            "exempt:\n- {where: {file: README.md, anchor: TRL}, reason: r}\n"
+            "- {where: {file: README.md, anchor: TRL}, reason: r}\n",
+            "exempted twice",
+        ),
+    ],
+)
+def test_a_sentence_named_twice_in_one_entry_or_exempted_twice_is_refused(tmp_path, text, said):
+    path = tmp_path / "register.yaml"
+    path.write_text(text)
+    with pytest.raises(register.RegisterError, match=said):
+        register.load(path)
+
+
 def make_wheel(folder: Path, version: str, text: str | None) -> None:
     """A wheel of the package `fakepkg` whose `fakepkg/mod.py` holds `text` (no file where None)."""
     with zipfile.ZipFile(folder / f"fakepkg-{version}-py3-none-any.whl", "w") as archive:

@@ -142,7 +142,10 @@ def _where(raw: object, entry: str) -> tuple[Where, ...]:
     items = raw if isinstance(raw, list) else [raw]
     if not items or not all(isinstance(i, dict) for i in items):
         raise _fail(entry, "`where` must be a mapping {file, anchor} or a list of them")
-    return tuple(Where(_text(i, "file", entry), _text(i, "anchor", entry)) for i in items)
+    where = tuple(Where(_text(i, "file", entry), _text(i, "anchor", entry)) for i in items)
+    if len(set(where)) < len(where):
+        raise _fail(entry, "`where` names one sentence twice")
+    return where
 
 
 def _at(value: object, entry: str) -> At:
@@ -211,6 +214,10 @@ def load(path: Path = REGISTER) -> Register:
         Exempt(_where(e.get("where"), "an exemption")[0], _text(e, "reason", "an exemption"))
         for e in raw.get("exempt") or []
     )
+    exempted = [e.where for e in exempt]
+    if len(set(exempted)) < len(exempted):
+        twice = sorted({f"{w.file}: {w.anchor}" for w in exempted if exempted.count(w) > 1})
+        raise RegisterError(f"claims/register.yaml: sentences exempted twice: {twice}")
     ids = [c.id for c in citations] + [t.id for t in threads]
     duplicated = sorted({i for i in ids if ids.count(i) > 1})
     if duplicated:
