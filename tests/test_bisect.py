@@ -178,10 +178,18 @@ def verdicts(**statuses: str) -> dict:
 OK_VERDICTS = verdicts()
 
 
-def fake_record(loss=4.8, grad_norm=0.9, labels=120, input_ids="a", mask="m", attention=CAUSAL, said=None) -> dict:
+def fake_record(
+    loss=4.8, grad_norm=0.9, labels=120, input_ids="a", mask="m", attention=CAUSAL, said=None, raised=None
+) -> dict:
     parts = {"input_ids": input_ids, "labels": input_ids, "position_ids": "absent", "attention_mask": mask}
+    if raised:  # a step that raised: first_step.record keeps no loss, gradient or attention
+        loss = grad_norm = attention = None
     return {"parts": parts, "batch_sha256": "f" * 64, "label_tokens": labels, "loss": loss, "grad_norm": grad_norm,
-            "attention": attention, "verdicts": said or OK_VERDICTS}  # fmt: skip
+            "attention": attention, "verdicts": said or OK_VERDICTS, "raised": raised}  # fmt: skip
+
+
+GUARD = "ValueError: You are attempting to perform batched generation with padding_side='right' this may lead"
+KERNEL = "NameError: name '_flash_supports_window_size' is not defined"
 
 
 class FakeIndex:
@@ -313,10 +321,23 @@ def verdict_column(outcome) -> list[str]:
         (fake_record(labels=119), ["label count"]),
         (fake_record(grad_norm=0.9 * (1 + 3 * search.LOSS_BOUND)), ["loss scale"]),
         (fake_record(loss=4.8 * (1 + search.LOSS_BOUND / 2)), []),
+        (fake_record(raised=GUARD), ["error"]),  # no loss, label count or attention compared against a raise
+        (fake_record(raised=GUARD, input_ids="b", said=verdicts(packing="fail")), ["batch", "error", "verdict"]),
     ],
 )
 def test_parts_are_named_in_the_order_a_step_computes_them_and_rounding_is_not_a_change(changed, parts):
     assert search.differing_parts(fake_record(), changed) == parts
+
+
+def test_a_step_that_raises_differently_is_an_error_change_named_with_both_messages():
+    """Lesson 04's window as bisect meets it: past the guard the re-created FlashAttention-2 model reaches the missing
+    kernel (NameError); inside it the guard raises first (ValueError). Equal raises are the same record."""
+    records = {v: fake_record(raised=GUARD if 12 <= i < 20 else KERNEL) for i, v in enumerate(WINDOW)}
+    assert search.differing_parts(records[WINDOW[0]], records[WINDOW[1]]) == []
+    outcome = search.binary(WINDOW[:16], FakeIndex(records))
+    assert (outcome.first, outcome.part) == (WINDOW[12], "error")
+    assert report.verdict(outcome, "transformers").endswith(f"the error ({KERNEL} -> {GUARD})")
+    assert "raised ValueError" in report.table(outcome) and "raised NameError" in report.table(outcome)
 
 
 def test_an_attention_change_is_named_with_both_patterns_and_shown_in_the_table():
@@ -531,3 +552,25 @@ def test_lesson_01s_padding_free_window_is_found_unaided():
     assert outcome.measured["0.23.1"].record["attention"]["pattern"] == "causal within 4 sequences (124 tokens)"
     said = {v: outcome.measured[v].record["verdicts"]["packing"]["status"] for v in ("0.23.0", "0.23.1")}
     assert said == {"0.23.0": "fail", "0.23.1": "ok"}  # the check-up's packing probe, run in each version
+
+
+@pytest.mark.slow
+def test_lesson_04s_right_padding_guard_is_found_where_it_appears_and_where_it_goes():
+    """DPO on a tiny Qwen2 with FlashAttention-2 (re-created: flash-attn needs a GPU), trl 0.17.0 (which passes no
+    use_cache, TRL #3306) beside every transformers: the step raises in every version, and what it raises is the
+    record. 4.48.x reach the missing kernel (past the checks); 4.49.0 is the first where the guard's ValueError comes
+    first, and 4.53.0 the first past it again. The same window on a tiny Llama (no guard in its modeling file) does
+    not change: the change is Qwen2's."""
+    recipe = {"model_name_or_path": "Qwen/Qwen2-0.5B-Instruct", "attn_implementation": "flash_attention_2"}
+    recipe["per_device_train_batch_size"] = 2
+    pins = ["trl==0.17.0", "peft==0.15.2", "accelerate==1.6.0", "datasets", "rich"]  # era 04-transformers-4.51's
+    appears = runner.bisect("dpo", recipe, "transformers", "4.48.0", "4.49.0", pins=pins)
+    assert (appears.first, appears.last_same, appears.part) == ("4.49.0", "4.48.3", "error")
+    assert appears.measured["4.49.0"].record["raised"].startswith(GUARD)
+    assert appears.measured["4.48.3"].record["recipe_notes"]["recreated"].startswith("flash_attention_2")
+    goes = runner.bisect("dpo", recipe, "transformers", "4.51.3", "4.53.0", pins=pins)
+    assert (goes.first, goes.last_same, goes.part) == ("4.53.0", "4.52.4", "error")
+    assert not goes.measured["4.53.0"].record["raised"].startswith("ValueError")
+    llama = recipe | {"model_name_or_path": "meta-llama/Llama-3.2-1B"}
+    llama = runner.bisect("dpo", llama, "transformers", "4.48.3", "4.49.0", pins=pins)
+    assert (llama.first, llama.exit_code) == (None, 0)

@@ -8,9 +8,10 @@ before the step (``checkup_verdicts``), which say "not run" where the version's 
 
 The spec holds the recipe (``kind``: sft, dpo, reward or grpo, and the user's config as a dict), the seed and
 the thread count. The trainer is built by the version's own config class from the recipe's fields that class
-knows (the others are listed, not guessed at), on a tiny Llama built from a config whose weights are drawn here
+knows (the others are listed, not guessed at), on a tiny model built from a config whose weights are drawn here
 from the seed, one generator per parameter name, so that every transformers version starts from the same numbers
-whatever its own initialisation does (a reward model: the same body with a one-label ``score`` head). The data
+whatever its own initialisation does (a reward model: the same body with a one-label ``score`` head). The model is
+a Llama, or a Qwen2 where the recipe's ``model_name_or_path`` names one (``family``). The data
 are synthetic, over a fixed word-level vocabulary (no hub, no tokenizer download): sentences of varied length
 (SFT), prompt/chosen/rejected pairs (DPO, and reward with each answer after its prompt), prompts (GRPO, rewarded
 by the completion's length in words, its completions sampled from the seed). What is changed in the recipe is
@@ -23,7 +24,9 @@ batch, or for GRPO the generated one its ``_prepare_inputs`` returns (prompt and
 the label tokens over the first step's accumulation window (labels other than -100; where a batch has no labels,
 its completion mask), the step's loss (the sum of what ``Trainer.training_step`` returned over the window: the
 number the Trainer logs, before its rounding), the gradient norm the Trainer logs (before clipping), and the
-attention pattern of one row in the first forward of the loss (``attention_pattern``).
+attention pattern of one row in the first forward of the loss (``attention_pattern``). Where the version's own
+training step raises (lesson 04's guard), the record keeps the exception's type and first line (``raised``) and
+the batch collated before it, and no loss; an error while the trainer is built fails the script (not a record).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import dataclasses
 import hashlib
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
 import json
 import random
@@ -47,7 +51,7 @@ BATCH_KEYS = ("input_ids", "labels", "position_ids", "attention_mask")  # always
 WORDS = tuple(f"w{i}" for i in range(120))
 SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>")
 VERSIONS = ("torch", "transformers", "trl", "accelerate", "peft", "datasets", "tokenizers")
-MODEL_KEYS = ("attn_implementation",)  # the recipe's model arguments the tiny model takes
+MODEL_KEYS = ("attn_implementation", "model_name_or_path")  # the recipe's model arguments the tiny model reads
 MODEL_SIZE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
 GENERATES = ("grpo",)  # kinds whose batch is generated in ``_prepare_inputs``, not collated (GRPO's collator: identity)
 
@@ -80,12 +84,30 @@ def texts(seed: int, count: int = 64) -> list[str]:
     return [" ".join(draw.choice(WORDS) for _ in range(draw.randint(3, 60))) for _ in range(count)]
 
 
-def tiny_llama(seed: int, vocab_size: int, attn_implementation: str, *, scores: bool = False):
-    """A two-layer Llama whose every weight is drawn from ``seed`` and the parameter's name (norms at one); with
-    ``scores``, the one-label sequence classifier a reward model is (its head is ``score``, drawn the same way)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
+FAMILIES = {  # model type: its config, causal LM and one-label classifier classes in transformers
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "LlamaForSequenceClassification"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "Qwen2ForSequenceClassification"),
+}
 
-    config = LlamaConfig(
+
+def family(recipe: dict) -> str:
+    """The tiny model's family: qwen2 where the recipe's ``model_name_or_path`` names a Qwen2 or Qwen2.5 checkpoint
+    (their model type), else llama. A version's guard or mask builder can live in one family's modeling file
+    (lesson 04's right-padding guard is Qwen2's), so the family is the recipe's, not the tool's choice."""
+    return "qwen2" if "qwen2" in str(recipe.get("model_name_or_path") or "").lower() else "llama"
+
+
+def tiny_model(seed: int, vocab_size: int, recipe: dict, *, scores: bool = False):
+    """A two-layer model of the recipe's ``family`` whose every weight is drawn from ``seed`` and the parameter's
+    name (norms and biases at one); with ``scores``, the one-label sequence classifier a reward model is (its head
+    is ``score``, drawn the same way). FlashAttention-2 without the flash-attn package is re-created as lesson 04
+    re-creates it (``flash_attention_2``), and the record's notes say so."""
+    import transformers
+
+    config_name, causal_name, classifier_name = FAMILIES[family(recipe)]
+    attn_implementation = recipe.get("attn_implementation") or "sdpa"
+    recreated = attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None
+    config = getattr(transformers, config_name)(
         vocab_size=vocab_size,
         num_key_value_heads=2,
         max_position_embeddings=512,
@@ -93,11 +115,11 @@ def tiny_llama(seed: int, vocab_size: int, attn_implementation: str, *, scores: 
         eos_token_id=1,
         bos_token_id=2,
         tie_word_embeddings=False,
-        attn_implementation=attn_implementation,
+        attn_implementation="eager" if recreated else attn_implementation,
         **({"num_labels": 1} if scores else {}),
         **MODEL_SIZE,
     )
-    model = (LlamaForSequenceClassification if scores else LlamaForCausalLM)(config)
+    model = getattr(transformers, classifier_name if scores else causal_name)(config)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if parameter.ndim == 1:
@@ -105,7 +127,27 @@ def tiny_llama(seed: int, vocab_size: int, attn_implementation: str, *, scores: 
                 continue
             generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
-    return model
+    if recreated:
+        flash_attention_2(model)
+    return model, {"model": f"a tiny {family(recipe)}"} | ({"recreated": RECREATED} if recreated else {})
+
+
+RECREATED = (
+    "flash_attention_2: flash-attn is not installed here, so the model was built with eager attention and then "
+    "told it is FlashAttention-2 (its config, and the model's own attribute where a version keeps one), as loading "
+    "it on a GPU leaves it: transformers' checks before the kernel run for real; a forward past them needs the "
+    "kernel and raises"
+)
+
+
+def flash_attention_2(model) -> None:
+    """The state loading with FlashAttention-2 leaves that transformers' checks read before any kernel: the config's
+    ``_attn_implementation`` (every version), and ``_attn_implementation`` on the modules that copy it at build
+    (4.37-4.41's ``Qwen2Model``); the attention layers' classes are not swapped, so the first kernel call raises."""
+    model.config._attn_implementation = "flash_attention_2"
+    for module in model.modules():
+        if "_attn_implementation" in vars(module):
+            module._attn_implementation = "flash_attention_2"
 
 
 def config_fields(config_class) -> set[str]:
@@ -219,8 +261,9 @@ def build(kind: str, recipe: dict, seed: int, output_dir: str):
     config_name, trainer_name = TRAINERS[kind]
     config_class, trainer_class = getattr(trl, config_name), getattr(trl, trainer_name)
     tok = tokenizer()
-    model = tiny_llama(seed, len(tok), recipe.get("attn_implementation") or "sdpa", scores=kind == "reward")
+    model, model_notes = tiny_model(seed, len(tok), recipe, scores=kind == "reward")
     args, notes = training_config(config_class, recipe, seed, output_dir)
+    notes |= model_notes
     takes = inspect.signature(trainer_class.__init__).parameters
     tokenizer_argument = "processing_class" if "processing_class" in takes else "tokenizer"
     given = {tokenizer_argument: tok}
@@ -387,18 +430,23 @@ def record(spec: dict) -> dict:
         generated = spec["kind"] in GENERATES
         if not generated:
             trainer.data_collator = collate_and_keep
-        trainer.train()
+        try:
+            trainer.train()
+            raised = None
+        except Exception as error:  # the version's own step raised (lesson 04's guard): what a user meets, recorded
+            raised = said(error)
         batches = trainer.prepared_batches if generated else collated
         window = batches[: trainer.args.gradient_accumulation_steps]
         logged = next((entry for entry in trainer.state.log_history if "loss" in entry), {})
         try:
-            attention = attention_pattern(trainer.model, trainer.first_forward)
+            attention = None if raised else attention_pattern(trainer.model, trainer.first_forward)
         except Exception as error:  # a replay this version's model refuses: the rest of the record still stands
-            attention = {"pattern": f"not measured ({type(error).__name__}: {str(error)[:160]})", "sha256": None}
-    first = window[0]
+            attention = {"pattern": f"not measured ({said(error)[:200]})", "sha256": None}
+    first = window[0] if window else {}
     parts = {key: "absent" for key in BATCH_KEYS} | {key: tensor_digest(value) for key, value in first.items()}
     grad_norm = logged.get("grad_norm")
     return {
+        "raised": raised,
         "versions": {name: _version(name) for name in VERSIONS},
         "parts": parts,
         "batch_sha256": hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest(),
@@ -409,12 +457,19 @@ def record(spec: dict) -> dict:
         "verdicts": verdicts,
         "label_tokens": sum(label_tokens(batch) for batch in window),
         "micro_batches": len(window),
-        "loss": sum(trainer.recorded_losses),
+        "loss": None if raised else sum(trainer.recorded_losses),
         "logged_loss": logged.get("loss"),
         "grad_norm": None if grad_norm is None else float(grad_norm),
         "recipe_notes": notes,
         "seconds": round(time.perf_counter() - start, 2),
     }
+
+
+def said(error: BaseException) -> str:
+    """An exception as a record keeps it: its type and its message's first line (no traceback, whose paths differ
+    between environments)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".strip()
 
 
 def _version(name: str) -> str | None:

@@ -19,11 +19,14 @@ COLUMNS = (
 
 
 def verdicts_said(record: dict) -> str:
-    """The check-up's verdicts in a cell: the probes that warned or failed, else how many said ok."""
+    """The check-up's verdicts in a cell: the probes that warned, failed or could not measure (an error, never shown
+    as ok), else how many said ok."""
     verdicts = record.get("verdicts")
     if not verdicts:
         return "-"
-    loud = [f"{probe} {v['status']}" for probe, v in verdicts.items() if v["status"] in ("warn", "fail", "not run")]
+    loud = [
+        f"{probe} {v['status']}" for probe, v in verdicts.items() if v["status"] in ("warn", "fail", "error", "not run")
+    ]
     return ", ".join(loud) or f"{sum(v['status'] == 'ok' for v in verdicts.values())} ok"
 
 
@@ -48,7 +51,7 @@ def row(step: Measured, is_good: bool, compared: bool) -> tuple[str, ...]:
         record.get("batch_sha256", "-")[:12],
         (record.get("attention") or {}).get("pattern", "-"),
         str(record.get("label_tokens", "-")),
-        _number(record.get("loss")),
+        f"raised {record['raised'].split(':')[0]}" if record.get("raised") else _number(record.get("loss")),
         _number(record.get("grad_norm")),
         verdicts_said(record),
         f"{step.seconds:.1f}",
@@ -73,6 +76,8 @@ def change_detail(good: dict, other: dict, part: str) -> str:
     if part == "verdict":
         a, b = good["verdicts"], other["verdicts"]
         return ", ".join(f"{p} {a[p]['status']} -> {b[p]['status']}" for p in changed_verdicts(good, other))
+    if part == "error":
+        return " -> ".join(record.get("raised") or "no error" for record in (good, other))
     if part == "attention":
         return " -> ".join((record.get("attention") or {}).get("pattern", "none") for record in (good, other))
     if part == "label count":

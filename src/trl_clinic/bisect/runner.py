@@ -68,11 +68,15 @@ def bisect(
                 step.status = "step failed"  # built, but the first step raised: not a verdict on the version
         step.seconds = time.perf_counter() - start
         record = step.record or {}
-        said = (
-            f"loss {record['loss']:.6g}, grad norm {record['grad_norm']:.6g}, {record['label_tokens']} label tokens"
-            if step.record and record.get("grad_norm") is not None
-            else (f"loss {record['loss']:.6g}" if step.record else step.message.splitlines()[0][:200])
-        )
+        if not step.record:
+            said = step.message.splitlines()[0][:200]
+        elif record.get("raised"):
+            said = f"the step raised {record['raised'][:200]}"
+        elif record.get("grad_norm") is not None:
+            said = f"loss {record['loss']:.6g}, grad norm {record['grad_norm']:.6g}"
+            said += f", {record['label_tokens']} label tokens"
+        else:
+            said = f"loss {record['loss']:.6g}"
         progress(f"[{next(count)}] {package} {version}: {environment.status} ({step.seconds:.1f} s): {said}")
         return step
 

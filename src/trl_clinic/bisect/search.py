@@ -1,12 +1,12 @@
-"""Comparing first-step records with the good end's, and searching a window for the first one that differs.
-
-A record differs in a *part*, named in the order a step computes it: the ``batch`` (input ids, labels, position ids
-and any other tensor the collator sends, hashed exactly), the ``mask`` (every attention mask, hashed exactly), the
-``attention`` (which tokens of one row each token's output depends on, as the model's first forward of the loss
-measured it: what the mask builder made of the mask and the position ids), the ``label count`` (label tokens over
-the accumulation window), the ``loss scale`` (the step's loss or gradient norm beyond the rounding bound) and a
-``verdict`` (a check-up probe that said ok, warn or fail at both ends, differently). The first part that differs is
-the one named: a batch that changed changes everything after.
+"""Comparing first-step records with the good end's, and searching a window for the first one that differs. A record
+differs in a *part*, named in the order a step computes it: the ``batch`` (input ids, labels, position ids and any
+other tensor the collator sends, hashed exactly), the ``mask`` (every attention mask, hashed exactly), an ``error``
+(the version's own step raised, or raised something else: its type and first line; a step that raised has no
+attention, label count or loss to compare), the ``attention`` (which tokens of one row each token's output depends
+on, as the model's first forward of the loss measured it: what the mask builder made of the mask and the position
+ids), the ``label count`` (label tokens over the accumulation window), the ``loss scale`` (the step's loss or
+gradient norm beyond the rounding bound) and a ``verdict`` (a check-up probe that said ok, warn or fail at both
+ends, differently). The first part that differs is the one named: a batch that changed changes everything after.
 
 The search never measures a version twice and never counts an untestable one (a conflict, libraries that do
 not import, a failed build) as good or bad: binary search steps around it, and the result says which
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-PARTS = ("batch", "mask", "attention", "label count", "loss scale", "verdict")
+PARTS = ("batch", "mask", "error", "attention", "label count", "loss scale", "verdict")
 # Relative bound on the loss and the gradient norm between two records of the same weights and batch: the
 # worst case of a float32 sum of about 150 terms in another order (n * 2**-24 = 9e-6, a window's label tokens).
 # Measured (benchmarks/bisect_rounding.py, docs/bisect.md): the 24 orders of lesson 02's four micro-batches x
@@ -88,11 +88,16 @@ def differing_parts(good: dict, other: dict, bound: float = LOSS_BOUND) -> list[
         found.append("batch")
     if any("attention_mask" in key for key in changed):
         found.append("mask")
-    if attention_differs(good, other):
+    if good.get("raised") != other.get("raised"):
+        found.append("error")
+    stepped = not (good.get("raised") or other.get("raised"))  # a step that raised has no loss to compare
+    if stepped and attention_differs(good, other):
         found.append("attention")
-    if good["label_tokens"] != other["label_tokens"]:
+    if stepped and good["label_tokens"] != other["label_tokens"]:
         found.append("label count")
-    if not (_close(good["loss"], other["loss"], bound) and _close(good["grad_norm"], other["grad_norm"], bound)):
+    if stepped and not (
+        _close(good["loss"], other["loss"], bound) and _close(good["grad_norm"], other["grad_norm"], bound)
+    ):
         found.append("loss scale")
     if changed_verdicts(good, other):
         found.append("verdict")
