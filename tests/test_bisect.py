@@ -433,6 +433,22 @@ def test_the_first_step_on_todays_stack_records_every_part():
     assert record["verdicts"]["accumulation"]["status"] == "ok"  # today's transformers: the window's label count
 
 
+def test_conversational_data_trains_the_completion_only_on_todays_stack():
+    """Prompt-completion chats through the tokenizer's chat template: today's TRL masks the prompt (the check-up's
+    prompt_in_loss probe, run on that trainer, says ok), which TRL #6105's releases did not (the slow proof)."""
+    spec = records.first_step_spec("sft", {"per_device_train_batch_size": 2}, data="conversational")
+    record, why = records.record_first_step(Path(sys.executable), spec)
+    assert record is not None, why
+    assert record["verdicts"]["prompt_in_loss"]["status"] == "ok" and record["label_tokens"] > 0
+    assert record["parts"]["labels"] != "absent" and record["grad_norm"] > 0
+
+
+@pytest.mark.parametrize("kind, data", [("dpo", "conversational"), ("sft", "messages")])
+def test_conversational_data_is_for_sft_only_and_other_data_is_a_usage_error(kind, data):
+    with pytest.raises(ValueError, match="conversational for sft only"):
+        records.first_step_spec(kind, {}, data=data)
+
+
 def test_the_check_up_is_put_on_the_scripts_path_alone(tmp_path):
     """Only a link to trl_clinic: the folder holding the package may be a site-packages whose other libraries would
     shadow the side environment's."""
@@ -574,3 +590,20 @@ def test_lesson_04s_right_padding_guard_is_found_where_it_appears_and_where_it_g
     llama = recipe | {"model_name_or_path": "meta-llama/Llama-3.2-1B"}
     llama = runner.bisect("dpo", llama, "transformers", "4.48.3", "4.49.0", pins=pins)
     assert (llama.first, llama.exit_code) == (None, 0)
+
+
+@pytest.mark.slow
+def test_lesson_08s_prompt_in_loss_window_is_found_unaided():
+    """TRL #6105 (lesson 08's first part; era 06-trl-0.24's pins, transformers 5.5.0): SFT on conversational
+    prompt-completion rows, trl 0.24.0 good (the buggy end: its prompt ids are a two-key BatchEncoding, so the
+    completion mask trains the prompt), 0.27.1 bad: the first change is 0.27.1, in the batch (its labels mask the
+    prompt), then the label count, and the check-up's prompt_in_loss verdict goes from fail to ok."""
+    pins = ["transformers==5.5.0", "peft==0.21.2", "accelerate==1.15.0", "datasets==5.2.0"]
+    recipe = {"per_device_train_batch_size": 2}
+    outcome = runner.bisect("sft", recipe, "trl", "0.24.0", "0.27.1", pins=pins, data="conversational")
+    assert (outcome.first, outcome.last_same, outcome.part) == ("0.27.1", "0.27.0", "batch")
+    assert outcome.measured["0.27.1"].parts == ["batch", "label count", "loss scale", "verdict"]
+    before, after = (outcome.measured[v].record for v in ("0.27.0", "0.27.1"))
+    assert before["label_tokens"] > after["label_tokens"] > 0  # the prompt tokens leave the loss
+    said = {v: outcome.measured[v].record["verdicts"]["prompt_in_loss"]["status"] for v in ("0.27.0", "0.27.1")}
+    assert said == {"0.27.0": "fail", "0.27.1": "ok"}

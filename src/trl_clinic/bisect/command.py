@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from trl_clinic.bisect.records import TRAINER_KINDS
+from trl_clinic.bisect.records import DATA, TRAINER_KINDS
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -43,6 +43,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON (progress stays on stderr)")
     parser.add_argument(
         "--no-checkup", action="store_true", help="no check-up verdicts per version (they run before each first step)"
+    )
+    parser.add_argument(
+        "--data",
+        choices=DATA,
+        default="text",
+        help="what the step trains on: synthetic text (default), or for sft conversational prompt-completion chats "
+        "through a chat template",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads in each first step (default 1)")
@@ -89,6 +96,7 @@ def handle(args: argparse.Namespace) -> int:
             seed=args.seed,
             threads=args.threads,
             checkup=not args.no_checkup,
+            data=args.data,
             cache=args.cache,
         )
     except IndexUnavailable as error:

@@ -78,6 +78,15 @@ def tokenizer():
     return wrapped
 
 
+# A chat template over the fixed vocabulary, for conversational data only (the plain-text records keep the tokenizer
+# they always had): each turn is <bos>, a role word (w0 the user, w1 the assistant), its text and <eos>, so a
+# prompt-completion row's prompt ends where its completion's turn starts.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<bos> {{ 'w0' if m['role'] == 'user' else 'w1' }} {{ m['content'] }} <eos> {% endfor %}"
+    "{% if add_generation_prompt %}<bos> w1 {% endif %}"
+)
+
+
 def texts(seed: int, count: int = 64) -> list[str]:
     """Sentences of 3 to 60 words: varied lengths, so padding and the label count per micro-batch vary."""
     draw = random.Random(seed)
@@ -221,9 +230,17 @@ TRAINERS = {  # kind: the names of its config and trainer classes in ``trl``
 }
 
 
-def dataset(kind: str, seed: int, tok) -> dict[str, list]:
-    """SFT: sentences; DPO: prompt, chosen, rejected; reward: each answer after its prompt (TRL's implicit-prompt
-    preference format), tokenized here too for a TRL that reads only tokenized pairs; GRPO: prompts only."""
+def dataset(kind: str, seed: int, tok, data: str = "text") -> dict[str, list]:
+    """SFT: sentences, or with ``data`` "conversational" prompt-completion chats (a user turn, then the assistant's,
+    TRL's conversational prompt-completion format: where TRL #6105 trained the prompt); DPO: prompt, chosen,
+    rejected; reward: each answer after its prompt (TRL's implicit-prompt preference format), tokenized here too for
+    a TRL that reads only tokenized pairs; GRPO: prompts only."""
+    if kind == "sft" and data == "conversational":
+        rows = pairs(seed)
+        return {
+            "prompt": [[{"role": "user", "content": p}] for p in rows["prompt"]],
+            "completion": [[{"role": "assistant", "content": c.strip()}] for c in rows["chosen"]],
+        }
     if kind == "sft":
         return {"text": texts(seed)}
     rows = pairs(seed)
@@ -253,7 +270,7 @@ def tokenized_pairs(rows: dict[str, list[str]], tok) -> dict[str, list]:
     return columns
 
 
-def build(kind: str, recipe: dict, seed: int, output_dir: str):
+def build(kind: str, recipe: dict, seed: int, output_dir: str, data: str = "text"):
     """The version's own trainer and config for ``kind``, on the tiny model, the tokenizer and the data."""
     import trl
     from datasets import Dataset
@@ -261,6 +278,8 @@ def build(kind: str, recipe: dict, seed: int, output_dir: str):
     config_name, trainer_name = TRAINERS[kind]
     config_class, trainer_class = getattr(trl, config_name), getattr(trl, trainer_name)
     tok = tokenizer()
+    if data == "conversational":
+        tok.chat_template = CHAT_TEMPLATE
     model, model_notes = tiny_model(seed, len(tok), recipe, scores=kind == "reward")
     args, notes = training_config(config_class, recipe, seed, output_dir)
     notes |= model_notes
@@ -274,8 +293,8 @@ def build(kind: str, recipe: dict, seed: int, output_dir: str):
         # with beta > 0 GRPO loads its reference from the policy's name: a saved copy of the same weights
         model.save_pretrained(f"{output_dir}/policy")
         model.config._name_or_path = f"{output_dir}/policy"
-    data = Dataset.from_dict(dataset(kind, seed, tok))
-    trainer = recording(trainer_class)(model=model, args=args, train_dataset=data, **given)
+    rows = Dataset.from_dict(dataset(kind, seed, tok, data))
+    trainer = recording(trainer_class)(model=model, args=args, train_dataset=rows, **given)
     return trainer, notes
 
 
@@ -416,7 +435,7 @@ def record(spec: dict) -> dict:
     torch.manual_seed(spec["seed"])
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trl-clinic-bisect-") as output_dir:
-        trainer, notes = build(spec["kind"], spec["recipe"], spec["seed"], output_dir)
+        trainer, notes = build(spec["kind"], spec["recipe"], spec["seed"], output_dir, spec.get("data", "text"))
         verdicts = checkup_verdicts(trainer, spec.get("checkup_source"))
         trainer.start_recording()
         collated = []

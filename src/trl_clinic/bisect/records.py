@@ -21,10 +21,18 @@ SCRIPT = Path(__file__).with_name("first_step.py")
 PACKAGE = Path(__file__).parents[1]  # trl_clinic's folder: the script runs the check-up from it
 
 
-def first_step_spec(kind: str, recipe: dict, *, seed: int = 0, threads: int = 1, checkup: bool = True) -> dict:
-    """What the script reads: the trainer kind, the user's config as a dict, the seed, torch's threads, and
-    whether to run the check-up first (``record_first_step`` says where it is)."""
-    return {"kind": kind, "recipe": recipe, "seed": seed, "threads": threads, "checkup": checkup}
+DATA = ("text", "conversational")  # the data first_step.py trains on (its DATA); conversational: SFT only
+
+
+def first_step_spec(
+    kind: str, recipe: dict, *, seed: int = 0, threads: int = 1, checkup: bool = True, data: str = "text"
+) -> dict:
+    """What the script reads: the trainer kind, the user's config as a dict, the seed, torch's threads, whether to
+    run the check-up first (``record_first_step`` says where it is) and the data (``DATA``; a ValueError, a usage
+    error, for conversational data on a trainer other than SFT)."""
+    if data not in DATA or (data == "conversational" and kind != "sft"):
+        raise ValueError(f"--data {data}: bisect trains on {', '.join(DATA)} data, conversational for sft only")
+    return {"kind": kind, "recipe": recipe, "seed": seed, "threads": threads, "checkup": checkup, "data": data}
 
 
 def checkup_source(folder: Path) -> str:

@@ -36,6 +36,7 @@ def bisect(
     seed: int = 0,
     threads: int = 1,
     checkup: bool = True,
+    data: str = "text",
     cache: Path | None = None,
     bound: float = search.LOSS_BOUND,
     progress: Callable[[str], None] = _stderr,
@@ -45,14 +46,15 @@ def bisect(
 
     ``pins`` override what is pinned from this environment ("NAME==X", or a bare "NAME" for the resolver to
     choose); ``window`` replaces the index's listing (the ends are kept); ``checkup`` runs the check-up on each
-    version's trainer before its first step and keeps its verdicts. A ValueError is a usage error, raised
-    before the index is asked; ``versions.IndexUnavailable`` says the index listed nothing (undecided).
+    version's trainer before its first step and keeps its verdicts; ``data`` is what the step trains on (synthetic
+    text, or for SFT "conversational" prompt-completion chats through a chat template). A ValueError is a usage
+    error, raised before the index is asked; ``versions.IndexUnavailable`` says the index listed nothing (undecided).
     """
     if kind not in TRAINER_KINDS:
         raise ValueError(f"bisect builds {', '.join(TRAINER_KINDS)} trainers, not {kind}")
     versions.ends(good, bad)
     pinned = versions.pins(package, pins)
-    spec = first_step_spec(kind, recipe, seed=seed, threads=threads, checkup=checkup)
+    spec = first_step_spec(kind, recipe, seed=seed, threads=threads, checkup=checkup, data=data)
     listed = window if window is not None else versions.index_versions(package, pre=pre)
     chosen = versions.between(listed, good, bad, pre=pre)
     progress(f"bisect {package} {good}..{bad}: {len(chosen)} versions; pinned: {', '.join(pinned.values())}")
