@@ -571,6 +571,27 @@ def test_lesson_01s_padding_free_window_is_found_unaided():
 
 
 @pytest.mark.slow
+def test_lesson_01s_transformers_release_is_found_unaided():
+    """trl 0.18.2's padding-free collator sends position ids and no mask on sdpa; the recipe loads its model with
+    use_cache=False. transformers 4.52.4 good, 4.53.3 bad: the first change is 4.53.1, in the attention (its mask
+    builder finds the sequences in the position ids), with the batch unchanged, and the check-up's packing verdict
+    goes from fail to ok. With the config's use_cache=True the same two releases give the same record: the cache
+    keeps the row contaminated (lesson 01's later trap)."""
+    recipe = {"per_device_train_batch_size": 4, "padding_free": True, "max_length": None, "max_seq_length": None}
+    recipe["model_init_kwargs"] = {"use_cache": False}
+    pins = ["trl==0.18.2", "accelerate", "peft", "datasets", "rich"]
+    outcome = runner.bisect("sft", recipe, "transformers", "4.52.4", "4.53.3", pins=pins)
+    assert (outcome.first, outcome.last_same, outcome.part) == ("4.53.1", "4.53.0", "attention")
+    assert outcome.measured["4.53.1"].parts == ["attention", "loss scale", "verdict"]
+    assert outcome.measured["4.53.1"].record["attention"]["pattern"] == "causal within 4 sequences (124 tokens)"
+    said = {v: outcome.measured[v].record["verdicts"]["packing"]["status"] for v in ("4.53.0", "4.53.1")}
+    assert said == {"4.53.0": "fail", "4.53.1": "ok"}
+    cached = runner.bisect("sft", recipe | {"model_init_kwargs": {}}, "transformers", "4.53.0", "4.53.1", pins=pins)
+    assert (cached.first, cached.exit_code) == (None, 0)
+    assert cached.measured["4.53.1"].record["attention"]["pattern"] == "causal (124 tokens)"
+
+
+@pytest.mark.slow
 def test_lesson_04s_right_padding_guard_is_found_where_it_appears_and_where_it_goes():
     """DPO on a tiny Qwen2 with FlashAttention-2 (re-created: flash-attn needs a GPU), trl 0.17.0 (which passes no
     use_cache, TRL #3306) beside every transformers: the step raises in every version, and what it raises is the

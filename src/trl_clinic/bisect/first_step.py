@@ -109,8 +109,10 @@ def family(recipe: dict) -> str:
 def tiny_model(seed: int, vocab_size: int, recipe: dict, *, scores: bool = False):
     """A two-layer model of the recipe's ``family`` whose every weight is drawn from ``seed`` and the parameter's
     name (norms and biases at one); with ``scores``, the one-label sequence classifier a reward model is (its head
-    is ``score``, drawn the same way). FlashAttention-2 without the flash-attn package is re-created as lesson 04
-    re-creates it (``flash_attention_2``), and the record's notes say so."""
+    is ``score``, drawn the same way). The recipe's ``model_init_kwargs`` give ``use_cache`` as a checkpoint would
+    take it (transformers finds a packed row's sequences in its position ids only without a cache, lesson 01's
+    later trap); nothing else of them is read. FlashAttention-2 without the flash-attn package is re-created as
+    lesson 04 re-creates it (``flash_attention_2``), and the record's notes say so."""
     import transformers
 
     config_name, causal_name, classifier_name = FAMILIES[family(recipe)]
@@ -128,6 +130,9 @@ def tiny_model(seed: int, vocab_size: int, recipe: dict, *, scores: bool = False
         **({"num_labels": 1} if scores else {}),
         **MODEL_SIZE,
     )
+    use_cache = (recipe.get("model_init_kwargs") or {}).get("use_cache")
+    if use_cache is not None:  # the recipe loads its model with it (a config field): transformers' masks depend on it
+        config.use_cache = bool(use_cache)
     model = getattr(transformers, classifier_name if scores else causal_name)(config)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -138,7 +143,8 @@ def tiny_model(seed: int, vocab_size: int, recipe: dict, *, scores: bool = False
             parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
     if recreated:
         flash_attention_2(model)
-    return model, {"model": f"a tiny {family(recipe)}"} | ({"recreated": RECREATED} if recreated else {})
+    notes = {"model": f"a tiny {family(recipe)}, use_cache={config.use_cache}"}
+    return model, notes | ({"recreated": RECREATED} if recreated else {})
 
 
 RECREATED = (
