@@ -378,16 +378,81 @@ def test_the_command_prints_json_and_returns_the_outcomes_exit_code(tmp_path, mo
     recipe.write_text("per_device_train_batch_size: 1\ngradient_accumulation_steps: 4\n")
     seen = {}
 
-    def fake_bisect(kind, config, package, good, bad, **options):
-        seen.update(kind=kind, config=config, pins=options["pins"])
+    def fake_bisect(kind, config, moves, **options):
+        seen.update(kind=kind, config=config, pins=options["pins"], moves=moves)
         return search.binary(WINDOW, FakeIndex(monotone(3)))
 
-    monkeypatch.setattr(runner, "bisect", fake_bisect)
+    monkeypatch.setattr(runner, "bisect_together", fake_bisect)
     argv = ["bisect", "sft", "--config", str(recipe), "--package", "trl", "--good", "1.0.0", "--bad", "1.29.0"]
     assert cli.main([*argv, "--json", "--pin", "datasets"]) == 1
     assert json.loads(capsys.readouterr().out)["first_change"] == WINDOW[3]
     assert seen == {"kind": "sft", "config": {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4},
-                    "pins": ["datasets"]}  # fmt: skip
+                    "pins": ["datasets"], "moves": [("trl", "1.0.0", "1.29.0")]}  # fmt: skip
+    together = ["--package", "trl,transformers", "--good", "1.0.0,4.0.0", "--bad", "1.29.0,4.2.0"]
+    assert cli.main([*argv[:4], *together]) == 1
+    assert seen["moves"] == [("trl", "1.0.0", "1.29.0"), ("transformers", "4.0.0", "4.2.0")]
+
+
+# --- packages upgraded together ---------------------------------------------------------------------------------
+
+LISTED = {"trl": ["0.1.0", "0.2.0", "0.3.0"], "transformers": ["4.0.0", "4.1.0", "4.2.0", "4.3.0"]}
+TOGETHER = [("trl", "0.1.0", "0.3.0"), ("transformers", "4.0.0", "4.2.0")]
+
+
+def test_an_upgrade_path_moves_one_package_one_release_at_a_time():
+    path = runner.upgrade_path(TOGETHER, LISTED)
+    assert [label for label, *_ in path] == [
+        "trl 0.1.0 + transformers 4.0.0",
+        "trl 0.2.0 + transformers 4.0.0",
+        "trl 0.3.0 + transformers 4.0.0",
+        "trl 0.3.0 + transformers 4.1.0",
+        "trl 0.3.0 + transformers 4.2.0",
+    ]
+    assert [(package, version) for _, package, version, _ in path[1:]] == [
+        ("trl", "0.2.0"), ("trl", "0.3.0"), ("transformers", "4.1.0"), ("transformers", "4.2.0")
+    ]  # fmt: skip
+    assert [label for label, *_ in runner.upgrade_path(TOGETHER[:1], LISTED)] == ["0.1.0", "0.2.0", "0.3.0"]
+
+
+def test_packages_upgraded_together_name_the_package_and_release_that_changed(monkeypatch):
+    """Each point's environment holds the moving package's release beside the other's current one; the record
+    changes with transformers 4.1.0, so the first change is that point, whatever trl did before it."""
+    built = []
+
+    def fake_prepare(package, version, pins, kind, cache):
+        state = {package: version} | {name: line.split("==")[1] for name, line in pins.items() if name in LISTED}
+        built.append(state)
+        return environments.Environment(version, "cached", Path(json.dumps(state)))
+
+    def fake_step(python, spec):
+        state = json.loads(str(python))
+        return (fake_record(loss=9.0) if state["transformers"] >= "4.1.0" else fake_record()), ""
+
+    monkeypatch.setattr(runner, "prepare", fake_prepare)
+    monkeypatch.setattr(runner, "record_first_step", fake_step)
+    outcome = runner.bisect_together("sft", {}, TOGETHER, windows=LISTED, pins=["datasets"], progress=lambda _: None)
+    assert outcome.first == "trl 0.3.0 + transformers 4.1.0" and outcome.last_same == "trl 0.3.0 + transformers 4.0.0"
+    assert all(set(state) == {"trl", "transformers"} for state in built)
+    assert report.verdict(outcome, "").startswith("first change: trl 0.3.0 + transformers 4.1.0 (last same: trl 0.3.0")
+
+
+@pytest.mark.parametrize(
+    "moves, pins, said",
+    [
+        ([("trl", "0.1.0", "0.3.0"), ("trl", "0.2.0", "0.3.0")], [], "each package moves once"),
+        (TOGETHER, ["transformers==4.0.0"], "names the package that moves"),
+    ],
+)
+def test_a_package_moved_twice_or_pinned_while_it_moves_is_a_usage_error(moves, pins, said):
+    with pytest.raises(ValueError, match=said):
+        runner.bisect_together("sft", {}, moves, windows=LISTED, pins=pins)
+
+
+def test_a_package_without_its_two_ends_is_a_usage_error(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("per_device_train_batch_size: 1\n")
+    argv = ["bisect", "sft", "--config", str(recipe), "--package", "trl,transformers", "--good", "0.1.0"]
+    assert cli.main([*argv, "--bad", "0.3.0,4.2.0"]) == 2
 
 
 @pytest.mark.parametrize(
@@ -628,3 +693,19 @@ def test_lesson_08s_prompt_in_loss_window_is_found_unaided():
     assert before["label_tokens"] > after["label_tokens"] > 0  # the prompt tokens leave the loss
     said = {v: outcome.measured[v].record["verdicts"]["prompt_in_loss"]["status"] for v in ("0.27.0", "0.27.1")}
     assert said == {"0.27.0": "fail", "0.27.1": "ok"}
+
+
+@pytest.mark.slow
+def test_trl_and_transformers_upgraded_together_name_the_release_that_trained_the_prompt():
+    """A user upgrades trl 0.24.0 -> 0.26.0 and transformers 4.57.1 -> 5.5.0 at once and the SFT loss on chats
+    changes: the path moves trl first (nothing changes beside 4.57.1), then transformers, and names 5.0.0 (TRL
+    #6105: 5.0.0's apply_chat_template returns a BatchEncoding where trl 0.26.0 counted a list)."""
+    moves = [("trl", "0.24.0", "0.26.0"), ("transformers", "4.57.1", "5.5.0")]
+    pins = ["peft", "accelerate", "datasets"]
+    outcome = runner.bisect_together("sft", {"per_device_train_batch_size": 2}, moves, pins=pins, data="conversational")
+    assert outcome.first == "trl 0.26.0 + transformers 5.0.0" and outcome.part == "batch"
+    assert outcome.last_same == "trl 0.26.0 + transformers 4.57.6"
+    said = [
+        outcome.measured[v].record["verdicts"]["prompt_in_loss"]["status"] for v in (outcome.last_same, outcome.first)
+    ]
+    assert said == ["ok", "fail"] and len(outcome.versions) == 15 and len(outcome.measured) <= 5

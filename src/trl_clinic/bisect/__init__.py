@@ -17,7 +17,17 @@ no torch.
 """
 
 from trl_clinic.bisect.report import table, to_json, verdict
-from trl_clinic.bisect.runner import bisect
+from trl_clinic.bisect.runner import bisect, bisect_together
 from trl_clinic.bisect.search import LOSS_BOUND, Measured, Outcome, differing_parts
 
-__all__ = ["LOSS_BOUND", "Measured", "Outcome", "bisect", "differing_parts", "table", "to_json", "verdict"]
+__all__ = [
+    "LOSS_BOUND",
+    "Measured",
+    "Outcome",
+    "bisect",
+    "bisect_together",
+    "differing_parts",
+    "table",
+    "to_json",
+    "verdict",
+]

@@ -28,9 +28,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("kind", choices=TRAINER_KINDS, help="the trainer the recipe builds")
     parser.add_argument("--config", type=Path, required=True, help="the recipe: a `trl <kind> --config` YAML")
-    parser.add_argument("--package", required=True, help="the package that moves (trl, transformers, ...)")
-    parser.add_argument("--good", required=True, help="a version whose first step is the reference")
-    parser.add_argument("--bad", required=True, help="a newer version that shows the change")
+    parser.add_argument(
+        "--package",
+        required=True,
+        help="the package that moves (trl, transformers, ...), or several upgraded together, comma-separated "
+        "(trl,transformers: the first moves from its good to its bad version, then the next)",
+    )
+    parser.add_argument("--good", required=True, help="a version whose first step is the reference (one per package)")
+    parser.add_argument("--bad", required=True, help="a newer version that shows the change (one per package)")
     parser.add_argument(
         "--pin",
         action="append",
@@ -78,18 +83,26 @@ def unlisted(args: argparse.Namespace, why: str) -> int:
     return 3
 
 
+def moves(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """(package, good, bad) for each comma-separated package (a ValueError when the counts differ)."""
+    packages, goods, bads = (value.split(",") for value in (args.package, args.good, args.bad))
+    if not len(packages) == len(goods) == len(bads):
+        raise ValueError(f"--package names {len(packages)}, --good {len(goods)} and --bad {len(bads)}: one each")
+    return [(p.strip(), g.strip(), b.strip()) for p, g, b in zip(packages, goods, bads)]
+
+
 def handle(args: argparse.Namespace) -> int:
     from trl_clinic.bisect.report import table, to_json, verdict
-    from trl_clinic.bisect.runner import bisect
+    from trl_clinic.bisect.runner import bisect_together
     from trl_clinic.bisect.versions import IndexUnavailable
 
+    moving = moves(args)
+    package = moving[0][0] if len(moving) == 1 else ""  # an upgrade path's labels name every package
     try:
-        outcome = bisect(
+        outcome = bisect_together(
             args.kind,
             read_recipe(args.config),
-            args.package,
-            args.good,
-            args.bad,
+            moving,
             pins=args.pin,
             pre=args.pre,
             linear=args.linear,
@@ -102,9 +115,9 @@ def handle(args: argparse.Namespace) -> int:
     except IndexUnavailable as error:
         return unlisted(args, str(error))
     if args.json:
-        print(json.dumps(to_json(outcome, args.package), indent=1))
+        print(json.dumps(to_json(outcome, package) | {"package": args.package}, indent=1))
     else:
         print(table(outcome))
-        print(verdict(outcome, args.package))
+        print(verdict(outcome, package))
     sys.stdout.flush()
     return outcome.exit_code

@@ -95,20 +95,25 @@ def change_detail(good: dict, other: dict, part: str) -> str:
     return "changed: " + ", ".join(changed) + f"; shapes {good.get('shape')} -> {other.get('shape')}"
 
 
+def _at(package: str, version: str) -> str:
+    return f"{package} {version}" if package else version
+
+
 def verdict(outcome: Outcome, package: str) -> str:
-    """One line: what changed first and where, or that nothing did, or why it is undecided."""
+    """One line: what changed first and where, or that nothing did, or why it is undecided. ``package`` names the
+    package that moved; empty where the versions are an upgrade path's labels, which name every package."""
     good = outcome.measured[outcome.versions[0]]
     if not good.usable:
         said = good.message.splitlines()[0] if good.message else ""
-        return f"undecided: the good end {package} {good.version} could not be measured ({good.status}): {said}"
+        return f"undecided: the good end {_at(package, good.version)} could not be measured ({good.status}): {said}"
     if outcome.first is None:
         if not outcome.decided:
             unmeasured = [f"{s.version} ({s.status})" for s in outcome.measured.values() if not s.usable]
             return f"undecided: no change among the versions measured, but not measured: {', '.join(unmeasured)}"
-        return f"no change from {package} {good.version} to {outcome.versions[-1]} (bound: relative {LOSS_BOUND:g})"
+        return f"no change from {_at(package, good.version)} to {outcome.versions[-1]} (bound: relative {LOSS_BOUND:g})"
     step = outcome.measured[outcome.first]
     said = (
-        f"first change: {package} {outcome.first} (last same: {outcome.last_same}): the {step.parts[0]} "
+        f"first change: {_at(package, outcome.first)} (last same: {outcome.last_same}): the {step.parts[0]} "
         f"({change_detail(good.record, step.record, step.parts[0])})"
     )
     if len(step.parts) > 1:  # the later parts by name; a verdict with its probes (short, and what a reader acts on)
