@@ -363,6 +363,19 @@ def test_a_skipped_era_leaves_its_checks_out_rather_than_passing_them(key):
     assert dropped and all(re.search(r"\d+\.\d+", name) for name in dropped), dropped  # each names its version
 
 
+def test_deep_dive_02s_bisect_is_left_out_when_no_index_listed_it_and_fails_when_undecided():
+    """Section 7 bisects transformers 4.45.0..4.46.0: offline (no index) its checks are left out, as a skipped
+    era's; a search a failed build left undecided is a failure, not a pass."""
+    named = [name for name in verdict("02-deeper", baseline("02-deeper")) if "bisect" in name or "4.46.0" in name]
+    assert len(named) == 3
+    numbers = baseline("02-deeper")
+    numbers["bisect"] = {"status": "skipped", "reason": "pip could not list transformers's versions"}
+    assert not set(named) & set(verdict("02-deeper", numbers))
+    numbers["bisect"] = {**baseline("02-deeper")["bisect"], "status": "undecided", "first": None, "last_same": None}
+    numbers["bisect"]["parts"] = []
+    assert not any(verdict("02-deeper", numbers)[name].passed for name in named[:2])
+
+
 @pytest.mark.parametrize("key", LESSONS)
 def test_the_checks_hold_on_numbers_of_the_gpu_shape(key):
     """The gpu sizes have never run on a GPU here, so each notebook's checks are run on the cpu run's

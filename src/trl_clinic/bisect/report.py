@@ -59,13 +59,16 @@ def row(step: Measured, is_good: bool, compared: bool) -> tuple[str, ...]:
     )
 
 
-def table(outcome: Outcome) -> str:
-    """The measured versions, oldest first, as a markdown table (what docs/bisect.md shows)."""
+def table(outcome: Outcome, columns: tuple[str, ...] = COLUMNS) -> str:
+    """The measured versions, oldest first, as a markdown table (what docs/bisect.md shows); ``columns`` chooses
+    some of ``COLUMNS`` (a narrow screen: a notebook's 120 characters)."""
     good = outcome.versions[0]
     compared = outcome.measured[good].usable
+    keep = [COLUMNS.index(column) for column in columns]
     rows = [row(outcome.measured[v], v == good, compared) for v in outcome.versions if v in outcome.measured]
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(COLUMNS)]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(COLUMNS, widths)) + " |"]
+    rows = [tuple(r[i] for i in keep) for r in rows]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths)) + " |"]
     lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
     return "\n".join(lines)

@@ -110,11 +110,31 @@ def fix_checks(n: dict) -> dict:
     }
 
 
+def bisect_checks(n: dict) -> dict:
+    """Section 7: bisect, told only the window, names 4.46.0 in the loss scale (absent when no index could list the
+    releases; an undecided search is recorded and fails them)."""
+    found = n.get("bisect") or {"status": "skipped"}
+    if found["status"] == "skipped":
+        return {}
+    said = {version: found["versions"].get(version, {}).get("accumulation") for version in ("4.45.2", "4.46.0")}
+    return {
+        "bisect names transformers 4.46.0 as the first change, 4.45.2 the last same": measured(
+            (found["first"], found["last_same"]) == ("4.46.0", "4.45.2")
+        ),
+        "at transformers 4.46.0 the loss scale changes and the batch and label count do not": measured(
+            found["parts"][:1] == ["loss scale"]
+        ),
+        "the check-up's accumulation probe fails on transformers 4.45.2 and passes on 4.46.0": measured(
+            said == {"4.45.2": "fail", "4.46.0": "ok"}
+        ),
+    }
+
+
 def checks(n: dict) -> tuple[dict, dict]:
     """The claims above as functions of the numbers alone (a test swaps today's path with the old ones and expects
     each group to fail)."""
     era_symptom, era_fix = era_checks(n)
-    return {**era_symptom, **old_path_checks(n), **run_checks(n)}, {**fix_checks(n), **era_fix}
+    return {**era_symptom, **old_path_checks(n), **run_checks(n), **bisect_checks(n)}, {**fix_checks(n), **era_fix}
 
 
 def summary(n: dict) -> str:

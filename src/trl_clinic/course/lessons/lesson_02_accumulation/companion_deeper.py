@@ -1,6 +1,7 @@
 """Companion of lesson 02's deep dive (deeper.py): the sweep over
 accumulation counts on three paths, the reported losses, the label counts of padded and packed rows, the trained
-runs, the loss-jump reading, the model classes that declare no loss kwargs, and the figure.
+runs, the loss-jump reading, the model classes that declare no loss kwargs, the figure, and what section 7's bisect
+recorded.
 
 The old normalisation is re-created on today's Trainer by ``stand_ins.recreate_pre_446_loss`` (the deep dive
 first shows that it gives the real transformers 4.45.2 gradient); a custom ``compute_loss`` that drops
@@ -10,15 +11,19 @@ first shows that it gives the real transformers 4.45.2 gradient); a custom ``com
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import transformers
 from datasets import Dataset
+from packaging.requirements import Requirement
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trl import SFTConfig, SFTTrainer
 
+from trl_clinic.bisect import Outcome
 from trl_clinic.course import plotting
+from trl_clinic.course.eras.spec import requirements_file
 from trl_clinic.course.lessons.lesson_02_accumulation.companion import FirstStep
 from trl_clinic.course.run import Run
 from trl_clinic.course.runtime import progress
@@ -178,3 +183,46 @@ def plot_runs(curves: dict[str, StepRecorder], n: int, output_dir: Path) -> Path
     plotting.label(ax_train, "optimizer step", "logged training loss (nats/token)", "what each run logs")
     plotting.label(ax_eval, "optimizer step", "held-out loss (nats/token)", "held-out loss, all answers")
     return plotting.save(fig, output_dir, "gradient_accumulation_runs")
+
+
+BISECT_COLUMNS = ("version", "build", "label tokens", "loss", "grad norm", "verdicts", "vs good")  # fits 120 columns
+
+
+def era_pins(era: str, moving: str) -> list[str]:
+    """The era's requirement lines without the package that moves, and ``datasets`` left to the resolver: the era
+    does not pin it, and bisect would otherwise pin this environment's, which TRL 0.11.4 predates."""
+    lines = requirements_file(era).read_text().splitlines()
+    pins = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    return [pin for pin in pins if Requirement(pin).name != moving] + ["datasets"]
+
+
+def say(line: str) -> None:
+    """A bisect progress line, folded to the notebook's width."""
+    print(textwrap.fill(line, 116, subsequent_indent="    "))
+
+
+def bisect_numbers(outcome: Outcome | None, skipped: str = "") -> dict:
+    """What the checks read of section 7's bisect: ``finished`` when it decided (``skipped`` with the reason when the
+    index could not be read, ``undecided`` when a build or a step failed), the first change, the last version that
+    matched, the parts, and each measured version's label tokens, loss, gradient norm and accumulation verdict."""
+    if outcome is None:
+        return {"status": "skipped", "reason": skipped}
+    versions = {}
+    for version, step in outcome.measured.items():
+        record = step.record or {}
+        verdicts = record.get("verdicts") or {}
+        versions[version] = {
+            "status": step.status,
+            "label_tokens": record.get("label_tokens"),
+            "loss": record.get("loss"),
+            "grad_norm": record.get("grad_norm"),
+            "accumulation": (verdicts.get("accumulation") or {}).get("status"),
+        }
+    return {
+        "status": "finished" if outcome.decided else "undecided",
+        "window": outcome.versions,
+        "first": outcome.first,
+        "last_same": outcome.last_same,
+        "parts": outcome.measured[outcome.first].parts if outcome.first else [],
+        "versions": versions,
+    }

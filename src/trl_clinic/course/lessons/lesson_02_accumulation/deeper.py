@@ -252,6 +252,37 @@ print(f"lowest short/long ratio (short answers learned best relative to long one
 figure_path = companion.plot_runs(curves, N, run.output_dir)
 
 # %% [markdown]
+# ## 7. Which release? Bisect it
+#
+# Section 2's table was read in each release's source. `trl-clinic bisect` finds the release by measuring, without
+# being told where to look: a side environment per transformers release from 4.45.0 to 4.46.0 (the era's TRL
+# 0.11.4 and the rest of its pins beside each), one first training step of a recipe in each (batch 1 ×
+# accumulation 4 at learning rate 0, on a tiny model and sentences drawn from the seed), and a binary search for
+# the first release whose step differs from the good end's. The first run builds the environments (about 25 s
+# each, uv's cache warm) and keeps them for the next ([docs/bisect.md](../../docs/bisect.md)).
+
+# %%
+from trl_clinic.bisect import bisect, table, verdict
+from trl_clinic.bisect.versions import IndexUnavailable
+
+recipe = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4, "max_seq_length": 128, "max_length": 128}
+pins = companion.era_pins("02-transformers-4.45", moving="transformers")
+try:
+    found = bisect("sft", recipe, "transformers", "4.45.0", "4.46.0", pins=pins, seed=run.seed, progress=companion.say)
+    print(table(found, columns=companion.BISECT_COLUMNS))
+    companion.say(verdict(found, "transformers"))
+    bisected = companion.bisect_numbers(found)
+except IndexUnavailable as error:  # no package index to list the releases: the section is left out
+    bisected = companion.bisect_numbers(None, skipped=str(error))
+    print(f"skipped: {error}")
+
+# %% [markdown]
+# The batch and its label count are the same in every release; the loss and the gradient norm move at the first
+# change (the loss scale), and the check-up, run inside each release's environment, says whether its
+# accumulation probe fails there. The same command from a shell: `trl-clinic bisect sft --config recipe.yaml
+# --package transformers --good 4.45.0 --bad 4.46.0` with a `--pin` for each of the pins above.
+
+# %% [markdown]
 # ## Checks
 #
 # The claims above, asserted on this run's numbers.
@@ -260,6 +291,6 @@ figure_path = companion.plot_runs(curves, N, run.output_dir)
 numbers = {"then": then_numbers, "sweep": sweep, "vs_old": vs_old, "old_reported_loss": old_loss, "label_spread": spread,
            "packed": packed, "held_out_loss": held_out, "held_out_short_long_ratio": short_long,
            "train_loss_gap": train_gap, "curve_accumulation": N, "curve_steps": sizes.curve_steps,
-           "models_without_loss_kwargs": no_loss_kwargs, "top_level_without_loss_kwargs": top_level}
+           "models_without_loss_kwargs": no_loss_kwargs, "top_level_without_loss_kwargs": top_level, "bisect": bisected}
 era_records = [then.to_metrics()]  # the era's run: finished, skipped or failed
 check(run, numbers, eras=era_records)

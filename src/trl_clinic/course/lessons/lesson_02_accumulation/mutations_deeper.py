@@ -63,6 +63,10 @@ def today_in_place_of(n: dict, *paths: str) -> dict:
     n["vs_old"] = {**n["vs_old"], "declared": n["vs_old"]["today"]}
     if n["then"]["status"] == "finished":
         n["then"] = {**n["then"], "runs": {**n["then"]["runs"], "old": n["then"]["runs"]["today"]}}
+    if n.get("bisect", {}).get("status") == "finished":  # a window whose every release steps as 4.45.x did
+        last = n["bisect"]["versions"]["4.45.2"]
+        steady = {version: {**last, "status": record["status"]} for version, record in n["bisect"]["versions"].items()}
+        n["bisect"] = {**n["bisect"], "first": None, "last_same": "4.46.0", "parts": [], "versions": steady}
     return n
 
 
