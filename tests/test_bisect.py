@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from trl_clinic import cli
-from trl_clinic.bisect import environments, records, report, runner, search, versions
+from trl_clinic.bisect import changes, environments, records, report, runner, search, versions
 from trl_clinic.bisect.search import Measured
 from trl_clinic.probes.environments import EnvironmentBuildError
 
@@ -393,6 +393,31 @@ def test_the_command_prints_json_and_returns_the_outcomes_exit_code(tmp_path, mo
     assert seen["moves"] == [("trl", "1.0.0", "1.29.0"), ("transformers", "4.0.0", "4.2.0")]
 
 
+def test_the_files_that_changed_are_named_among_those_the_step_imported(tmp_path):
+    """Both environments' copies of the moving package's imported files, compared: a changed file with its lines
+    gained and lost, an unchanged one left out, a file only the newer release has counted as all gained."""
+    for version, text in (("a", "x = 1\ny = 2\n"), ("b", "x = 1\ny = 3\nz = 4\n")):
+        (tmp_path / version / "trl").mkdir(parents=True)
+        (tmp_path / version / "trl" / "sft.py").write_text(text)
+        (tmp_path / version / "trl" / "same.py").write_text("same\n")
+    (tmp_path / "b" / "trl" / "new.py").write_text("1\n2\n")
+
+    def record(version, files):
+        modules = {"trl": {"folder": str(tmp_path / version), "files": files}}
+        return fake_record() | {"versions": {"trl": f"0.{ord(version)}.0"}, "modules": modules}
+
+    outcome = search.Outcome(["0.97.0", "0.98.0"], {
+        "0.97.0": Measured("0.97.0", "cached", record=record("a", ["trl/sft.py", "trl/same.py"])),
+        "0.98.0": Measured("0.98.0", "cached", record=record("b", ["trl/sft.py", "trl/same.py", "trl/new.py"])),
+    }, first="0.98.0", last_same="0.97.0")  # fmt: skip
+    found = changes.changed_files(outcome)
+    assert found["files"] == [{"file": "trl/sft.py", "added": 2, "removed": 1}, {"file": "trl/new.py", "added": 2,
+                                                                               "removed": 0}]  # fmt: skip
+    assert (found["package"], found["imported"]) == ("trl", 3)
+    assert changes.said(found).startswith("in trl 0.97.0 -> 0.98.0, 2 of the 3 files the step imported changed")
+    assert changes.changed_files(search.Outcome(["0.97.0"], outcome.measured)) is None  # no change, nothing named
+
+
 # --- packages upgraded together ---------------------------------------------------------------------------------
 
 LISTED = {"trl": ["0.1.0", "0.2.0", "0.3.0"], "transformers": ["4.0.0", "4.1.0", "4.2.0", "4.3.0"]}
@@ -651,6 +676,7 @@ def test_lesson_01s_transformers_release_is_found_unaided():
     assert outcome.measured["4.53.1"].record["attention"]["pattern"] == "causal within 4 sequences (124 tokens)"
     said = {v: outcome.measured[v].record["verdicts"]["packing"]["status"] for v in ("4.53.0", "4.53.1")}
     assert said == {"4.53.0": "fail", "4.53.1": "ok"}
+    assert changes.changed_files(outcome)["files"][0]["file"] == "transformers/masking_utils.py"  # the boundary search
     cached = runner.bisect("sft", recipe | {"model_init_kwargs": {}}, "transformers", "4.53.0", "4.53.1", pins=pins)
     assert (cached.first, cached.exit_code) == (None, 0)
     assert cached.measured["4.53.1"].record["attention"]["pattern"] == "causal (124 tokens)"
@@ -693,6 +719,7 @@ def test_lesson_08s_prompt_in_loss_window_is_found_unaided():
     assert before["label_tokens"] > after["label_tokens"] > 0  # the prompt tokens leave the loss
     said = {v: outcome.measured[v].record["verdicts"]["prompt_in_loss"]["status"] for v in ("0.27.0", "0.27.1")}
     assert said == {"0.27.0": "fail", "0.27.1": "ok"}
+    assert [f["file"] for f in changes.changed_files(outcome)["files"]] == ["trl/trainer/sft_trainer.py"]
 
 
 @pytest.mark.slow

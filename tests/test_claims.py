@@ -201,6 +201,7 @@ SCANNED = [
     "src/trl_clinic/course/eras/__main__.py",
     "src/trl_clinic/course/eras/runner.py",
     "src/trl_clinic/course/eras/spec.py",
+    "src/trl_clinic/bisect/changes.py",
     "src/trl_clinic/bisect/environments.py",
     "src/trl_clinic/bisect/records.py",
     "src/trl_clinic/bisect/report.py",

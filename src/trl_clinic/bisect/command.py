@@ -92,6 +92,7 @@ def moves(args: argparse.Namespace) -> list[tuple[str, str, str]]:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from trl_clinic.bisect.changes import changed_files, said
     from trl_clinic.bisect.report import table, to_json, verdict
     from trl_clinic.bisect.runner import bisect_together
     from trl_clinic.bisect.versions import IndexUnavailable
@@ -119,5 +120,7 @@ def handle(args: argparse.Namespace) -> int:
     else:
         print(table(outcome))
         print(verdict(outcome, package))
+        if files := said(changed_files(outcome)):
+            print(files)
     sys.stdout.flush()
     return outcome.exit_code

@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 import zlib
+from pathlib import Path
 
 import torch
 
@@ -486,8 +487,31 @@ def record(spec: dict) -> dict:
         "logged_loss": logged.get("loss"),
         "grad_norm": None if grad_norm is None else float(grad_norm),
         "recipe_notes": notes,
+        "modules": imported_modules(),
         "seconds": round(time.perf_counter() - start, 2),
     }
+
+
+MODULE_PACKAGES = ("transformers", "trl")  # whose modules a record lists: where a change between two releases lies
+
+
+def imported_modules() -> dict[str, dict]:
+    """For each of ``MODULE_PACKAGES``, the folder that holds it and the files of its modules imported by now (the
+    trainer built, the check-up and the step run): a change found between two releases lies in code these files
+    hold or call, so ``trl_clinic.bisect.changes`` compares them between the two environments."""
+    found = {}
+    for package in MODULE_PACKAGES:
+        try:
+            root = Path(importlib.import_module(package).__file__).resolve().parent
+        except ImportError:
+            continue
+        files = {
+            Path(module.__file__).resolve().relative_to(root.parent).as_posix()
+            for module in list(sys.modules.values())
+            if getattr(module, "__file__", None) and Path(module.__file__).resolve().is_relative_to(root)
+        }
+        found[package] = {"folder": str(root.parent), "files": sorted(files)}
+    return found
 
 
 def said(error: BaseException) -> str:

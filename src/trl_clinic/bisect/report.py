@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from trl_clinic.bisect.changes import changed_files
 from trl_clinic.bisect.search import LOSS_BOUND, Measured, Outcome, changed_verdicts
 
 COLUMNS = (
@@ -151,6 +152,7 @@ def to_json(outcome: Outcome, package: str) -> dict:
         "decided": outcome.decided,
         "exit_code": outcome.exit_code,
         "verdict": verdict(outcome, package),
+        "changed_files": changed_files(outcome),
         "measured": [
             {
                 "version": step.version,
