@@ -411,10 +411,12 @@ def test_the_files_that_changed_are_named_among_those_the_step_imported(tmp_path
         "0.98.0": Measured("0.98.0", "cached", record=record("b", ["trl/sft.py", "trl/same.py", "trl/new.py"])),
     }, first="0.98.0", last_same="0.97.0")  # fmt: skip
     found = changes.changed_files(outcome)
-    assert found["files"] == [{"file": "trl/sft.py", "added": 2, "removed": 1}, {"file": "trl/new.py", "added": 2,
-                                                                               "removed": 0}]  # fmt: skip
+    counted = [(f["file"], f["added"], f["removed"]) for f in found["files"]]
+    assert counted == [("trl/sft.py", 2, 1), ("trl/new.py", 2, 0)]
+    assert found["files"][0]["diff"] == ["@@ -2 +2,2 @@", "-y = 2", "+y = 3", "+z = 4"]  # quoted: a small change
     assert (found["package"], found["imported"]) == ("trl", 3)
     assert changes.said(found).startswith("in trl 0.97.0 -> 0.98.0, 2 of the 3 files the step imported changed")
+    assert changes.said(found).endswith("trl/sft.py:\n    @@ -2 +2,2 @@\n    -y = 2\n    +y = 3\n    +z = 4")
     assert changes.changed_files(search.Outcome(["0.97.0"], outcome.measured)) is None  # no change, nothing named
 
 

@@ -5,7 +5,7 @@ The registry's metadata of TRL and transformers carries no changelog (read in tr
 METADATA: the project's README, no release-notes link), so the wheel's code is what can be quoted: each record lists
 the files of the modules its step imported (``first_step.imported_modules``), and the two side environments still
 hold them. A file that differs is named with the lines it gained and lost, most changed first, so a maintainer knows
-where to read.
+where to read; a small change (``QUOTED`` lines at most) is quoted, as a diff without context.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from trl_clinic.bisect.search import Outcome
 
 SHOWN = 5  # files named in the verdict's line (the JSON keeps them all)
+QUOTED = 30  # a file whose change is at most this many lines is quoted whole, as a diff without context
 
 
 def moved_package(before: dict, after: dict) -> str | None:
@@ -43,7 +44,8 @@ def changed_files(outcome: Outcome) -> dict | None:
         diff = list(difflib.unified_diff(old, new, n=0, lineterm=""))
         added = sum(line.startswith("+") and not line.startswith("+++") for line in diff)
         removed = sum(line.startswith("-") and not line.startswith("---") for line in diff)
-        files.append({"file": name, "added": added, "removed": removed})
+        quoted = [line for line in diff if not line.startswith(("+++", "---"))] if added + removed <= QUOTED else []
+        files.append({"file": name, "added": added, "removed": removed, "diff": quoted})
     files.sort(key=lambda f: (-(f["added"] + f["removed"]), f["file"]))
     versions = (before["versions"].get(package), after["versions"].get(package))
     imported = len(set(a["files"]) | set(b["files"]))
@@ -65,7 +67,10 @@ def said(changes: dict | None) -> str:
     files = changes["files"]
     named = ", ".join(f"{f['file']} (+{f['added']} -{f['removed']})" for f in files[:SHOWN])
     more = f" and {len(files) - SHOWN} more" if len(files) > SHOWN else ""
-    return (
+    line = (
         f"in {changes['package']} {changes['from']} -> {changes['to']}, {len(files)} of the {changes['imported']} "
         f"files the step imported changed: {named or 'none'}{more}"
     )
+    if files and files[0]["diff"]:  # the most changed file, small enough to read: its change, quoted
+        line += f"\n{files[0]['file']}:\n" + "\n".join(f"    {hunk}" for hunk in files[0]["diff"])
+    return line
