@@ -173,9 +173,19 @@ def scripted(materials: Path, engine: str, script: str, *args: str, mixed_precis
     return [json.loads((out / f"result-{process}.json").read_text()) for process in range(2)]
 
 
+ACROSS_PROCESSES = ("replicas",)  # reads whether several processes' models are wrapped: one process skips it
+
+
 def verdict(report: dict) -> list[tuple[str, str, str]]:
-    """Each finding's probe, status and how it was decided: what a launch must not change."""
-    return [(f["probe"], f["status"], f["decided"]) for f in report["findings"]]
+    """Each finding's probe, status and how it was decided: what a launch must not change. A probe that exists for
+    several processes is left out (in one process it skips, saying why) and ``across`` reads it apart."""
+    return [(f["probe"], f["status"], f["decided"]) for f in report["findings"] if f["probe"] not in ACROSS_PROCESSES]
+
+
+def across(report: dict) -> list[tuple[str, str, str]]:
+    """The probes of several processes: ok and decided from the launch's config under every engine here (each wraps
+    the model: DDP, DeepSpeed's engine, FSDP), skipped in one process."""
+    return [(f["probe"], f["status"], f["decided"]) for f in report["findings"] if f["probe"] in ACROSS_PROCESSES]
 
 
 _one_process: dict[Path, dict] = {}
@@ -197,6 +207,7 @@ def test_each_launch_gives_the_one_process_verdict(materials, engine, name):
     single = one_process(recipe(materials, name))
     assert (launched["processes"], single["processes"]) == (2, 1)
     assert verdict(launched) == verdict(single), (launched["findings"], single["findings"])
+    assert across(launched) == [("replicas", "ok", "config")] and across(single) == [("replicas", "skipped", "")]
     assert not launched["errors"]
     packing = next(f for f in launched["findings"] if f["probe"] == "packing")
     if name == "packed-opt":
@@ -214,6 +225,7 @@ def test_dpo_under_zero3_gives_the_one_process_verdict(materials):
     launched = report(launch(accelerate_config(materials, "zero3"), *checkup("dpo"), str(path)))
     single = one_process(path, "dpo")
     assert verdict(launched) == verdict(single), (launched["findings"], single["findings"])
+    assert across(launched) == [("replicas", "ok", "config")]
     measured = {f["probe"] for f in launched["findings"] if f["decided"] == "measured"}
     assert FORWARDS <= measured and not launched["errors"], launched["findings"]
 
