@@ -116,7 +116,8 @@ def tiny_model(seed: int, vocab_size: int, recipe: dict, *, scores: bool = False
     lesson 04 re-creates it (``flash_attention_2``), and the record's notes say so."""
     import transformers
 
-    config_name, causal_name, classifier_name = FAMILIES[family(recipe)]
+    model_type = family(recipe)
+    config_name, causal_name, classifier_name = FAMILIES[model_type]
     attn_implementation = recipe.get("attn_implementation") or "sdpa"
     recreated = attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None
     config = getattr(transformers, config_name)(
@@ -144,7 +145,7 @@ def tiny_model(seed: int, vocab_size: int, recipe: dict, *, scores: bool = False
             parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
     if recreated:
         flash_attention_2(model)
-    notes = {"model": f"a tiny {family(recipe)}, use_cache={config.use_cache}"}
+    notes = {"model": f"a tiny {model_type}, use_cache={config.use_cache}"}
     return model, notes | ({"recreated": RECREATED} if recreated else {})
 
 
@@ -499,18 +500,16 @@ def imported_modules() -> dict[str, dict]:
     """For each of ``MODULE_PACKAGES``, the folder that holds it and the files of its modules imported by now (the
     trainer built, the check-up and the step run): a change found between two releases lies in code these files
     hold or call, so ``trl_clinic.bisect.changes`` compares them between the two environments."""
+    modules = list(sys.modules.values())
+    loaded = {Path(module.__file__).resolve() for module in modules if getattr(module, "__file__", None)}
     found = {}
     for package in MODULE_PACKAGES:
         try:
             root = Path(importlib.import_module(package).__file__).resolve().parent
         except ImportError:
             continue
-        files = {
-            Path(module.__file__).resolve().relative_to(root.parent).as_posix()
-            for module in list(sys.modules.values())
-            if getattr(module, "__file__", None) and Path(module.__file__).resolve().is_relative_to(root)
-        }
-        found[package] = {"folder": str(root.parent), "files": sorted(files)}
+        files = sorted(path.relative_to(root.parent).as_posix() for path in loaded if path.is_relative_to(root))
+        found[package] = {"folder": str(root.parent), "files": files}
     return found
 
 
